@@ -1,0 +1,1 @@
+"""Intervention primitives that change a TransformerLens forward pass."""

@@ -1,0 +1,44 @@
+"""Shared types of the toolkit: tensor shapes, identifiers and the errors every module raises.
+
+Conventions used everywhere in ``interventions`` and ``circuits``:
+
+* Blocks (layers) are 0-indexed: block ``l`` is ``model.blocks[l]``; ``n_layers`` blocks in all.
+* Positions are 0-indexed; position 0 holds BOS (always prepended), position ``-1`` is the last prompt
+  token, whose next-token prediction is the answer.
+* A *layout* is one token length: CAMA and per-position means require every prompt of a batch to have
+  the same length (no padding).
+* Heads are named ``(layer, head)`` with ``head`` a *query* head index, also in grouped-query models.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+import torch
+from jaxtyping import Float, Int
+
+Tokens = Int[torch.Tensor, "batch pos"]
+"""Token ids of one layout: a ``torch.long`` tensor of shape ``[batch, pos]``, BOS at position 0."""
+
+Logits = Float[torch.Tensor, "batch pos d_vocab"]
+Resid = Float[torch.Tensor, "batch pos d_model"]
+Pattern = Float[torch.Tensor, "batch n_heads query_pos key_pos"]
+HeadOutputs = Float[torch.Tensor, "batch pos n_heads d_head"]
+
+Head = Tuple[int, int]
+"""A query head, ``(layer, head)``, both 0-indexed."""
+
+HookFn = Callable[[torch.Tensor], "torch.Tensor | None"]
+"""A hook body: receives the activation at a hook point and returns the replacement (or None)."""
+
+
+class InterventionError(ValueError):
+    """Bad input to an intervention: the message names the bad value and the valid range."""
+
+
+class CacheMismatchError(InterventionError):
+    """A MeanCache does not fit the model or the prompts it is applied to."""
+
+
+class InterventionNotAppliedError(RuntimeError):
+    """An intervention's hook never fired during a forward pass: it would have silently done nothing."""
