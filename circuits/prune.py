@@ -31,7 +31,7 @@ the unpruned subgraph, then per step ``min(confirm_top, remaining)`` confirmed p
 ``rank="attribution"``, one forward+backward pass. Exact greedy: ``1 + H(H+1)/2`` confirmed passes for
 ``H`` transfer heads; ``confirm_top=k``: at most ``1 + k*H``.
 
-Outputs (``out_dir``): ``config.json`` (what identifies the run), ``curve.jsonl`` (one JSON object per
+Outputs (``out_dir``): ``run.json`` (what identifies the run), ``curve.jsonl`` (one JSON object per
 step, appended and fsynced as soon as known), ``summary.json``, ``report.html``, ``prompts.jsonl``,
 ``means.safetensors``. A second call with the same ``out_dir`` continues from ``curve.jsonl`` by
 replaying the removed heads (finished steps are not recomputed); a directory holding another run's
@@ -279,7 +279,81 @@ def _criterion(head: Head, faith: float, diff: float) -> tuple:
     return (-faith, -diff, head)
 
 
-# --- run directory (private minimal versions; TODO: use circuits.runs once it lands on main) ------
+# --- run directory -------------------------------------------------------------------------------
+# PRIVATE STAND-IN for circuits.runs (RunDir, write_json), which is being written on another branch:
+# same interface and file semantics (identity in run.json, one fsynced line per record, a torn last line
+# cut off on resume). Replace this block with `from circuits.runs import RunDir` once it is on main.
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _RunDir:
+    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = "results.jsonl"):
+        self.path = Path(path)
+        self.identity = json.loads(json.dumps(dict(identity)))
+        self.results_path = self.path / results_name
+
+    def open(self) -> "_RunDir":
+        self.path.mkdir(parents=True, exist_ok=True)
+        ident = self.path / "run.json"
+        if ident.exists():
+            theirs = json.loads(ident.read_text())
+            keys = sorted(k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k))
+            if keys:
+                raise FileExistsError(
+                    f"output directory {self.path} holds results of a different command (differing "
+                    f"parameters: {', '.join(keys)}); use a new --out directory, or delete it to start over"
+                )
+        elif self.results_path.exists() and self.results_path.stat().st_size > 0:
+            raise FileExistsError(
+                f"{self.results_path} exists but {ident} does not: cannot tell which command wrote it; "
+                f"use a new --out directory"
+            )
+        else:
+            self.write_json("run.json", self.identity)
+        return self
+
+    def load_records(self) -> list[dict[str, Any]]:
+        if not self.results_path.exists():
+            return []
+        raw = self.results_path.read_bytes()
+        rows, good = [], 0
+        for line in raw.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+            good += len(line)
+        if good != len(raw):
+            with open(self.results_path, "r+b") as f:
+                f.truncate(good)
+        return rows
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        with open(self.results_path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        _fsync_write(self.path / name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        return self.path / name
+
+    def write_jsonl(self, name: str, records: Sequence[Mapping[str, Any]]) -> Path:
+        _fsync_write(self.path / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        return self.path / name
+
+
+# --- end of the stand-in ---------------------------------------------------------------------------
 
 
 def _sha256_tensor(t: torch.Tensor) -> str:
@@ -294,63 +368,6 @@ def _versions() -> dict[str, str]:
         "torch": torch.__version__,
         "transformer_lens": getattr(transformer_lens, "__version__", "unknown"),
     }
-
-
-def _fsync_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Complete rows of ``path``; a torn last line (interrupted write) is dropped and cut off the file."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    rows, good = [], 0
-    for line in raw.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-        good += len(line)
-    if good != len(raw):
-        with open(path, "r+b") as f:
-            f.truncate(good)
-    return rows
-
-
-def _open_run_dir(out_dir: Path, identity: dict[str, Any]) -> None:
-    """Create ``out_dir`` with ``config.json`` or check that it holds this same run."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = out_dir / "config.json"
-    if cfg_path.exists():
-        found = json.loads(cfg_path.read_text())
-        if found != identity:
-            keys = sorted(k for k in set(found) | set(identity) if found.get(k) != identity.get(k))
-            raise FileExistsError(
-                f"{out_dir} holds the results of a different command (differs in: {', '.join(keys)}); "
-                f"choose another --out directory or delete it"
-            )
-        return
-    if any(out_dir.iterdir()):
-        raise FileExistsError(
-            f"{out_dir} is not empty and holds no head-pruning run (no config.json): choose another "
-            f"--out directory"
-        )
-    _fsync_write(cfg_path, json.dumps(identity, indent=1, sort_keys=True) + "\n")
 
 
 # --- the greedy loop ---------------------------------------------------------------------------
@@ -411,9 +428,9 @@ def prune_heads(
         raise ValueError("the unmodified model answers none of these prompts correctly: nothing to prune")
     tok, ans = tokens[keep], answers[keep]
 
-    out = Path(out_dir) if out_dir is not None else None
+    run_dir: _RunDir | None = None
     rows: list[dict[str, Any]] = []
-    if out is not None:
+    if out_dir is not None:
         identity = {
             "command": "prune",
             "wait": wait,
@@ -430,12 +447,12 @@ def prune_heads(
             "cache_sha256": cache.sha256 if cache is not None else None,
             "meta": dict(meta or {}),
         }
-        _open_run_dir(out, identity)
-        if cache is not None and not (out / "means.safetensors").exists():
-            cache.save(out / "means.safetensors")
-        if not (out / "prompts.jsonl").exists():
-            _write_prompts(out / "prompts.jsonl", tokens, answers, keep, prompts, answer_values)
-        rows = _read_jsonl(out / "curve.jsonl")
+        run_dir = _RunDir(out_dir, identity, results_name="curve.jsonl").open()
+        if cache is not None and not (run_dir.path / "means.safetensors").exists():
+            cache.save(run_dir.path / "means.safetensors")
+        if not (run_dir.path / "prompts.jsonl").exists():
+            run_dir.write_jsonl("prompts.jsonl", _prompt_records(tokens, answers, keep, prompts, answer_values))
+        rows = run_dir.load_records()
 
     curve = [_check_row(CurvePoint.from_dict(r), i, all_heads) for i, r in enumerate(rows)]
     removed: list[Head] = [p.removed for p in curve[1:] if p.removed is not None]
@@ -447,8 +464,8 @@ def prune_heads(
 
     def record(point: CurvePoint) -> None:
         curve.append(point)
-        if out is not None:
-            _append_jsonl(out / "curve.jsonl", point.to_dict())
+        if run_dir is not None:
+            run_dir.append(point.to_dict())
 
     def point_from(step: int, head: Head | None, kept: list[Head], res: FaithfulnessResult, **kw: Any) -> CurvePoint:
         return CurvePoint(
@@ -507,11 +524,11 @@ def prune_heads(
 
     result = _finish(model, tok, ans, cfg, base, cache, all_heads, curve, passes_run, n_dropped, batch_size)
     result.seconds_run = time.perf_counter() - t_start
-    if out is not None:
-        _write_summary(out, result, meta or {})
+    if run_dir is not None:
+        run_dir.write_json("summary.json", summary_dict(result, meta or {}))
         from .prune_report import write_prune_report
 
-        write_prune_report(out / "report.html", result, meta or {})
+        write_prune_report(run_dir.path / "report.html", result, meta or {})
     return result
 
 
@@ -523,15 +540,15 @@ def _check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoi
     return point
 
 
-def _write_prompts(
-    path: Path,
+def _prompt_records(
     tokens: torch.Tensor,
     answers: torch.Tensor,
     keep: torch.Tensor,
     prompts: Sequence[str] | None,
     answer_values: Sequence[Any] | None,
-) -> None:
-    lines = []
+) -> list[dict[str, Any]]:
+    """One ``prompts.jsonl`` record per prompt: token ids, answer token, whether the base model is right."""
+    records = []
     for i in range(tokens.shape[0]):
         row: dict[str, Any] = {
             "index": i,
@@ -543,8 +560,8 @@ def _write_prompts(
             row["prompt"] = prompts[i]
         if answer_values is not None:
             row["answer"] = answer_values[i]
-        lines.append(json.dumps(row, sort_keys=True))
-    _fsync_write(path, "\n".join(lines) + "\n")
+        records.append(row)
+    return records
 
 
 def area_under_curve(faithfulness: Sequence[float]) -> float:
@@ -631,7 +648,3 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
         },
         "versions": _versions(),
     }
-
-
-def _write_summary(out: Path, result: PruneResult, meta: Mapping[str, Any]) -> None:
-    _fsync_write(out / "summary.json", json.dumps(summary_dict(result, meta), indent=1) + "\n")

@@ -250,11 +250,16 @@ def test_resume_after_truncated_curve_gives_identical_results(tmp_path):
     assert len(prompts) == 48 and prompts[3]["tokens"] == tokens[3].tolist()
 
     with pytest.raises(FileExistsError, match="different command.*method"):
-        prune_heads(model, tokens, answers, out_dir=out, **{**kw, "cache": cache}, method="mean")
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "results.jsonl").write_text("{}\n")
-    with pytest.raises(FileExistsError, match="no config.json"):
-        prune_heads(model, tokens, answers, out_dir=tmp_path / "other", **kw)
+        prune_heads(model, tokens, answers, out_dir=out, **kw, method="mean")
+    other = tmp_path / "search"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"model": "tiny-llama", "threshold": 0.9}))
+    with pytest.raises(FileExistsError, match="different command"):
+        prune_heads(model, tokens, answers, out_dir=other, **kw)
+    (tmp_path / "orphan").mkdir()
+    (tmp_path / "orphan" / "curve.jsonl").write_text("{}\n")
+    with pytest.raises(FileExistsError, match="cannot tell which command"):
+        prune_heads(model, tokens, answers, out_dir=tmp_path / "orphan", **kw)
 
 
 def test_mean_method_writes_the_cache_head_means():
