@@ -394,6 +394,7 @@ def prune_heads(
     meta: Mapping[str, Any] | None = None,
     prompts: Sequence[str] | None = None,
     answer_values: Sequence[Any] | None = None,
+    summary_extra: Mapping[str, Any] | None = None,
 ) -> PruneResult:
     """Greedily remove the transfer heads of the AF1 subgraph ``(wait, transfer)``; see the module
     docstring for the criterion, the cost and the files written to ``out_dir``.
@@ -401,8 +402,9 @@ def prune_heads(
     ``tokens``: ``[batch, pos]`` prompts of one layout (BOS at 0); ``answers``: answer token ids.
     Prompts the unmodified model gets wrong are dropped first (``n_dropped``). ``cache``: the MeanCache
     for ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``).
-    ``meta`` (e.g. model and task names) is copied into ``summary.json``; ``prompts`` and
-    ``answer_values`` (texts) into ``prompts.jsonl``.
+    ``meta`` (e.g. model and task names) is part of the run's identity and copied into
+    ``summary.json``; ``summary_extra`` (e.g. the base accuracy) only into ``summary.json``; ``prompts``
+    and ``answer_values`` (texts) into ``prompts.jsonl``.
     """
     t_start = time.perf_counter()
     ad = adapt(model)
@@ -525,7 +527,7 @@ def prune_heads(
     result = _finish(model, tok, ans, cfg, base, cache, all_heads, curve, passes_run, n_dropped, batch_size)
     result.seconds_run = time.perf_counter() - t_start
     if run_dir is not None:
-        run_dir.write_json("summary.json", summary_dict(result, meta or {}))
+        run_dir.write_json("summary.json", {**summary_dict(result, meta or {}), **dict(summary_extra or {})})
         from .prune_report import write_prune_report
 
         write_prune_report(run_dir.path / "report.html", result, meta or {})

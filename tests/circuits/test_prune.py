@@ -328,3 +328,47 @@ def test_errors_name_the_bad_value():
         prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, method="median")
     with pytest.raises(ValueError, match="target=1.5 is out of range"):
         prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, target=1.5)
+
+
+def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from circuits import cli
+    from circuits.commands import prune as command
+
+    torch.manual_seed(0)
+    model = build_hooked("gpt2")
+    tokens, _, answers = setup(model, n=32)
+    fits = []
+    real_fit = iv.MeanCache.fit
+
+    def counting_fit(*a, **k):
+        fits.append(1)
+        return real_fit(*a, **k)
+
+    monkeypatch.setattr(command, "load_model", lambda name, device="cpu": model)
+    monkeypatch.setattr(command, "prepare_prompts", lambda m, task, n, seed=0: SimpleNamespace(
+        tokens=tokens[:n], answers=answers[:n], prompts=[f"p{i}" for i in range(n)],
+        answer_values=list(range(n)), base_accuracy=0.5))
+    monkeypatch.setattr(iv.MeanCache, "fit", counting_fit)
+    out = tmp_path / "prune"
+    argv = ["prune", "--model", "tiny", "--task", "add", "--wait", "0", "--transfer", "1", "--n-prompts", "24",
+            "--target", "0.8", "--confirm-top", "2", "--device", "cpu", "--no-progress", "--out", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == "tiny" and summary["task"] == "add" and summary["base_accuracy"] == 0.5
+    assert summary["n_prompts"] == 24 and summary["passes_total"] == 1 + 2 + 2 + 2 + 1
+    assert f"AUC {summary['auc']:.3f}" in text and "8 confirmed passes" in text
+    prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+    assert prompts[5]["prompt"] == "p5" and prompts[5]["answer"] == 5
+    assert len(fits) == 1
+    # Same command again: nothing recomputed, the saved means are reused (no second fit).
+    assert cli.main(argv) == 0
+    assert "(0 this run)" in capsys.readouterr().out and len(fits) == 1
+    assert cli.main([*argv[:-1], str(tmp_path / "zero"), "--transfer", "0"]) == 2
+    assert "--transfer 0: head pruning needs transfer heads" in capsys.readouterr().err
+    assert cli.main([*argv, "--method", "mean"]) == 2
+    assert "different command" in capsys.readouterr().err
+    assert cli.main([*argv[:-1], str(tmp_path / "w"), "--wait", "3"]) == 2
+    assert "wait=3 is out of range: valid -1..2" in capsys.readouterr().err
