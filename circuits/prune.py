@@ -457,6 +457,11 @@ def prune_heads(
         rows = run_dir.load_records()
 
     curve = [_check_row(CurvePoint.from_dict(r), i, all_heads) for i, r in enumerate(rows)]
+    if curve and curve[0].n != int(tok.shape[0]):
+        raise ValueError(
+            f"curve.jsonl was computed on {curve[0].n} base-correct prompts but the model now answers "
+            f"{int(tok.shape[0])} of them correctly: the model changed; use a new output directory"
+        )
     removed: list[Head] = [p.removed for p in curve[1:] if p.removed is not None]
     passes_run = 0
 
