@@ -360,13 +360,20 @@ def _sha256_tensor(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
-def _versions() -> dict[str, str]:
-    import transformer_lens
+def _versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def dist(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
 
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformer_lens": getattr(transformer_lens, "__version__", "unknown"),
+        "transformer_lens": dist("transformer-lens"),
+        "af1_circuits": dist("af1-circuits"),
     }
 
 
