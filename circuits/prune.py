@@ -35,7 +35,8 @@ Outputs (``out_dir``): ``run.json`` (what identifies the run), ``curve.jsonl`` (
 step, appended and fsynced as soon as known), ``summary.json``, ``report.html``, ``prompts.jsonl``,
 ``means.safetensors``. A second call with the same ``out_dir`` continues from ``curve.jsonl`` by
 replaying the removed heads (finished steps are not recomputed); a directory holding another run's
-results raises :class:`FileExistsError`.
+results raises :class:`FileExistsError`. ``target``, ``batch_size`` and ``progress`` are not part of a
+run's identity: rerunning with another ``target`` only recomputes the summary and the report.
 """
 
 from __future__ import annotations
@@ -532,6 +533,7 @@ def prune_heads(
             kept = [h for h in all_heads if h not in removed]
             record(point_from(len(removed), best, kept, res, passes=len(confirm), attribution_passes=n_attr,
                               seconds=time.perf_counter() - t0, candidates=candidates))
+            bar.set_postfix(kept=len(kept), faithfulness=f"{res.faithfulness:.3f}")
             bar.update(1)
     finally:
         bar.close()

@@ -234,8 +234,11 @@ def test_resume_after_truncated_curve_gives_identical_results(tmp_path):
     assert [r["step"] for r in rows] == list(range(9))
     assert [r["removed"] for r in rows[1:]] == [list(h) for h in ref.removal_order]
 
-    again = prune_heads(model, tokens, answers, out_dir=out, **kw)
+    again = prune_heads(model, tokens, answers, out_dir=out, **kw, target=0.3)
     assert again.passes_run == 0 and again.removal_order == ref.removal_order
+    low = [p for p in again.curve if p.faithfulness >= 0.3][-1]
+    assert again.smallest_step == low.step and json.loads((out / "summary.json").read_text())["target"] == 0.3
+    prune_heads(model, tokens, answers, out_dir=out, **kw)
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "tiny-llama" and summary["wait"] == 0 and summary["transfer"] == 2
