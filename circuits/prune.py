@@ -549,10 +549,13 @@ def prune_heads(
 
 
 def _check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoint:
+    """A replayed ``curve.jsonl`` row must continue the path: consecutive step, a head still kept."""
     if point.step != index:
         raise ValueError(f"curve.jsonl is inconsistent: row {index} has step {point.step}")
     if index > 0 and point.removed not in all_heads:
         raise ValueError(f"curve.jsonl row {index} removes {point.removed}, which is not a transfer head")
+    if point.removed in point.heads_kept or len(point.heads_kept) != len(all_heads) - index:
+        raise ValueError(f"curve.jsonl row {index} is inconsistent: it keeps {len(point.heads_kept)} heads")
     return point
 
 
