@@ -66,6 +66,8 @@ from .faithfulness import FaithfulnessResult, base_correct, last_logits, last_to
 METHODS = ("zero", "mean")
 RANKS = ("attribution", "none")
 ABLATIONS = ("cama", "mean", "zero")
+NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
+"""``meta`` keys that describe a run without changing its results (not part of its identity)."""
 CURVE_FIELDS = (
     "step", "removed", "heads_kept", "n_heads_kept", "faithfulness", "ci_low", "ci_high", "n",
     "mean_answer_prob", "mean_logit_diff", "passes", "attribution_passes", "seconds", "candidates",
@@ -400,9 +402,7 @@ def prune_heads(
     n_boot: int = 1000,
     seed: int = 0,
     meta: Mapping[str, Any] | None = None,
-    prompts: Sequence[str] | None = None,
-    answer_values: Sequence[Any] | None = None,
-    summary_extra: Mapping[str, Any] | None = None,
+    prompts: Sequence[Mapping[str, Any]] | None = None,
 ) -> PruneResult:
     """Greedily remove the transfer heads of the AF1 subgraph ``(wait, transfer)``; see the module
     docstring for the criterion, the cost and the files written to ``out_dir``.
@@ -410,9 +410,10 @@ def prune_heads(
     ``tokens``: ``[batch, pos]`` prompts of one layout (BOS at 0); ``answers``: answer token ids.
     Prompts the unmodified model gets wrong are dropped first (``n_dropped``). ``cache``: the MeanCache
     for ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``).
-    ``meta`` (e.g. model and task names) is part of the run's identity and copied into
-    ``summary.json``; ``summary_extra`` (e.g. the base accuracy) only into ``summary.json``; ``prompts``
-    and ``answer_values`` (texts) into ``prompts.jsonl``.
+    ``meta`` (e.g. ``model``, ``task``, ``source``) is part of the run's identity (except the keys
+    ``command``, ``base_accuracy`` and ``n_checked``, which describe it) and is copied into
+    ``summary.json``. ``prompts``: records aligned with ``tokens`` (e.g. ``{"prompt", "answer"}``)
+    extended with the token ids and written to ``prompts.jsonl`` for the base-correct prompts.
     """
     t_start = time.perf_counter()
     ad = adapt(model)
@@ -455,13 +456,13 @@ def prune_heads(
             "answers_sha256": _sha256_tensor(answers),
             "model": {**info.signature(), "fingerprint": ad.fingerprint()},
             "cache_sha256": cache.sha256 if cache is not None else None,
-            "meta": dict(meta or {}),
+            "meta": {k: v for k, v in (meta or {}).items() if k not in NOT_IDENTITY},
         }
         run_dir = _RunDir(out_dir, identity, results_name="curve.jsonl").open()
         if cache is not None and not (run_dir.path / "means.safetensors").exists():
             cache.save(run_dir.path / "means.safetensors")
         if not (run_dir.path / "prompts.jsonl").exists():
-            run_dir.write_jsonl("prompts.jsonl", _prompt_records(tokens, answers, keep, prompts, answer_values))
+            run_dir.write_jsonl("prompts.jsonl", _prompt_records(tokens, answers, keep, prompts))
         rows = run_dir.load_records()
 
     curve = [_check_row(CurvePoint.from_dict(r), i, all_heads) for i, r in enumerate(rows)]
@@ -541,7 +542,7 @@ def prune_heads(
     result = _finish(model, tok, ans, cfg, base, cache, all_heads, curve, passes_run, n_dropped, batch_size)
     result.seconds_run = time.perf_counter() - t_start
     if run_dir is not None:
-        run_dir.write_json("summary.json", {**summary_dict(result, meta or {}), **dict(summary_extra or {})})
+        run_dir.write_json("summary.json", summary_dict(result, meta or {}))
         from .prune_report import write_prune_report
 
         write_prune_report(run_dir.path / "report.html", result, meta or {})
@@ -563,24 +564,18 @@ def _prompt_records(
     tokens: torch.Tensor,
     answers: torch.Tensor,
     keep: torch.Tensor,
-    prompts: Sequence[str] | None,
-    answer_values: Sequence[Any] | None,
+    prompts: Sequence[Mapping[str, Any]] | None,
 ) -> list[dict[str, Any]]:
-    """One ``prompts.jsonl`` record per prompt: token ids, answer token, whether the base model is right."""
-    records = []
-    for i in range(tokens.shape[0]):
-        row: dict[str, Any] = {
-            "index": i,
-            "tokens": tokens[i].tolist(),
-            "answer_token": int(answers[i]),
-            "base_correct": bool(keep[i]),
-        }
-        if prompts is not None:
-            row["prompt"] = prompts[i]
-        if answer_values is not None:
-            row["answer"] = answer_values[i]
-        records.append(row)
-    return records
+    """One ``prompts.jsonl`` record per base-correct prompt: ``index`` (in ``tokens``), the caller's
+    record (if any), token ids and answer token id."""
+    if prompts is not None and len(prompts) != tokens.shape[0]:
+        raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
+    return [
+        {"index": i, **(dict(prompts[i]) if prompts is not None else {}), "tokens": tokens[i].tolist(),
+         "answer_token": int(answers[i])}
+        for i in range(tokens.shape[0])
+        if bool(keep[i])
+    ]
 
 
 def area_under_curve(faithfulness: Sequence[float]) -> float:

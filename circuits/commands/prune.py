@@ -132,10 +132,8 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         batch_size=args.batch_size,
         seed=args.seed,
-        meta={"model": args.model, "task": args.task, "n_prompts_requested": args.n_prompts},
-        summary_extra={"base_accuracy": data.base_accuracy},
-        prompts=data.prompts,
-        answer_values=data.answer_values,
+        meta={"model": args.model, "task": args.task, "base_accuracy": data.base_accuracy},
+        prompts=[{"prompt": p, "answer": a} for p, a in zip(data.prompts, data.answer_values)],
     )
     n_all = len(result.transfer_heads)
     if result.smallest_head_set is None:

@@ -250,7 +250,7 @@ def test_resume_after_truncated_curve_gives_identical_results(tmp_path):
     assert "Greedy head pruning" in html and "plotly" in html.lower()
     assert iv.MeanCache.load(out / "means.safetensors").sha256 == cache.sha256
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
-    assert len(prompts) == 48 and prompts[3]["tokens"] == tokens[3].tolist()
+    assert len(prompts) == 48 and prompts[3]["tokens"] == tokens[3].tolist() and prompts[3]["index"] == 3
 
     with pytest.raises(FileExistsError, match="different command.*method"):
         prune_heads(model, tokens, answers, out_dir=out, **kw, method="mean")
