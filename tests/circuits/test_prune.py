@@ -248,6 +248,7 @@ def test_resume_after_truncated_curve_gives_identical_results(tmp_path):
     assert len(summary["attention"]["key_labels"]) == tokens.shape[1]
     html = (out / "report.html").read_text()
     assert "Greedy head pruning" in html and "plotly" in html.lower()
+    assert ref.smallest_head_set and html.count('class="plotly-graph-div"') == 3  # curve, kept heads, attention
     assert iv.MeanCache.load(out / "means.safetensors").sha256 == cache.sha256
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == 48 and prompts[3]["tokens"] == tokens[3].tolist() and prompts[3]["index"] == 3
