@@ -240,3 +240,160 @@ def write_frozen_sets(names: Sequence[str] | None = None, overwrite: bool = Fals
                                     "task": r["task"]}) + "\n")
         out.append(path)
     return out
+
+
+# ------------------------------------------------------------------------------ tokenizer-dependent
+def _tokenizer_of(model_or_tokenizer):
+    tok = getattr(model_or_tokenizer, "tokenizer", None)
+    return tok if tok is not None else model_or_tokenizer
+
+
+def _number_pieces(tokenizer, value: int) -> list[str]:
+    """Tokens of ``value`` as it appears inside a prompt (no BOS, no leading space)."""
+    ids = tokenizer.encode(str(int(value)), add_special_tokens=False)
+    return tokenizer.convert_ids_to_tokens(ids)
+
+
+def filter_single_token(
+    ds: "Dataset", model_or_tokenizer, strict: bool = False, verbose: bool = True
+) -> "tuple[Dataset, int]":
+    """Keep the rows whose numbers (every operand and the answer) are each a single token.
+
+    Args:
+        ds: dataset with ``operands`` and ``answer`` columns (see :func:`build_task`).
+        model_or_tokenizer: a HookedTransformer (its ``.tokenizer`` is used) or a Hugging Face tokenizer.
+        strict: if True, raise instead of dropping (for tasks that demand single-token numbers).
+        verbose: print how many rows were dropped.
+
+    Returns:
+        ``(kept_dataset, n_dropped)``.
+
+    Raises:
+        ValueError: with ``strict=True``, on the first number split into several tokens; the message
+        names the number and its pieces.
+    """
+    tok = _tokenizer_of(model_or_tokenizer)
+    cache: dict[int, list[str]] = {}
+    keep: list[int] = []
+    for i, (ops, ans) in enumerate(zip(ds["operands"], ds["answer"])):
+        ok = True
+        for v in list(ops) + [ans]:
+            if v not in cache:
+                cache[v] = _number_pieces(tok, v)
+            if len(cache[v]) != 1:
+                if strict:
+                    raise ValueError(
+                        f"number {v} is split into {len(cache[v])} tokens {cache[v]} by this tokenizer, but "
+                        f"the task demands single-token numbers (row {i}: {ds[i]['prompt']!r})"
+                    )
+                ok = False
+                break
+        if ok:
+            keep.append(i)
+    dropped = len(ds) - len(keep)
+    if verbose:
+        print(f"filter_single_token: kept {len(keep)}, dropped {dropped} of {len(ds)}")
+    return ds.select(keep), dropped
+
+
+def answer_token_ids(model, answers: Sequence[int]) -> "torch.Tensor":
+    """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
+
+    With the zoo tokenizers the answer token is the number itself (``str(answer)``). For tokenizers that
+    fold a leading space into words (GPT-2 style BPE) the space-prefixed form is used when it is one
+    token. Raises ``ValueError`` if an answer is not a single token either way.
+    """
+    import torch
+
+    tok = _tokenizer_of(model)
+    out = []
+    for a in answers:
+        ids = tok.encode(str(int(a)), add_special_tokens=False)
+        if len(ids) != 1:
+            ids = tok.encode(" " + str(int(a)), add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"answer {a} is not a single token: {_number_pieces(tok, a)}")
+        out.append(ids[0])
+    return torch.tensor(out, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Prompts of one token length, ready for a forward pass without padding.
+
+    Attributes:
+        tokens: ``[batch, pos]`` long tensor, BOS at position 0, last prompt token at position -1.
+        answers: ``[batch]`` long tensor, answer token ids (see :func:`answer_token_ids`).
+        prompts: prompt strings (without BOS), one per row.
+        answer_values: integer answers, one per row.
+        indices: row indices into the source dataset, one per row.
+    """
+
+    tokens: "torch.Tensor"
+    answers: "torch.Tensor"
+    prompts: list[str]
+    answer_values: list[int]
+    indices: list[int]
+
+    @property
+    def n_pos(self) -> int:
+        """Token length of the layout (BOS included)."""
+        return int(self.tokens.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def to_layouts(model, ds: "Dataset") -> list[Layout]:
+    """Tokenise ``ds["prompt"]`` with the model (BOS prepended) and group rows by token length.
+
+    Prompts of different lengths are never mixed: one :class:`Layout` per length, sorted by descending
+    number of rows (ties: shorter length first). Row order inside a layout follows ``ds``.
+    """
+    import torch
+
+    prompts = list(ds["prompt"])
+    answers = [int(a) for a in ds["answer"]]
+    if not prompts:
+        return []
+    ans_ids = answer_token_ids(model, answers)
+    groups: dict[int, list[int]] = {}
+    rows: list[torch.Tensor] = []
+    for i, p in enumerate(prompts):
+        t = model.to_tokens(p, prepend_bos=True)[0].cpu()
+        rows.append(t)
+        groups.setdefault(len(t), []).append(i)
+    layouts = []
+    for length, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        layouts.append(Layout(
+            tokens=torch.stack([rows[i] for i in idx]).long(),
+            answers=ans_ids[idx].clone(),
+            prompts=[prompts[i] for i in idx],
+            answer_values=[answers[i] for i in idx],
+            indices=list(idx),
+        ))
+    return layouts
+
+
+def filter_correct(model, ds: "Dataset", batch_size: int = 256) -> "tuple[Dataset, float]":
+    """Keep the rows the model answers correctly: argmax of the logits at the last position equals the
+    answer token. Rows are grouped by layout (token length) internally, so no padding is used.
+
+    Returns:
+        ``(correct_rows, base_accuracy)`` with base accuracy = correct / checked (0.0 for an empty ``ds``).
+        Correct rows keep their original order.
+    """
+    import torch
+
+    if len(ds) == 0:
+        return ds, 0.0
+    dev = next(model.parameters()).device
+    correct: list[int] = []
+    with torch.no_grad():
+        for lay in to_layouts(model, ds):
+            for s in range(0, len(lay), batch_size):
+                logits = model(lay.tokens[s : s + batch_size].to(dev), return_type="logits")[:, -1]
+                hit = (logits.argmax(-1).cpu() == lay.answers[s : s + batch_size]).tolist()
+                correct += [lay.indices[s + j] for j, h in enumerate(hit) if h]
+    correct.sort()
+    return ds.select(correct), len(correct) / len(ds)
