@@ -280,10 +280,12 @@ def filter_single_token(
         for v in list(ops) + [ans]:
             if v not in cache:
                 cache[v] = _number_pieces(tok, v)
-            if len(cache[v]) != 1:
+            if len(cache[v]) != 1 or cache[v][0] == tok.unk_token:
                 if strict:
+                    what = (f"is an unknown token ({cache[v][0]})" if len(cache[v]) == 1 else
+                            f"is split into {len(cache[v])} tokens {cache[v]}")
                     raise ValueError(
-                        f"number {v} is split into {len(cache[v])} tokens {cache[v]} by this tokenizer, but "
+                        f"number {v} {what} for this tokenizer, but "
                         f"the task demands single-token numbers (row {i}: {ds[i]['prompt']!r})"
                     )
                 ok = False

@@ -70,6 +70,7 @@ class TrainConfig:
     ckpt_every: int = 500
     stop_at: float = 0.995
     init_from: str | None = None
+    number_features: bool = True
     description: str = ""
 
     def model_config(self, d_vocab: int) -> dict[str, Any]:
@@ -125,6 +126,14 @@ def _is_val(ops: np.ndarray) -> np.ndarray:
     return (h % 20) == 7
 
 
+def _tuple_keys(ops: np.ndarray) -> np.ndarray:
+    """One int64 per operand tuple (operands < 10_000), for fast set membership with ``np.isin``."""
+    k = np.zeros(len(ops), dtype=np.int64)
+    for j in range(ops.shape[1]):
+        k = k * 10_000 + ops[:, j]
+    return k
+
+
 def held_out_tuples() -> dict[str, set[tuple[int, ...]]]:
     """Operand tuples of every frozen set, keyed by arithmetic expression (e.g. ``"A+B"``)."""
     out: dict[str, set[tuple[int, ...]]] = {}
@@ -142,7 +151,8 @@ def held_out_tuples() -> dict[str, set[tuple[int, ...]]]:
 def template_ids(spec: "_tasks.TaskSpec", tokenizer) -> list[int]:
     """Token ids of ``spec.template`` (without BOS) with operand slots as ``-1 - operand_index``."""
     probe = {k: 900 + i for i, k in enumerate(spec.operand_names)}  # numbers outside the vocab range
-    pieces = tokenizer.tokenize(spec.template.format(**probe))
+    # Pre-tokenizer pieces, not tokens: the probe numbers are not in the vocabulary on purpose.
+    pieces = [p for p, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(spec.template.format(**probe))]
     vocab = tokenizer.get_vocab()
     ids = []
     for p in pieces:
@@ -181,8 +191,11 @@ def build_splits(cfg: TrainConfig, tokenizer) -> tuple[list[TaskData], list[Task
         spec = _tasks.get_task(name)
         ops = _tasks.task_operands(spec)
         bad = held.get(spec.expression, set())
-        frozen = np.fromiter((tuple(int(x) for x in r) in bad for r in ops), bool, len(ops)) if bad else \
-            np.zeros(len(ops), bool)
+        frozen = np.zeros(len(ops), bool)
+        if bad:
+            bad_arr = np.array(sorted(t for t in bad if len(t) == ops.shape[1]), dtype=np.int64)
+            if len(bad_arr):
+                frozen = np.isin(_tuple_keys(ops), _tuple_keys(bad_arr))
         isval = _is_val(ops) & ~frozen
         train.append(TaskData(name, ops[~frozen & ~isval], tokenizer))
         vops = ops[isval]
@@ -261,7 +274,51 @@ def new_model(cfg: TrainConfig, tokenizer):
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     torch.manual_seed(cfg.seed)
-    return HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
+    model = HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
+    if cfg.number_features:
+        init_number_features(model, tokenizer)
+    return model
+
+
+def number_features(values: "np.ndarray") -> "np.ndarray":
+    """Fixed numeric features of integers, ``[len(values), 21]``: cos/sin of ``2*pi*k*n/T`` for period
+    T=10 (k=1..4), T=100 (k=1..3), T=1000 (k=1..2) and ``n / MAX_NUMBER``, each column scaled to unit RMS
+    over 0..MAX_NUMBER."""
+    n = np.asarray(values, dtype=np.float64)[:, None]
+    cols = []
+    for period, ks in ((10, (1, 2, 3, 4)), (100, (1, 2, 3)), (1000, (1, 2))):
+        for k in ks:
+            cols += [np.cos(2 * np.pi * k * n / period), np.sin(2 * np.pi * k * n / period)]
+    cols.append(n / MAX_NUMBER)
+    feats = np.concatenate(cols, axis=1)
+    ref = np.arange(MAX_NUMBER + 1, dtype=np.float64)
+    rms = np.array([np.sqrt(np.mean(c ** 2)) for c in number_columns(ref)])
+    return feats / rms
+
+
+def number_columns(ref: "np.ndarray") -> list:
+    """The raw feature columns of :func:`number_features` (before scaling) for a 1-D array."""
+    cols = []
+    for period, ks in ((10, (1, 2, 3, 4)), (100, (1, 2, 3)), (1000, (1, 2))):
+        for k in ks:
+            cols += [np.cos(2 * np.pi * k * ref / period), np.sin(2 * np.pi * k * ref / period)]
+    cols.append(ref / MAX_NUMBER)
+    return cols
+
+
+def init_number_features(model, tokenizer) -> None:
+    """Initialisation only (all weights stay trainable): the first 21 dimensions of each number token's
+    embedding and unembedding column get :func:`number_features` of its value, so training starts from
+    number embeddings that already encode digits and magnitude instead of having to discover them."""
+    import torch
+
+    vocab = tokenizer.get_vocab()
+    ids = [vocab[str(i)] for i in range(MAX_NUMBER + 1)]
+    feats = torch.tensor(number_features(np.arange(MAX_NUMBER + 1)), dtype=torch.float32)
+    k = feats.shape[1]
+    with torch.no_grad():
+        model.embed.W_E[ids, :k] = feats
+        model.unembed.W_U[:k, ids] = feats.T
 
 
 def train(name: str, out_dir: str | Path | None = None, resume: bool = True, steps: int | None = None,
@@ -395,6 +452,8 @@ def export(model, cfg: TrainConfig, out_dir: Path, state: dict) -> dict:
                 "frozen-set tuple with the same expression and a hashed 5% validation split",
         "frozen_accuracy": {k: round(v, 4) for k, v in frozen.items()},
         "meets_bar": trained_ok,
+        "skipped_styles": ([t for t in STYLE_TASKS if t not in cfg.tasks]
+                           if any(t in STYLE_TASKS for t in cfg.tasks) else []),
         "history": state["history"][-5:],
     }
     (out_dir / "card.json").write_text(json.dumps(card, indent=1))
