@@ -70,7 +70,7 @@ class TrainConfig:
     ckpt_every: int = 500
     stop_at: float = 0.995
     init_from: str | None = None
-    number_features: bool = True
+    number_features: str = "fourier"
     description: str = ""
 
     def model_config(self, d_vocab: int) -> dict[str, Any]:
@@ -276,7 +276,7 @@ def new_model(cfg: TrainConfig, tokenizer):
     torch.manual_seed(cfg.seed)
     model = HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
     if cfg.number_features:
-        init_number_features(model, tokenizer)
+        init_number_features(model, tokenizer, cfg.number_features)
     return model
 
 
@@ -306,7 +306,17 @@ def number_columns(ref: "np.ndarray") -> list:
     return cols
 
 
-def init_number_features(model, tokenizer) -> None:
+def digit_features(values: "np.ndarray") -> "np.ndarray":
+    """One-hot digits of integers, ``[len(values), 26]``: units (10), tens (10), hundreds (0..5)."""
+    n = np.asarray(values, dtype=np.int64)
+    out = np.zeros((len(n), 26))
+    out[np.arange(len(n)), n % 10] = 1.0
+    out[np.arange(len(n)), 10 + (n // 10) % 10] = 1.0
+    out[np.arange(len(n)), 20 + np.minimum(n // 100, 5)] = 1.0
+    return out * np.sqrt(26 / 3)  # unit RMS per used dimension budget
+
+
+def init_number_features(model, tokenizer, kind: str = "fourier") -> None:
     """Initialisation only (all weights stay trainable): the first 21 dimensions of each number token's
     embedding and unembedding column get :func:`number_features` of its value, so training starts from
     number embeddings that already encode digits and magnitude instead of having to discover them."""
@@ -314,7 +324,8 @@ def init_number_features(model, tokenizer) -> None:
 
     vocab = tokenizer.get_vocab()
     ids = [vocab[str(i)] for i in range(MAX_NUMBER + 1)]
-    feats = torch.tensor(number_features(np.arange(MAX_NUMBER + 1)), dtype=torch.float32)
+    fn = {"fourier": number_features, "digits": digit_features}[kind]
+    feats = torch.tensor(fn(np.arange(MAX_NUMBER + 1)), dtype=torch.float32)
     k = feats.shape[1]
     with torch.no_grad():
         model.embed.W_E[ids, :k] = feats
@@ -397,10 +408,10 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             accs = evaluate()
-            state["history"].append({"step": step, "loss": float(loss), "val": accs,
+            state["history"].append({"step": step, "loss": loss.item(), "val": accs,
                                      "wall_s": round(time.time() - t0, 1)})
             worst = min(accs.values())
-            bar.write(f"{name} step {step} loss {float(loss):.4f} min-val {worst:.3f} "
+            bar.write(f"{name} step {step} loss {loss.item():.4f} min-val {worst:.3f} "
                       + " ".join(f"{k}={v:.3f}" for k, v in accs.items()))
             state["good_evals"] = state["good_evals"] + 1 if worst >= cfg.stop_at else 0
             if state["good_evals"] >= 2:

@@ -142,16 +142,18 @@ def test_cli_list_and_eval(capsys):
     assert main(["zoo", "eval", "nope"]) == 2
 
 
-def test_train_checkpoint_and_resume(tmp_path, monkeypatch):
-    """A tiny registered model: trains, writes safetensors only, resumes from its checkpoint."""
+@pytest.mark.parametrize("base", ["arith-gpt2", "arith-llama"])
+def test_train_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
+    """A tiny registered model: trains, writes safetensors only, resumes from its checkpoint, and the
+    exported folder loads back through ``zoo.load`` with identical logits."""
     import dataclasses
 
-    tiny = dataclasses.replace(zoo_train.get_config("arith-gpt2"), name="tiny", tasks=["add", "sub"],
+    tiny = dataclasses.replace(zoo_train.get_config(base), name="tiny", tasks=["add", "sub"],
                                bars={"add": 0.0, "sub": 0.0}, n_layers=1, d_model=32, d_head=8, d_mlp=64,
                                batch_size=16, steps=3, eval_every=2, ckpt_every=2, eval_n=10)
     monkeypatch.setitem(zoo_train.REGISTRY, "tiny", tiny)
     monkeypatch.setattr(zoo_train, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
-    out, ck = tmp_path / "out", tmp_path / "ck"
+    out, ck = tmp_path / "models" / "tiny", tmp_path / "ck"
     card = zoo_train.train("tiny", out_dir=out, ckpt_dir=ck, threads=1, progress=False)
     assert card["steps_run"] == 3
     state = json.loads((ck / "state.json").read_text())
@@ -181,3 +183,15 @@ def test_training_tokens_match_the_tokenizer(task):
     for i, row in enumerate(ds):
         assert data.tokens[i].tolist() == model.to_tokens(row["prompt"])[0].tolist()
         assert model.to_string(torch.tensor([int(data.answers[i])])) == str(row["answer"])
+
+    # the exported folder is a loadable zoo model
+    monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path / "models")
+    assert zoo.available() == ["tiny"]
+    loaded = zoo.load("tiny")
+    ref = zoo_train.new_model(tiny, loaded.tokenizer)
+    ref.load_state_dict(w5, strict=False)
+    ref.eval()
+    toks = loaded.to_tokens(["12+30=", "99-7="])
+    with torch.no_grad():
+        assert torch.allclose(loaded(toks), ref(toks), atol=1e-5)
+    assert loaded.cfg.n_key_value_heads == (2 if base == "arith-llama" else None)
