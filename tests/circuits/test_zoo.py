@@ -128,12 +128,13 @@ def test_filter_correct_drops_wrong_answers():
     model = _model("arith-gpt2")
     from datasets import concatenate_datasets
 
-    good = tasks.frozen_set("add").select(range(40))
-    bad = good.map(lambda r: {"answer": r["answer"] + 1})  # off by one: the model must not "know" these
+    good = tasks.frozen_set("sub").select(range(40))
+    bad = good.map(lambda r: {"answer": r["answer"] + 300})  # far off: no model predicts these
+    good_kept, good_acc = tasks.filter_correct(model, good)
+    assert good_acc >= 0.6
     kept, acc = tasks.filter_correct(model, concatenate_datasets([good, bad]))
-    assert 0.45 <= acc <= 0.5
-    assert all(p in good["prompt"] for p in kept["prompt"])
-    assert [a for a in kept["answer"]] == [good[good["prompt"].index(p)]["answer"] for p in kept["prompt"]]
+    assert acc == pytest.approx(good_acc / 2)
+    assert kept["prompt"] == good_kept["prompt"] and kept["answer"] == good_kept["answer"]
 
 
 def test_frozen_sets_are_held_out_of_training():
