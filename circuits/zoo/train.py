@@ -100,7 +100,7 @@ class TrainConfig:
 REGISTRY: dict[str, TrainConfig] = {
     "arith-gpt2": TrainConfig(
         name="arith-gpt2", arch="gpt2", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
-        seed=1, description="GPT-2-like: LayerNorm, learned positional embeddings, GELU MLP.",
+        seed=1, steps=4000, description="GPT-2-like: LayerNorm, learned positional embeddings, GELU MLP.",
     ),
     "arith-llama": TrainConfig(
         name="arith-llama", arch="llama", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
@@ -111,7 +111,7 @@ REGISTRY: dict[str, TrainConfig] = {
     "arith-styles": TrainConfig(
         name="arith-styles", arch="gpt2", tasks=ORIGINAL_TASKS + STYLE_TASKS,
         bars={**{t: 0.95 for t in ORIGINAL_TASKS}, **{t: 0.90 for t in STYLE_TASKS}}, seed=3,
-        steps=1000, warmup=100, lr=1e-3, init_from="arith-gpt2",
+        steps=500, warmup=100, lr=1e-3, init_from="arith-gpt2",
         description="GPT-2-like, fine-tuned from arith-gpt2 on the Original tasks plus the ten input-style "
                     "templates (same architecture and tokenizer).",
     ),
