@@ -22,6 +22,7 @@ WORDS = [
     "The", "sum", "of", "and", "is", "difference", "What", "Answer", "If", "you", "add", "to", "will",
     "get", "subtract", "from", "John", "has", "cookies", "Jane", "Together", "they", "have", "He",
     "gave", "now", "a", "b", "print", "should",
+    "the",  # appended later (Question template): ids of the words above are unchanged
 ]
 
 

@@ -377,7 +377,16 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
         src = MODELS_DIR / cfg.init_from / "model.safetensors"
         if not src.exists():
             raise FileNotFoundError(f"{name} starts from {cfg.init_from}, but {src} does not exist: train it first")
-        model.load_state_dict(load_file(str(src)), strict=False)
+        own = model.state_dict()
+        init = {}
+        for k, v in load_file(str(src)).items():
+            if k in own and own[k].shape != v.shape:
+                # a vocabulary that grew at the end: copy the rows/columns both share
+                w = own[k].clone()
+                w[tuple(slice(0, m) for m in v.shape)] = v
+                v = w
+            init[k] = v
+        model.load_state_dict(init, strict=False)
         print(f"{name}: initialised from {src}")
     if resume and (ckpt_dir / "state.json").exists():
         state = json.loads((ckpt_dir / "state.json").read_text())
