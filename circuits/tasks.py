@@ -361,8 +361,11 @@ def to_layouts(model, ds: "Dataset") -> list[Layout]:
     ans_ids = answer_token_ids(model, answers)
     groups: dict[int, list[int]] = {}
     rows: list[torch.Tensor] = []
-    for i, p in enumerate(prompts):
-        t = model.to_tokens(p, prepend_bos=True)[0].cpu()
+    tok = model.tokenizer
+    # One batched call without special tokens, then BOS in front: what model.to_tokens(p) gives.
+    enc = tok(prompts, add_special_tokens=False)["input_ids"]
+    for i, ids in enumerate(enc):
+        t = torch.tensor([tok.bos_token_id] + list(ids), dtype=torch.long)
         rows.append(t)
         groups.setdefault(len(t), []).append(i)
     layouts = []

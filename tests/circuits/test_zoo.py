@@ -160,7 +160,9 @@ def test_cli_list_and_eval(capsys):
     assert main(["zoo", "list"]) == 0
     out = capsys.readouterr().out
     assert all(n in out for n in MODELS)
-    assert main(["zoo", "eval", "arith-gpt2", "--tasks", "add", "sub", "-n", "30"]) == 0
+    met = zoo.card("arith-gpt2")["meets_bar"]
+    expected = 0 if (met["add"] and met["sub"]) else 1  # exit 1 when a task is below its bar
+    assert main(["zoo", "eval", "arith-gpt2", "--tasks", "add", "sub", "-n", "30"]) == expected
     out = capsys.readouterr().out
     assert out.count("(bar 0.95)") == 2
     assert main(["zoo", "eval", "nope"]) == 2
@@ -194,6 +196,17 @@ def test_train_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
     # The optimiser state came back: Adam moments are saved per parameter.
     opt = load_file(str(ck / "optimizer.safetensors"))
     assert any(k.endswith("::exp_avg_sq") for k in opt)
+    # the exported folder is a loadable zoo model
+    monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path / "models")
+    assert zoo.available() == ["tiny"]
+    loaded = zoo.load("tiny")
+    ref = zoo_train.new_model(tiny, loaded.tokenizer)
+    ref.load_state_dict(w5, strict=False)
+    ref.eval()
+    toks = loaded.to_tokens(["12+30=", "99-7="])
+    with torch.no_grad():
+        assert torch.allclose(loaded(toks), ref(toks), atol=1e-5)
+    assert loaded.cfg.n_key_value_heads == (2 if base == "arith-llama" else None)
 
 
 @pytest.mark.parametrize("task", ["add_sub", "instruction_sub", "python_add", "word_problem_sub"])
@@ -208,14 +221,3 @@ def test_training_tokens_match_the_tokenizer(task):
         assert data.tokens[i].tolist() == model.to_tokens(row["prompt"])[0].tolist()
         assert model.to_string(torch.tensor([int(data.answers[i])])) == str(row["answer"])
 
-    # the exported folder is a loadable zoo model
-    monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path / "models")
-    assert zoo.available() == ["tiny"]
-    loaded = zoo.load("tiny")
-    ref = zoo_train.new_model(tiny, loaded.tokenizer)
-    ref.load_state_dict(w5, strict=False)
-    ref.eval()
-    toks = loaded.to_tokens(["12+30=", "99-7="])
-    with torch.no_grad():
-        assert torch.allclose(loaded(toks), ref(toks), atol=1e-5)
-    assert loaded.cfg.n_key_value_heads == (2 if base == "arith-llama" else None)
