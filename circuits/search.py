@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -418,6 +418,40 @@ class _rotary_shift:
         self.ad.remove_hooks(self.names, self.level)
 
 
+def scan(
+    n_layers: int,
+    threshold: float,
+    grid: str,
+    evaluate: Callable[[int, int], ConfigResult],
+    *,
+    bar: Any = None,
+) -> dict[Config, ConfigResult]:
+    """Evaluate the configurations the grid needs, waits from the largest down and transfers from 0 up.
+
+    ``grid="full"``: every configuration. ``grid="auto"``: a wait stops at its first sufficient
+    transfer (``faithfulness >= threshold``) and no lower wait is evaluated after a wait that has one;
+    this is exactly what the selection rule needs (see the module docstring). ``evaluate(wait,
+    transfer)`` is called in that order, transfers increasing within a wait.
+    """
+    _check_choice("grid", grid, GRIDS)
+    results: dict[Config, ConfigResult] = {}
+    for w in range(n_layers - 1, -2, -1):
+        found = None
+        for t in range(n_layers - w):
+            r = evaluate(w, t)
+            results[(w, t)] = r
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(wait=w, transfer=t, faith=f"{r.faithfulness:.3f}")
+            if r.faithfulness >= threshold:
+                found = t
+                if grid == "auto":
+                    break
+        if grid == "auto" and found is not None:
+            break
+    return results
+
+
 # --- the search -----------------------------------------------------------------------------------
 def tokens_sha256(tokens: torch.Tensor, answers: torch.Tensor) -> str:
     """Content hash of the evaluation prompts and answers (part of a run's identity)."""
@@ -551,34 +585,25 @@ def search_af1(
 
     evaluator_cls = FastEvaluator if method == "fast" else NaiveEvaluator
     evaluator = evaluator_cls(model, tokens, answers, cache, ablation, batch_size)
-    n_resumed = 0
-    n_evaluated = 0
-    results: dict[Config, ConfigResult] = {}
+    counts = {"evaluated": 0, "resumed": 0}
+
+    def evaluate(w: int, t: int) -> ConfigResult:
+        if (w, t) in known:
+            counts["resumed"] += 1
+            return known[(w, t)]
+        res = summarize(*evaluator.evaluate(w, t), n_boot=n_boot, seed=seed)
+        r = ConfigResult.from_faithfulness(w, t, res, ablation)
+        counts["evaluated"] += 1
+        if run_dir is not None:
+            run_dir.append(r.to_dict())
+        return r
+
     bar = tqdm(total=len(configurations(n_layers)), desc=f"AF1 search ({grid} grid)", unit="config", disable=not progress)
     try:
-        for w in range(n_layers - 1, -2, -1):
-            found = None
-            for t in range(n_layers - w):
-                if (w, t) in known:
-                    r = known[(w, t)]
-                    n_resumed += 1
-                else:
-                    res = summarize(*evaluator.evaluate(w, t), n_boot=n_boot, seed=seed)
-                    r = ConfigResult.from_faithfulness(w, t, res, ablation)
-                    n_evaluated += 1
-                    if run_dir is not None:
-                        run_dir.append(r.to_dict())
-                results[(w, t)] = r
-                bar.update(1)
-                bar.set_postfix(wait=w, transfer=t, faith=f"{r.faithfulness:.3f}")
-                if r.faithfulness >= threshold:
-                    found = t
-                    if grid == "auto":
-                        break
-            if grid == "auto" and found is not None:
-                break
+        results = scan(n_layers, threshold, grid, evaluate, bar=bar)
     finally:
         bar.close()
+    n_evaluated, n_resumed = counts["evaluated"], counts["resumed"]
     # Results resumed from an earlier (e.g. full-grid) run count too: they can only add information.
     for c, r in known.items():
         results.setdefault(c, r)
