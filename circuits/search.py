@@ -27,7 +27,9 @@ Two evaluation methods give the same numbers:
   ``[BOS, last]``. That is exact for learned absolute positions (already in the residual) and for rotary
   embeddings, whose last-position query and key are rotated to their true position ``n_pos-1``
   (``hook_rot_q``/``hook_rot_k``); other position schemes (ALiBi, local attention, ...) keep every
-  position. Only the last position is unembedded.
+  position. Only the last position is unembedded. (4) With ``transfer = 0`` the answer depends only on
+  the last token (its ablated state is a cached mean, a constant or an embedding) and BOS: one prompt per
+  distinct last token is evaluated.
 
 ``grid="full"`` evaluates every configuration; ``grid="auto"`` scans waits from the largest down,
 each with transfers from 0 upward, stops a wait at its first sufficient transfer and stops descending
@@ -48,7 +50,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 import interventions as iv
@@ -245,8 +247,13 @@ class _Evaluator:
     def begin_wait(self, wait: int) -> None:
         pass
 
-    def evaluate(self, wait: int, transfer: int) -> PerPrompt:
+    def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch d_vocab"]:
+        """Last-position logits of every prompt under configuration ``(wait, transfer)``."""
         raise NotImplementedError
+
+    def evaluate(self, wait: int, transfer: int) -> PerPrompt:
+        """Per prompt: correct (argmax == answer), answer probability, answer minus best other logit."""
+        return last_token_metrics(self.last_logits(wait, transfer), self.answers)
 
     def batches(self) -> Iterator[slice]:
         n = self.tokens.shape[0]
@@ -258,14 +265,14 @@ class NaiveEvaluator(_Evaluator):
     """One complete intervened forward pass per configuration (``iv.run`` with ``af1_subgraph``)."""
 
     @torch.inference_mode()
-    def evaluate(self, wait: int, transfer: int) -> PerPrompt:
+    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
         ivs = iv.af1_subgraph(self.n_layers, wait, transfer, self.cache, self.ablation)
         logits = []
         for sl in self.batches():
             out = iv.run(self.model, self.tokens[sl], ivs) if ivs else self.model(self.tokens[sl])
             self.passes += 1
             logits.append(out[:, -1].float())
-        return last_token_metrics(torch.cat(logits), self.answers)
+        return torch.cat(logits)
 
 
 def two_position_exact(cfg: Any) -> bool:
@@ -318,7 +325,7 @@ class FastEvaluator(_Evaluator):
         self._depth = 0  # transfer blocks applied to self._states
 
     # residual after block `wait`, ablated (wait >= 0) or the embeddings (wait = -1)
-    def _start(self, wait: int, sl: slice) -> torch.Tensor:
+    def _start(self, wait: int, sl: slice | torch.Tensor) -> torch.Tensor:
         toks = self.tokens[sl].to(self.device)
         if wait < 0:
             self.passes += 1
@@ -352,9 +359,20 @@ class FastEvaluator(_Evaluator):
         self._depth += 1
 
     @torch.inference_mode()
-    def evaluate(self, wait: int, transfer: int) -> PerPrompt:
+    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
         if wait != self._wait:
             self.begin_wait(wait)
+        if transfer == 0:
+            # No transfer block: every block after `wait` self-peeks, so the answer depends only on the
+            # last position's state after `wait` (a function of the last token: a cached mean, a
+            # constant or an embedding) and BOS. Evaluate one prompt per distinct last token.
+            uniq, inverse = torch.unique(self.tokens[:, -1], return_inverse=True)
+            rep = torch.empty(len(uniq), dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
+            logits = torch.cat([
+                self._tail(self._start(wait, rep[s : s + self.batch_size]), wait + 1)
+                for s in range(0, len(rep), self.batch_size)
+            ])
+            return logits[inverse.to(logits.device)]
         if not self._states:
             self._states = [self._start(wait, sl) for sl in self.batches()]
         if transfer < self._depth:
@@ -362,8 +380,7 @@ class FastEvaluator(_Evaluator):
         while self._depth < transfer:
             self._advance()
         start = wait + 1 + transfer
-        logits = torch.cat([self._tail(resid, start) for resid in self._states])
-        return last_token_metrics(logits, self.answers)
+        return torch.cat([self._tail(resid, start) for resid in self._states])
 
     def _tail(self, resid: torch.Tensor, start: int) -> torch.Tensor:
         """Last-position logits after blocks ``start..n_layers-1`` with every token self-peeking."""

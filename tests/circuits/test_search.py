@@ -103,8 +103,9 @@ def test_fast_uses_fewer_forward_blocks(data, model):
     fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 32)
     for w, t in S.configurations(N_LAYERS):
         fast.evaluate(w, t)
-    # 15 tails + 10 prefix blocks + embeddings + BOS pass, versus 15 full passes of 4 blocks each.
-    assert fast.passes == 15 + 10 + 1 + 1
+    # 15 tails + 10 prefix blocks + 2 embedding passes (wait -1: transfer 0, then >= 1) + BOS pass,
+    # versus 15 complete passes of 4 blocks each.
+    assert fast.passes == 15 + 10 + 2 + 1
 
 
 # --- selection rule and grids ---------------------------------------------------------------------
