@@ -3,7 +3,9 @@
 The straightforward approach (as in the paper's public demo) runs one complete intervened forward pass
 per configuration (``iv.run`` with ``af1_subgraph``) with batch size 20. The fast method
 (``circuits.search.FastEvaluator``) skips the waiting blocks (ablation lookup), shares the transfer
-prefix between transfers, runs the self-peek tail on ``[BOS, last]`` and unembeds only the last position.
+prefix between transfers, runs the self-peek tail on the last position alone (BOS's constant key and
+value as a cache), evaluates ``transfer = 0`` once per distinct last token and unembeds only the last
+position.
 
 Prints, on a 6-block model (the default zoo model on task prompts when available, else a random model
 of the same shape whose answers are its own predictions):
@@ -14,7 +16,8 @@ of the same shape whose answers are its own predictions):
 and asserts that both methods give identical per-configuration correctness counts and last-position
 logits within 1e-4. The methods take turns (best of ``--repeats``) so background load hits all alike.
 
-Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]``
+Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]
+[--threads 1]``
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     name, model, tokens, answers = build(args.arch, args.prompts)
     cache = iv.MeanCache.fit(model, tokens, batch_size=args.batch, progress=False)

@@ -23,11 +23,13 @@ Two evaluation methods give the same numbers:
   state at position 0 (BOS only attends to itself, so its state is the same in every prompt). (2) The
   configurations of one ``wait`` share their transfer blocks: the residual after ``transfer = T`` blocks
   is extended by one block for ``T + 1``. (3) After the transfer blocks every token self-peeks, so the
-  last position depends only on itself and BOS: the remaining blocks run on the two positions
-  ``[BOS, last]``. That is exact for learned absolute positions (already in the residual) and for rotary
+  last position depends only on itself and BOS, and BOS's state (hence its key and value) is the same
+  in every prompt and configuration: the remaining blocks run on the last position alone, with BOS's
+  key and value supplied as a frozen key-value cache (``tail="last"``; ``tail="pair"`` runs ``[BOS,
+  last]``). That is exact for learned absolute positions (already in the residual) and for rotary
   embeddings, whose last-position query and key are rotated to their true position ``n_pos-1``
   (``hook_rot_q``/``hook_rot_k``); other position schemes (ALiBi, local attention, ...) keep every
-  position. Only the last position is unembedded. (4) With ``transfer = 0`` the answer depends only on
+  position (``tail="full"``). Only the last position is unembedded. (4) With ``transfer = 0`` the answer depends only on
   the last token (its ablated state is a cached mean, a constant or an embedding) and BOS: one prompt per
   distinct last token is evaluated.
 
@@ -294,29 +296,43 @@ class FastEvaluator(_Evaluator):
     """Exact shortcuts (see the module docstring): ablated residual by lookup, shared transfer prefix,
     two-position tail, last-position unembedding."""
 
-    def __init__(self, *args: Any, two_positions: bool | None = None, **kwargs: Any):
+    TAILS = ("last", "pair", "full")
+
+    def __init__(self, *args: Any, tail: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         model = self.model
         self.n_pos = int(self.tokens.shape[1])
         if bool((self.tokens[:, 0] != self.tokens[0, 0]).any()):
             raise ValueError("position 0 must hold the same token (BOS) in every prompt")
-        self.two_positions = two_position_exact(model.cfg) if two_positions is None else two_positions
+        exact = two_position_exact(model.cfg)
+        self.tail = ("last" if exact else "full") if tail is None else tail
+        _check_choice("tail", self.tail, self.TAILS)
+        if self.tail != "full" and not exact:
+            raise ValueError(f"tail={self.tail!r} is not exact for this model's positions: use tail='full'")
         self.rotary = getattr(model.cfg, "positional_embedding_type", None) == "rotary"
         ad = iv.adapt(model)
         self.device, self.dtype = ad.device(), ad.dtype()
-        # The model's own BOS state after every block (BOS attends only to itself: prompt-independent).
-        bos: list[torch.Tensor] = []
+        # The model's own BOS state, key and value in every block. BOS attends only to itself (also
+        # under every AF1 intervention), so they are the same in every prompt and configuration.
+        bos: dict[str, torch.Tensor] = {}
         level = iv.adapter.new_hook_level()
-        names = [iv.adapter.resid_post(i) for i in range(self.n_layers)]
-        for name in names:
-            ad.add_hook(name, lambda act, hook=None: bos.append(act[0, 0].detach().clone()), level)
+        names = []
+        for i in range(self.n_layers):
+            for name in (iv.adapter.resid_post(i), f"blocks.{i}.attn.hook_k", f"blocks.{i}.attn.hook_v"):
+                def keep(act: torch.Tensor, hook: Any = None, name: str = name) -> None:
+                    bos[name] = act[0, 0].detach().clone()
+
+                ad.add_hook(name, keep, level)
+                names.append(name)
         try:
             with torch.inference_mode():
                 ad.run_to_resid(self.tokens[:1].to(self.device))
                 self.passes += 1
         finally:
             ad.remove_hooks(names, level)
-        self.bos = torch.stack(bos)  # [n_layers, d_model]
+        self.bos = torch.stack([bos[iv.adapter.resid_post(i)] for i in range(self.n_layers)])  # [n_layers, d_model]
+        self.bos_k = [bos[f"blocks.{i}.attn.hook_k"] for i in range(self.n_layers)]  # [n_kv_heads, d_head] each
+        self.bos_v = [bos[f"blocks.{i}.attn.hook_v"] for i in range(self.n_layers)]
         self.entry_idx = (
             self.cache.entry_index(self.tokens) if (self.cache is not None and self.ablation == "cama") else None
         )
@@ -388,21 +404,36 @@ class FastEvaluator(_Evaluator):
         if start >= self.n_layers:
             return self.model(resid[:, -1:], start_at_layer=self.n_layers)[:, -1].float()
         layers = list(range(start, self.n_layers))
-        if not self.two_positions:
+        if self.tail == "full":
             with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
                 return self.model(resid, start_at_layer=start)[:, -1].float()
-        # [BOS, last]: with two positions "self peek" is the ordinary causal row, so no mask is needed.
-        pair = resid[:, [0, self.n_pos - 1]]
-        if not self.rotary or self.n_pos == 2:
-            return self.model(pair, start_at_layer=start)[:, -1].float()
-        with _rotary_shift(self.model, layers, self.n_pos - 2):
-            return self.model(pair, start_at_layer=start)[:, -1].float()
+        # With only BOS and the last token "self peek" is the ordinary causal row: no mask is needed.
+        if self.tail == "pair":
+            x, kv = resid[:, [0, self.n_pos - 1]], None
+        else:  # "last": BOS enters only through its (constant) key and value, as a frozen KV cache
+            from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+
+            b = resid.shape[0]
+            kv = [None] * self.n_layers
+            for i in layers:
+                kv[i] = TransformerLensKeyValueCacheEntry(
+                    past_keys=self.bos_k[i].expand(b, 1, *self.bos_k[i].shape),
+                    past_values=self.bos_v[i].expand(b, 1, *self.bos_v[i].shape),
+                    frozen=True,
+                )
+            x = resid[:, -1:]
+        shift = self.n_pos - 2  # the last token sits at position 1 in these passes, truly at n_pos-1
+        if not self.rotary or shift == 0:
+            return self.model(x, start_at_layer=start, past_kv_cache=kv)[:, -1].float()
+        with _rotary_shift(self.model, layers, shift):
+            return self.model(x, start_at_layer=start, past_kv_cache=kv)[:, -1].float()
 
 
 class _rotary_shift:
-    """Rotate the queries and keys of position 1 by ``shift`` more positions in blocks ``layers``, so
-    that in a two-position pass ``[BOS, last]`` the last token sits at its true position ``1 + shift``.
-    Rotations compose: ``R(shift) R(1) = R(1 + shift)``; BOS stays at position 0."""
+    """Rotate the query and key of the last position (position 1) by ``shift`` more positions in blocks
+    ``layers``, so that in a pass over ``[BOS, last]`` (or ``last`` after a cached BOS) the last token
+    sits at its true position ``1 + shift``. Rotations compose: ``R(shift) R(1) = R(1 + shift)``; BOS
+    stays at position 0."""
 
     def __init__(self, model: Any, layers: list[int], shift: int):
         self.model, self.layers, self.shift = model, layers, shift
@@ -418,8 +449,8 @@ class _rotary_shift:
 
         def fn(x: torch.Tensor, hook: Any = None) -> torch.Tensor:
             out = x.clone()
-            last = x[:, 1, :, :rd]
-            out[:, 1, :, :rd] = last * cos.to(x.dtype) + attn.rotate_every_two(last) * sin.to(x.dtype)
+            last = x[:, -1, :, :rd]
+            out[:, -1, :, :rd] = last * cos.to(x.dtype) + attn.rotate_every_two(last) * sin.to(x.dtype)
             return out
 
         return fn

@@ -90,9 +90,11 @@ def test_two_position_tail_needs_the_rotary_shift():
     assert (fast.evaluate(-1, 0)[2] - ref).abs().max() > 1e-2
 
 
-def test_full_position_tail_also_exact(model, data):
+@pytest.mark.parametrize("tail", ["pair", "full"])
+def test_other_tails_also_exact(model, data, tail):
+    """The tail variants: [BOS, last] pairs, and every position (the fallback for other position schemes)."""
     tokens, answers, cache = data
-    fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 16, two_positions=False)
+    fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 16, tail=tail)
     naive = S.NaiveEvaluator(model, tokens, answers, cache, "cama", 16)
     for w, t in [(-1, 2), (0, 0), (2, 1)]:
         assert torch.equal(fast.evaluate(w, t)[0], naive.evaluate(w, t)[0])
