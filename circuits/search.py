@@ -313,26 +313,27 @@ class FastEvaluator(_Evaluator):
         ad = iv.adapt(model)
         self.device, self.dtype = ad.device(), ad.dtype()
         # The model's own BOS state, key and value in every block. BOS attends only to itself (also
-        # under every AF1 intervention), so they are the same in every prompt and configuration.
-        bos: dict[str, torch.Tensor] = {}
-        level = iv.adapter.new_hook_level()
-        names = []
-        for i in range(self.n_layers):
-            for name in (iv.adapter.resid_post(i), f"blocks.{i}.attn.hook_k", f"blocks.{i}.attn.hook_v"):
-                def keep(act: torch.Tensor, hook: Any = None, name: str = name) -> None:
-                    bos[name] = act[0, 0].detach().clone()
+        # under every AF1 intervention), so they are the same in every prompt and configuration. The
+        # keys and values are taken from TransformerLens's own key-value cache of a BOS-only pass, i.e.
+        # exactly as attention stores them (after any q/k norm or clipping, before rotary).
+        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-                ad.add_hook(name, keep, level)
-                names.append(name)
+        bos: list[torch.Tensor] = []
+        level = iv.adapter.new_hook_level()
+        names = [iv.adapter.resid_post(i) for i in range(self.n_layers)]
+        for name in names:
+            ad.add_hook(name, lambda act, hook=None: bos.append(act[0, 0].detach().clone()), level)
+        kv_cache = TransformerLensKeyValueCache.init_cache(model.cfg, self.device, batch_size=1)
         try:
             with torch.inference_mode():
-                ad.run_to_resid(self.tokens[:1].to(self.device))
+                bos_tok = self.tokens[:1, :1].to(self.device)
+                self.model(bos_tok, past_kv_cache=kv_cache, attention_mask=torch.ones_like(bos_tok), return_type=None)
                 self.passes += 1
         finally:
             ad.remove_hooks(names, level)
-        self.bos = torch.stack([bos[iv.adapter.resid_post(i)] for i in range(self.n_layers)])  # [n_layers, d_model]
-        self.bos_k = [bos[f"blocks.{i}.attn.hook_k"] for i in range(self.n_layers)]  # [n_kv_heads, d_head] each
-        self.bos_v = [bos[f"blocks.{i}.attn.hook_v"] for i in range(self.n_layers)]
+        self.bos = torch.stack(bos)  # [n_layers, d_model]
+        self.bos_k = [e.past_keys[0, 0].clone() for e in kv_cache.entries]  # [n_kv_heads, d_head] each
+        self.bos_v = [e.past_values[0, 0].clone() for e in kv_cache.entries]
         self.entry_idx = (
             self.cache.entry_index(self.tokens) if (self.cache is not None and self.ablation == "cama") else None
         )
