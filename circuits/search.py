@@ -218,9 +218,14 @@ class SearchResult:
 
     def summary_line(self) -> str:
         if self.selected is None:
+            best = max(self.results, key=lambda r: (r.faithfulness, r.wait, -r.transfer), default=None)
+            detail = (
+                f"; the most faithful is wait={best.wait}, transfer={best.transfer} at {best.faithfulness:.3f}"
+                if best is not None else ""
+            )
             return (
                 f"no configuration reaches faithfulness {self.threshold:g} "
-                f"({len(self.results)} configurations evaluated): selected = None"
+                f"({len(self.results)} configurations evaluated): selected = None{detail}"
             )
         s = self.selected
         return (
