@@ -2,7 +2,8 @@
 
 Loads ``circuits.zoo.DEFAULT_MODEL``, builds a small set of correctly answered ``add_sub`` prompts,
 evaluates the full (wait, transfer) grid with CAMA and prints, per wait, the smallest sufficient
-transfer and the selected configuration; the heatmap is in ``<out>/report.html``. Without the zoo it
+transfer and the selected configuration; the heatmap is in ``<out>/report.html``. A necessity sweep
+(``<out>/necessity/``) shows in which blocks the last token needs the other tokens. Without the zoo it
 runs the same search on a small randomly initialised model (answers = its own predictions) and says so.
 """
 
@@ -68,4 +69,20 @@ def run(args: argparse.Namespace) -> int:
     print(result.table())
     print(result.summary_line())
     print(f"{len(result.results)} configurations in {result.seconds:.1f} s; report: {args.out}/report.html")
+
+    # Which blocks the last token needs to read the other tokens in (cheap: one pass per block).
+    from pathlib import Path
+
+    from circuits.necessity import necessity_sweep
+
+    nec_dir = Path(args.out) / "necessity"
+    nec = necessity_sweep(
+        model, prompts.tokens, prompts.answers, out_dir=nec_dir, progress=not args.no_progress,
+        meta={"model": name, "task": task, "source": prompts.source, "base_accuracy": prompts.base_accuracy,
+              "n_checked": prompts.n_checked, "command": command_line(args)},
+    )
+    print()
+    print("necessity: faithfulness when the last token reads only BOS and itself in one block")
+    print(nec.table())
+    print(f"report: {nec_dir}/report.html")
     return 0

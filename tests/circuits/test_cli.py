@@ -100,3 +100,13 @@ def test_search_on_zoo_model(tmp_path, capsys):
     assert summary["n_prompts"] == 40 and 0 < summary["base_accuracy"] <= 1
     prompts = [json.loads(x) for x in (out / "prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == 40 and all("+" in p["prompt"] for p in prompts)
+
+
+def test_demo_command(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--out", str(out), "--n-prompts", "20", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "smallest transfer" in printed and "necessity" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_configs_evaluated"] == summary["n_configs_total"] == 28 and summary["n_prompts"] == 20
+    assert (out / "report.html").exists() and (out / "necessity" / "report.html").exists()
