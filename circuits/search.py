@@ -299,7 +299,9 @@ def two_position_exact(cfg: Any) -> bool:
 
 class FastEvaluator(_Evaluator):
     """Exact shortcuts (see the module docstring): ablated residual by lookup, shared transfer prefix,
-    two-position tail, last-position unembedding."""
+    self-peek tail on the last position only (``tail="last"``; ``"pair"``: ``[BOS, last]``; ``"full"``:
+    every position), one evaluation per distinct last token when ``transfer = 0``, last-position
+    unembedding."""
 
     TAILS = ("last", "pair", "full")
 
@@ -604,6 +606,8 @@ def search_af1(
         "ablation": ablation,
         "seed": int(seed),
         "n_boot": int(n_boot),
+        # A cache fitted here is a function of the model and prompts above; a given one is named by hash.
+        "means": None if ablation == "zero" else (cache.sha256 if cache is not None else "fitted on the prompts"),
     }
     run_dir = None
     known: dict[Config, ConfigResult] = {}
