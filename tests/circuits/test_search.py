@@ -311,4 +311,4 @@ def test_given_cache_is_part_of_the_identity(tmp_path):
     S.search_af1(model, tokens, answers, threshold=0.5, out_dir=out, progress=False, n_boot=10)
     other = iv.MeanCache.fit(model, tokens[:16], progress=False)
     with pytest.raises(RunMismatchError, match=r"differing parameters: means: 'fitted on the prompts' -> '[0-9a-f]{64}'\)"):
-        S.search_af1(model, tokens, answers, cache=other, threshold=0.5, out_dir=out, progress=False)
+        S.search_af1(model, tokens, answers, cache=other, threshold=0.5, out_dir=out, progress=False, n_boot=10)
