@@ -10,7 +10,7 @@ import torch
 
 import interventions as iv
 from circuits import search as S
-from circuits.faithfulness import faithfulness, last_token_metrics
+from circuits.faithfulness import faithfulness
 from circuits.runs import RunMismatchError
 from tests.conftest import build_hooked, random_tokens
 
