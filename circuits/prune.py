@@ -41,9 +41,7 @@ run's identity: rerunning with another ``target`` only recomputes the summary an
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -61,7 +59,9 @@ from interventions.types import Head, InterventionError, Tokens
 from interventions.validation import check_choice, check_tokens
 
 from .attribution import head_attribution
+from .runs import RunDir
 from .faithfulness import FaithfulnessResult, base_correct, last_logits, last_token_metrics, summarize
+from .search import tokens_sha256
 
 METHODS = ("zero", "mean")
 RANKS = ("attribution", "none")
@@ -282,85 +282,7 @@ def _criterion(head: Head, faith: float, diff: float) -> tuple:
     return (-faith, -diff, head)
 
 
-# --- run directory -------------------------------------------------------------------------------
-# PRIVATE STAND-IN for circuits.runs (RunDir, write_json), which is being written on another branch:
-# same interface and file semantics (identity in run.json, one fsynced line per record, a torn last line
-# cut off on resume). Replace this block with `from circuits.runs import RunDir` once it is on main.
-
-
-def _fsync_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class _RunDir:
-    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = "results.jsonl"):
-        self.path = Path(path)
-        self.identity = json.loads(json.dumps(dict(identity)))
-        self.results_path = self.path / results_name
-
-    def open(self) -> "_RunDir":
-        self.path.mkdir(parents=True, exist_ok=True)
-        ident = self.path / "run.json"
-        if ident.exists():
-            theirs = json.loads(ident.read_text())
-            keys = sorted(k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k))
-            if keys:
-                raise FileExistsError(
-                    f"output directory {self.path} holds results of a different command (differing "
-                    f"parameters: {', '.join(keys)}); use a new --out directory, or delete it to start over"
-                )
-        elif self.results_path.exists() and self.results_path.stat().st_size > 0:
-            raise FileExistsError(
-                f"{self.results_path} exists but {ident} does not: cannot tell which command wrote it; "
-                f"use a new --out directory"
-            )
-        else:
-            self.write_json("run.json", self.identity)
-        return self
-
-    def load_records(self) -> list[dict[str, Any]]:
-        if not self.results_path.exists():
-            return []
-        raw = self.results_path.read_bytes()
-        rows, good = [], 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-            good += len(line)
-        if good != len(raw):
-            with open(self.results_path, "r+b") as f:
-                f.truncate(good)
-        return rows
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        with open(self.results_path, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def write_json(self, name: str, obj: Any) -> Path:
-        _fsync_write(self.path / name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-        return self.path / name
-
-    def write_jsonl(self, name: str, records: Sequence[Mapping[str, Any]]) -> Path:
-        _fsync_write(self.path / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-        return self.path / name
-
-
-# --- end of the stand-in ---------------------------------------------------------------------------
-
-
-def _sha256_tensor(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+# --- helpers -------------------------------------------------------------------------------------
 
 
 def _versions() -> dict[str, str | None]:
@@ -439,7 +361,7 @@ def prune_heads(
         raise ValueError("the unmodified model answers none of these prompts correctly: nothing to prune")
     tok, ans = tokens[keep], answers[keep]
 
-    run_dir: _RunDir | None = None
+    run_dir: RunDir | None = None
     rows: list[dict[str, Any]] = []
     if out_dir is not None:
         identity = {
@@ -452,13 +374,12 @@ def prune_heads(
             "confirm_top": confirm_top,
             "n_boot": n_boot,
             "seed": seed,
-            "tokens_sha256": _sha256_tensor(tokens.long()),
-            "answers_sha256": _sha256_tensor(answers),
+            "prompts_sha256": tokens_sha256(tokens, answers),
             "model": {**info.signature(), "fingerprint": ad.fingerprint()},
             "cache_sha256": cache.sha256 if cache is not None else None,
             "meta": {k: v for k, v in (meta or {}).items() if k not in NOT_IDENTITY},
         }
-        run_dir = _RunDir(out_dir, identity, results_name="curve.jsonl").open()
+        run_dir = RunDir(out_dir, identity, results_name="curve.jsonl").open()
         if cache is not None and not (run_dir.path / "means.safetensors").exists():
             cache.save(run_dir.path / "means.safetensors")
         if not (run_dir.path / "prompts.jsonl").exists():

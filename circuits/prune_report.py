@@ -7,7 +7,6 @@ at which every other head was removed), and what the surviving heads attend to f
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -107,22 +106,25 @@ def attention_figure(result: "PruneResult") -> Any:
 
 def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any]) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
+    from .report import _page, _write
+
     figs = [curve_figure(result)]
     if result.smallest_head_set is not None:
         figs.append(kept_heads_figure(result))
     if result.attention:
         figs.append(attention_figure(result))
     cfg = result.config
-    title = " ".join(f"{k}={v}" for k, v in meta.items())
-    head = (
-        f"<h1>Head pruning {html.escape(title)}</h1><p>wait={cfg.wait}, transfer={cfg.transfer}, "
-        f"ablation={cfg.ablation}, method={cfg.method}, rank={cfg.rank}, confirm_top={cfg.confirm_top}, "
-        f"{result.n_prompts} prompts ({result.n_dropped} dropped: the unmodified model got them wrong)."
-        f"</p><p>Smallest head set: {html.escape(str(result.smallest_head_set))} "
-        f"(faithfulness {result.smallest_faithfulness}).</p>"
+    smallest = (
+        "no head set reaches the target"
+        if result.smallest_head_set is None
+        else " ".join(f"L{layer}H{head}" for layer, head in result.smallest_head_set)
+        + f" (faithfulness {result.smallest_faithfulness:.3f})"
     )
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs)]
-    doc = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>head pruning</title></head><body>{head}{''.join(parts)}</body></html>"
-    path = Path(path)
-    path.write_text(doc)
-    return path
+    notes = [
+        f"wait={cfg.wait}, transfer={cfg.transfer}, ablation={cfg.ablation}, method={cfg.method}, "
+        f"rank={cfg.rank}, confirm_top={cfg.confirm_top}; {result.n_prompts} prompts ({result.n_dropped} "
+        f"dropped: the unmodified model got them wrong).",
+        f"Smallest head set with faithfulness >= {cfg.target:g}: {smallest}.",
+    ]
+    title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
+    return _write(path, _page(title, figs, notes))

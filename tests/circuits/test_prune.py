@@ -335,14 +335,11 @@ def test_errors_name_the_bad_value():
 
 
 def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys):
-    from types import SimpleNamespace
-
-    from circuits import cli
-    from circuits.commands import prune as command
+    from circuits import cli, loading
 
     torch.manual_seed(0)
     model = build_hooked("gpt2")
-    tokens, _, answers = setup(model, n=32)
+    tokens = random_tokens(32, 6, seed=4, values=5)
     fits = []
     real_fit = iv.MeanCache.fit
 
@@ -350,22 +347,23 @@ def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys
         fits.append(1)
         return real_fit(*a, **k)
 
-    monkeypatch.setattr(command, "load_model", lambda name, device="cpu": model)
-    monkeypatch.setattr(command, "prepare_prompts", lambda m, task, n, seed=0: SimpleNamespace(
-        tokens=tokens[:n], answers=answers[:n], prompts=[f"p{i}" for i in range(n)],
-        answer_values=list(range(n)), base_accuracy=0.5))
+    monkeypatch.setattr(loading, "load_model", lambda name, device="cpu": model)
+    monkeypatch.setattr(loading, "prepare_prompts",
+                        lambda m, task, n, seed=0, **kw: loading.self_answer_prompts(m, tokens[:n], task=task))
     monkeypatch.setattr(iv.MeanCache, "fit", counting_fit)
     out = tmp_path / "prune"
     argv = ["prune", "--model", "tiny", "--task", "add", "--wait", "0", "--transfer", "1", "--n-prompts", "24",
-            "--target", "0.8", "--confirm-top", "2", "--device", "cpu", "--no-progress", "--out", str(out)]
+            "--target", "0.8", "--confirm-top", "2", "--no-progress", "--out", str(out)]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["model"] == "tiny" and summary["task"] == "add" and summary["base_accuracy"] == 0.5
+    assert summary["model"] == "tiny" and summary["task"] == "add" and summary["base_accuracy"] == 1.0
+    assert summary["command"][:2] == ["af1", "prune"] and "--confirm-top" in summary["command"]
     assert summary["n_prompts"] == 24 and summary["passes_total"] == 1 + 2 + 2 + 2 + 1
     assert f"AUC {summary['auc']:.3f}" in text and "8 confirmed passes" in text
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
-    assert prompts[5]["prompt"] == "p5" and prompts[5]["answer"] == 5
+    assert len(prompts) == 24 and prompts[5]["tokens"] == tokens[5].tolist()
+    assert prompts[5]["prompt"] == " ".join(map(str, tokens[5].tolist()))
     assert len(fits) == 1
     # Same command again: nothing recomputed, the saved means are reused (no second fit).
     assert cli.main(argv) == 0
