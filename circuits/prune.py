@@ -41,7 +41,6 @@ run's identity: rerunning with another ``target`` only recomputes the summary an
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -55,13 +54,13 @@ from tqdm.auto import tqdm
 import interventions as iv
 from interventions import adapter as hooks
 from interventions.adapter import adapt, new_hook_level
-from interventions.types import Head, InterventionError, Tokens
+from interventions.types import Head, Tokens
 from interventions.validation import check_choice, check_tokens
 
 from .attribution import head_attribution
-from .runs import RunDir
 from .faithfulness import FaithfulnessResult, base_correct, last_logits, last_token_metrics, summarize
-from .search import tokens_sha256
+from .runs import RunDir
+from .search import _dist_version, tokens_sha256
 
 METHODS = ("zero", "mean")
 RANKS = ("attribution", "none")
@@ -282,23 +281,14 @@ def _criterion(head: Head, faith: float, diff: float) -> tuple:
     return (-faith, -diff, head)
 
 
-# --- helpers -------------------------------------------------------------------------------------
-
-
 def _versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def dist(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
+    import circuits
 
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformer_lens": dist("transformer-lens"),
-        "af1_circuits": dist("af1-circuits"),
+        "transformer_lens": _dist_version("transformer-lens"),
+        "circuits": circuits.__version__,
     }
 
 
