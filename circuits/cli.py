@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "zoo": ("circuits.commands.zoo", "list, evaluate or retrain the embedded arithmetic models"),
     "search": ("circuits.commands.search", "AF1 search: latest wait and shortest transfer that stay faithful"),
     "necessity": ("circuits.commands.necessity", "per block, cut the last token's attention to earlier tokens"),
+    "prune": ("circuits.commands.prune", "greedy head pruning of the transfer blocks inside an AF1 subgraph"),
 }
 
 

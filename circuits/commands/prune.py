@@ -1,0 +1,97 @@
+"""``af1 prune``: greedy head pruning of the transfer blocks inside one AF1 subgraph.
+
+Loads the model, builds the task's evaluation prompts (answered correctly by the model, one layout),
+fits the CAMA cache on them (``MeanCache.fit``, like the search; reused from ``--out`` when resuming),
+and runs :func:`circuits.prune.prune_heads`. Re-running the same command continues an interrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from circuits.commands.search import add_common_arguments
+
+    add_common_arguments(parser)
+    parser.add_argument("--wait", type=int, required=True, help="last waiting block (0-indexed; -1 = no ablation)")
+    parser.add_argument("--transfer", type=int, required=True, help="number of transfer blocks (>= 1)")
+    parser.add_argument("--target", type=float, default=0.9,
+                        help="faithfulness the smallest head set must keep, a fraction in [0, 1] (default 0.9)")
+    parser.add_argument("--method", choices=("zero", "mean"), default="zero", help="how a head is removed (default zero)")
+    parser.add_argument("--ablation", choices=("cama", "mean", "zero"), default="cama",
+                        help="ablation of the residual after block --wait (default cama)")
+    parser.add_argument("--rank", choices=("attribution", "none"), default="attribution",
+                        help="rank candidates by attribution patching before confirming them (default attribution)")
+    parser.add_argument("--confirm-top", type=int, default=None,
+                        help="confirm only the K best-ranked candidates per step (default: all, exact greedy)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Model-independent checks, before anything is loaded (``ValueError`` naming the bad value)."""
+    if args.transfer < 1:
+        raise ValueError(f"--transfer {args.transfer}: head pruning needs transfer heads, give --transfer >= 1")
+    if args.wait < -1:
+        raise ValueError(f"--wait {args.wait} is out of range: -1 (no ablation) or a 0-indexed block")
+    if not 0.0 <= args.target <= 1.0:
+        raise ValueError(f"--target {args.target} is out of range: a faithfulness fraction in [0, 1]")
+    if args.n_prompts < 1:
+        raise ValueError(f"--n-prompts {args.n_prompts} must be >= 1")
+    if args.confirm_top is not None and args.confirm_top < 1:
+        raise ValueError(f"--confirm-top {args.confirm_top} must be >= 1")
+    if args.confirm_top is not None and args.rank != "attribution":
+        raise ValueError("--confirm-top needs --rank attribution (--rank none confirms every candidate)")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    import interventions as iv
+    from circuits.commands.search import meta_of, prepare
+    from circuits.prune import prune_heads
+
+    model, data = prepare(args)
+    cache = None
+    if args.ablation in ("cama", "mean") or args.method == "mean":
+        saved = Path(args.out) / "means.safetensors"
+        if saved.exists():
+            cache = iv.MeanCache.load(saved)
+        else:
+            cache = iv.MeanCache.fit(model, data.tokens, batch_size=args.batch_size, progress=not args.no_progress)
+    result = prune_heads(
+        model,
+        data.tokens,
+        data.answers,
+        wait=args.wait,
+        transfer=args.transfer,
+        cache=cache,
+        ablation=args.ablation,
+        method=args.method,
+        target=args.target,
+        rank=args.rank,
+        confirm_top=args.confirm_top,
+        out_dir=args.out,
+        progress=not args.no_progress,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        meta=meta_of(args, data),
+        prompts=data.records(),
+    )
+    n_all = len(result.transfer_heads)
+    if result.smallest_head_set is None:
+        found = f"no head set reaches faithfulness {args.target} (unpruned: {result.curve[0].faithfulness:.3f})"
+    else:
+        found = (
+            f"smallest head set with faithfulness >= {args.target}: {len(result.smallest_head_set)} of {n_all} "
+            f"transfer heads (faithfulness {result.smallest_faithfulness:.3f}): "
+            + " ".join(f"L{layer}H{head}" for layer, head in result.smallest_head_set)
+        )
+    print(f"af1 prune: {found}")
+    print(
+        f"af1 prune: AUC {result.auc:.3f}; {result.passes_total} confirmed passes "
+        f"({result.passes_run} this run) + {result.attribution_passes_total} attribution passes; "
+        f"{result.seconds:.1f} s; results in {args.out}"
+    )
+    return 0

@@ -1,0 +1,130 @@
+"""Offline HTML report of a head-pruning run (plotly, JavaScript embedded: opens without a network).
+
+Three figures: the pruning curve (transfer heads kept vs faithfulness with its 95% bootstrap interval
+and the target line), a layer x head map of the smallest head set that stays >= target (with the step
+at which every other head was removed), and what the surviving heads attend to from the last position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .prune import PruneResult
+
+
+def curve_figure(result: "PruneResult") -> Any:
+    import plotly.graph_objects as go
+
+    kept = [p.n_heads_kept for p in result.curve]
+    faith = [p.faithfulness for p in result.curve]
+    hover = [
+        f"step {p.step}<br>removed {tuple(p.removed) if p.removed else '-'}<br>kept {p.n_heads_kept}"
+        f"<br>faithfulness {p.faithfulness:.3f} [{p.ci_low:.3f}, {p.ci_high:.3f}]"
+        f"<br>P(answer) {p.mean_answer_prob:.3f}<br>logit diff {p.mean_logit_diff:.3f}"
+        for p in result.curve
+    ]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=kept,
+            y=faith,
+            mode="lines+markers",
+            name="faithfulness",
+            text=hover,
+            hoverinfo="text",
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=[p.ci_high - p.faithfulness for p in result.curve],
+                arrayminus=[p.faithfulness - p.ci_low for p in result.curve],
+            ),
+        )
+    )
+    fig.add_hline(y=result.config.target, line_dash="dash", annotation_text=f"target {result.config.target:g}")
+    if result.smallest_head_set is not None:
+        fig.add_vline(x=len(result.smallest_head_set), line_dash="dot",
+                      annotation_text=f"smallest set: {len(result.smallest_head_set)} heads")
+    fig.update_layout(
+        title=f"Greedy head pruning (AUC {result.auc:.3f}, {result.passes_total} confirmed passes)",
+        xaxis_title="transfer heads kept",
+        yaxis_title="faithfulness",
+        xaxis_autorange="reversed",
+        yaxis_range=[-0.02, 1.02],
+    )
+    return fig
+
+
+def kept_heads_figure(result: "PruneResult") -> Any:
+    import plotly.graph_objects as go
+
+    layers = sorted({layer for layer, _ in result.transfer_heads})
+    n_heads = max(head for _, head in result.transfer_heads) + 1
+    kept = set(result.smallest_head_set or [])
+    step_of = {p.removed: p.step for p in result.curve if p.removed is not None}
+    z = [[1.0 if (layer, head) in kept else 0.0 for head in range(n_heads)] for layer in layers]
+    text = [
+        [
+            f"L{layer} H{head}: " + ("kept" if (layer, head) in kept else f"removed at step {step_of.get((layer, head))}")
+            for head in range(n_heads)
+        ]
+        for layer in layers
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=list(range(n_heads)), y=[f"L{layer}" for layer in layers], text=text, hoverinfo="text",
+            colorscale=[[0, "#eeeeee"], [1, "#1f77b4"]], zmin=0, zmax=1, showscale=False, xgap=1, ygap=1,
+        )
+    )
+    fig.update_layout(
+        title=f"Smallest head set with faithfulness >= {result.config.target:g}: {len(kept)} of "
+        f"{len(result.transfer_heads)} transfer heads",
+        xaxis_title="head", yaxis_title="block",
+    )
+    return fig
+
+
+def attention_figure(result: "PruneResult") -> Any:
+    import plotly.graph_objects as go
+
+    heads = sorted(result.attention)
+    fig = go.Figure(
+        go.Heatmap(
+            z=[result.attention[h] for h in heads],
+            x=[f"{i}: {label}" for i, label in enumerate(result.key_labels)],
+            y=[f"L{layer} H{head}" for layer, head in heads],
+            colorscale="Viridis", zmin=0, zmax=1, colorbar=dict(title="attention"),
+        )
+    )
+    fig.update_layout(
+        title="Last position's mean attention of the kept heads (pruned subgraph)",
+        xaxis_title="key position", yaxis_title="head",
+    )
+    return fig
+
+
+def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any]) -> Path:
+    """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
+    from .report import _page, _write
+
+    figs = [curve_figure(result)]
+    if result.smallest_head_set is not None:
+        figs.append(kept_heads_figure(result))
+    if result.attention:
+        figs.append(attention_figure(result))
+    cfg = result.config
+    smallest = (
+        "no head set reaches the target"
+        if result.smallest_head_set is None
+        else " ".join(f"L{layer}H{head}" for layer, head in result.smallest_head_set)
+        + f" (faithfulness {result.smallest_faithfulness:.3f})"
+    )
+    notes = [
+        f"wait={cfg.wait}, transfer={cfg.transfer}, ablation={cfg.ablation}, method={cfg.method}, "
+        f"rank={cfg.rank}, confirm_top={cfg.confirm_top}; {result.n_prompts} prompts ({result.n_dropped} "
+        f"dropped: the unmodified model got them wrong).",
+        f"Smallest head set with faithfulness >= {cfg.target:g}: {smallest}.",
+    ]
+    title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
+    return _write(path, _page(title, figs, notes))
