@@ -57,7 +57,8 @@ from interventions.validation import check_tokens
 __all__ = [
     "DECODES", "METRICS", "SUBLAYERS", "NumericTable", "numeric_table", "LensResult", "early_decode",
     "decode_states", "lens_states", "sublayer_hooks", "InterchangeResult", "interchange",
-    "CounterfactualSet", "counterfactual_rows", "counterfactual_set",
+    "CounterfactualSet", "counterfactual_rows", "counterfactual_set", "parse_operands", "answer_token_id",
+    "json_ready",
 ]
 
 DECODES = ("final_norm", "raw")
@@ -357,7 +358,7 @@ class LensResult:
         return {
             "decode": self.decode, "top_k": self.top_k, "layers": list(map(int, self.layers)),
             "sublayers": list(self.sublayers), "tracked": list(self.tracked), "n_prompts": self.n_prompts,
-            "prompts": prompts, "rows": _clean(self.rows(n_boot=n_boot, seed=seed)),
+            "prompts": prompts, "rows": json_ready(self.rows(n_boot=n_boot, seed=seed)),
         }
 
 
@@ -368,14 +369,14 @@ def _json_num(x: float) -> int | float | None:
     return int(x) if x.is_integer() else x
 
 
-def _clean(obj: Any) -> Any:
-    """NaN -> None, recursively (strict JSON)."""
+def json_ready(obj: Any) -> Any:
+    """NaN/inf -> None, recursively, so ``json.dumps`` writes strict JSON."""
     if isinstance(obj, float):
         return None if math.isnan(obj) or math.isinf(obj) else obj
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_ready(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_clean(v) for v in obj]
+        return [json_ready(v) for v in obj]
     return obj
 
 
@@ -684,7 +685,7 @@ class InterchangeResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({"label": self.label, "n": int(len(self.clean_prob)), "rows": self.rows()})
+        return json_ready({"label": self.label, "n": int(len(self.clean_prob)), "rows": self.rows()})
 
 
 @torch.inference_mode()
@@ -811,6 +812,19 @@ def _flip_template(template: str, expression: str, index: int) -> tuple[str, str
             f"operator symbol at that index (only templates with '+'/'-' symbols can be flipped)"
         )
     return t, e
+
+
+def parse_operands(template: str, operand_names: Sequence[str], prompt: str) -> list[int] | None:
+    """Operands of ``prompt`` read back through ``template`` (e.g. ``"{A}+{B}="``), in
+    ``operand_names`` order; None if the prompt does not match the template."""
+    pattern, pos = "", 0
+    for m in re.finditer(r"\{([A-Za-z_]\w*)\}", template):
+        pattern += re.escape(template[pos:m.start()]) + f"(?P<{m.group(1)}>-?[0-9]+)"
+        pos = m.end()
+    match = re.fullmatch(pattern + re.escape(template[pos:]), prompt)
+    if match is None:
+        return None
+    return [int(match.group(n)) for n in operand_names]
 
 
 def _eval_expression(expression: str, names: Sequence[str], operands: Sequence[int]) -> int:

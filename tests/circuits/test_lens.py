@@ -299,3 +299,40 @@ def test_counterfactual_rows_and_layout_filter():
     assert cf.prompts == ["5+2=", "2+2="] and cf.counter_prompts == ["5-2=", "2-2="] and cf.n_dropped == 2
     assert cf.tokens.shape == cf.counter_tokens.shape == (2, 5)
     assert cf.answers.tolist() == [vocab["7"], vocab["4"]] and cf.counter_answers.tolist() == [vocab["3"], vocab["0"]]
+
+
+# --- command and outputs --------------------------------------------------------------------------
+def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from circuits import cli
+
+    model, vocab = tiny_tokenizer_model("llama")
+    prompts = ["3+4=", "2+5=", "6-1=", "8-8=", "1+1="]
+    values = [7, 7, 5, 0, 2]
+    fake = SimpleNamespace(
+        load_model=lambda name, device: model,
+        prepare_prompts=lambda m, task, n, seed: SimpleNamespace(
+            tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
+            prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5),
+    )
+    monkeypatch.setitem(sys.modules, "circuits.loading", fake)
+    out = tmp_path / "lens"
+    assert cli.main(["lens", "--model", "tiny", "--task", "add", "--n-prompts", "4", "--out", str(out),
+                     "--no-interchange"]) == 0
+    doc = json.loads((out / "lens.json").read_text())
+    assert doc["prompts"] == [{"prompt": p, "answer": v, "answer_token": vocab[str(v)]} for p, v in zip(prompts, values)][:4]
+    assert [(r["layer"], r["sublayer"]) for r in doc["rows"]] == [(l, s) for l in range(4) for s in ("attn", "mlp")]
+    keys = {"answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error"}
+    assert all(keys <= set(r) for r in doc["rows"]) and doc["base_accuracy"] == 0.5
+    with torch.no_grad():
+        final = model(model.to_tokens(prompts[:4]))[:, -1].softmax(-1)
+    expected = float(np.mean([float(final[i, vocab[str(v)]]) for i, v in enumerate(values[:4])]))
+    assert doc["rows"][-1]["answer_prob"] == pytest.approx(expected, rel=1e-5)
+    page = (out / "report.html").read_text()
+    import re
+
+    assert "plotly.js v" in page and not re.search(r"<script[^>]*\bsrc=", page)  # embedded, offline
+    assert page.count("Plotly.newPlot") >= 7  # 6 metrics + heatmap (+ visibility)
+    assert cli.main(["lens", "--model", "tiny", "--task", "add", "--out", str(out), "--no-interchange"]) == 2
