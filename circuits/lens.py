@@ -216,7 +216,7 @@ def decode_states(
     if decode not in DECODES:
         raise ValueError(f"decode={decode!r} is not valid: choose one of {', '.join(map(repr, DECODES))}")
     x = resid[:, None, :]
-    if decode == "final_norm":
+    if decode == "final_norm" and getattr(model, "ln_final", None) is not None:  # no final norm: identity
         x = model.ln_final(x)
     return model.unembed(x)[:, 0].float()
 
@@ -349,16 +349,14 @@ class LensResult:
         return rows
 
     def to_dict(self, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-        """JSON-ready summary: ``prompts`` (``[{"prompt", "answer", "answer_token"}]``), ``rows``
-        (:meth:`rows`) and the settings."""
-        prompts = [
-            {"prompt": p, "answer": _json_num(a), "answer_token": int(t)}
-            for p, a, t in zip(self.prompts, self.answer_values, self.answers)
-        ]
+        """JSON-ready summary: ``prompts`` (``[{"prompt", "answer"}]``, answer = integer value or None),
+        ``answer_tokens`` (answer token ids, same order), ``rows`` (:meth:`rows`) and the settings."""
+        prompts = [{"prompt": p, "answer": _json_num(a)} for p, a in zip(self.prompts, self.answer_values)]
         return {
             "decode": self.decode, "top_k": self.top_k, "layers": list(map(int, self.layers)),
             "sublayers": list(self.sublayers), "tracked": list(self.tracked), "n_prompts": self.n_prompts,
-            "prompts": prompts, "rows": json_ready(self.rows(n_boot=n_boot, seed=seed)),
+            "prompts": prompts, "answer_tokens": [int(t) for t in self.answers],
+            "rows": json_ready(self.rows(n_boot=n_boot, seed=seed)),
         }
 
 

@@ -322,7 +322,8 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     assert cli.main(["lens", "--model", "tiny", "--task", "add", "--n-prompts", "4", "--out", str(out),
                      "--no-interchange"]) == 0
     doc = json.loads((out / "lens.json").read_text())
-    assert doc["prompts"] == [{"prompt": p, "answer": v, "answer_token": vocab[str(v)]} for p, v in zip(prompts, values)][:4]
+    assert doc["prompts"] == [{"prompt": p, "answer": v} for p, v in zip(prompts[:4], values)]
+    assert doc["answer_tokens"] == [vocab[str(v)] for v in values[:4]]
     assert [(r["layer"], r["sublayer"]) for r in doc["rows"]] == [(l, s) for l in range(4) for s in ("attn", "mlp")]
     keys = {"answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error"}
     assert all(keys <= set(r) for r in doc["rows"]) and doc["base_accuracy"] == 0.5
