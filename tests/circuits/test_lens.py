@@ -337,3 +337,24 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     assert "plotly.js v" in page and not re.search(r"<script[^>]*\bsrc=", page)  # embedded, offline
     assert page.count("Plotly.newPlot") >= 7  # 6 metrics + heatmap (+ visibility)
     assert cli.main(["lens", "--model", "tiny", "--task", "add", "--out", str(out), "--no-interchange"]) == 2
+
+
+# --- zoo model ------------------------------------------------------------------------------------
+def test_zoo_model_answer_is_top1_at_last_mlp_for_correct_prompts():
+    zoo = pytest.importorskip("circuits.zoo")
+    tasks = pytest.importorskip("circuits.tasks")
+    if zoo.DEFAULT_MODEL not in zoo.available():
+        pytest.skip(f"zoo model {zoo.DEFAULT_MODEL} is not trained yet")
+    model = zoo.load(zoo.DEFAULT_MODEL)
+    ds = tasks.frozen_set("add").select(range(40))
+    res = early_decode(model, ds, batch_size=20, progress=False)
+    assert res.n_prompts == 40 and res.tracked == ["operand1", "operand2", "operator1"]
+    with torch.no_grad():
+        logits = torch.cat([model(model.to_tokens(p))[:, -1] for p in res.prompts])
+    correct = (logits.argmax(-1).numpy() == res.answers)
+    assert correct.sum() >= 20, "the zoo model should answer most frozen add prompts"
+    assert (res.answer_rank[correct, -1, -1] == 0).all()
+    assert (res.answer_rank[~correct, -1, -1] > 0).all()
+    np.testing.assert_allclose(res.abs_error[correct, -1, -1], 0.0)
+    # The answer is not readable right after the first attention sub-layer.
+    assert res.answer_rank[:, 0, 0].mean() > res.answer_rank[:, -1, -1].mean()
