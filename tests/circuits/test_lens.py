@@ -11,6 +11,7 @@ import torch
 
 from circuits.lens import (
     counterfactual_rows,
+    parse_operands,
     counterfactual_set,
     decode_states,
     early_decode,
@@ -78,6 +79,9 @@ def test_final_layer_decoding_reproduces_logits(model):
     res = early_decode(model, tokens, answers=answers, numeric_values=NUMERIC, progress=False)
     assert (res.answer_rank[:, -1, -1] == 0).all()
     np.testing.assert_allclose(res.answer_prob[:, -1, -1], logits.softmax(-1).max(-1).values.numpy(), rtol=1e-5)
+    sub = early_decode(model, tokens, answers=answers, numeric_values=NUMERIC, layers=[1, 3], progress=False)
+    assert sub.labels() == ["L1 attn", "L1 mlp", "L3 attn", "L3 mlp"]
+    np.testing.assert_allclose(sub.answer_prob, res.answer_prob[:, [1, 3]], rtol=1e-6)
     # Earlier states differ from the output (the lens reads something else there).
     assert not torch.allclose(decode_states(model, states[(0, "attn")]), logits, atol=1e-3)
 
@@ -290,6 +294,8 @@ def test_counterfactual_rows_and_layout_filter():
     flips = counterfactual_rows(ds, change="operator", spec=spec)
     assert [(r["counter_prompt"], r["counter_answer"]) for r in flips] == [
         ("5-2=", 3), ("11-3=", 8), ("2-2=", 0), ("9-9=", 0)]  # 3-4 < 0 dropped
+    assert parse_operands("If you subtract {B} from {A}, get ", ("A", "B"), "If you subtract 7 from 12, get ") == [12, 7]
+    assert parse_operands("{A}+{B}=", ("A", "B"), "3-4=") is None
     with pytest.raises(ValueError, match="index=2 is out of range"):
         counterfactual_rows(ds, change="operand", index=2, spec=spec)
 
