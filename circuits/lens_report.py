@@ -4,12 +4,12 @@
 ``report.html``: one plotly line chart per metric over depth (post-attention and post-MLP as separate
 traces on the ordered axis ``L0 attn, L0 mlp, L1 attn, ...``, 95% bootstrap intervals as error bars),
 the visibility of operands and operators, a heatmap of the answer rank per sub-layer over prompts, and
-the interchange drops per block. plotly.js is embedded once, so the file works offline.
+the interchange drops per block. The page is built by the shared offline writer of :mod:`circuits.report`
+(plotly.js embedded once), so the file works offline.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuits.lens import METRICS, InterchangeResult, LensResult, json_ready
+from circuits.report import _page, _write  # the shared offline plotly page (plotly.js embedded once)
 
 TITLES = {
     "answer_prob": "Probability of the correct answer",
@@ -132,19 +133,10 @@ def write_lens_outputs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = lens_json(result, interchanges=interchanges, meta=meta, n_boot=n_boot, seed=seed)
-    json_path = out / "lens.json"
-    json_path.write_text(json.dumps(doc, indent=1))
+    json_path = _write(out / "lens.json", json.dumps(doc, indent=1))
     figs = _figures(doc, result, interchanges)
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
-    head = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in (meta or {}).items())
-    page = (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Early decoding</title></head><body "
-        "style='font-family:sans-serif;max-width:1200px;margin:auto'>"
-        f"<h1>Early decoding (logit lens)</h1><p>{head}</p>"
-        f"<p>Decoding: {html.escape(result.decode)}; {result.n_prompts} prompts; last position; "
-        "post-attention and post-MLP residual states of every block (0-indexed).</p>"
-        + "".join(f"<div>{p}</div>" for p in parts) + "</body></html>"
-    )
-    html_path = out / "report.html"
-    html_path.write_text(page)
+    notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items()),
+             f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
+             f"post-MLP residual states of every block (0-indexed)."]
+    html_path = _write(out / "report.html", _page("Early decoding (logit lens)", figs, notes))
     return json_path, html_path

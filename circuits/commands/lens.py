@@ -55,48 +55,11 @@ def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[in
     return sets
 
 
-def _loading() -> Any:
-    """``circuits.loading`` (load_model, prepare_prompts), or the private fallback below while it is absent."""
-    try:
-        from circuits import loading
-    except ImportError:
-        return _FallbackLoading
-    return loading
-
-
-class _FallbackLoading:
-    """Private stand-in for ``circuits.loading`` (zoo models only), used only when that module is missing.
-    Same pipeline: build_task(3 * n) -> filter_single_token -> filter_correct -> largest layout -> first n."""
-
-    @staticmethod
-    def load_model(name: str, device: str = "cpu") -> Any:
-        from circuits import zoo
-
-        return zoo.load(name, device=device).eval()
-
-    @staticmethod
-    def prepare_prompts(model: Any, task: str, n_prompts: int, seed: int = 0) -> dict[str, Any]:
-        from circuits import tasks
-
-        ds, _ = tasks.filter_single_token(tasks.build_task(task, n=3 * n_prompts, seed=seed), model)
-        n_checked = len(ds)
-        ds, base_acc = tasks.filter_correct(model, ds)
-        layouts = tasks.to_layouts(model, ds) if len(ds) else []
-        if not layouts:
-            raise ValueError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly")
-        best = max(layouts, key=lambda lay: int(lay.tokens.shape[0]))
-        k = min(n_prompts, int(best.tokens.shape[0]))
-        return {"tokens": best.tokens[:k], "answers": best.answers[:k], "prompts": list(best.prompts[:k]),
-                "answer_values": [int(v) for v in best.answer_values[:k]], "base_accuracy": float(base_acc)}
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from circuits import lens
+    from circuits import lens, loading
     from circuits.lens_report import write_lens_outputs
-
-    loading = _loading()
 
     if args.n_prompts < 1:
         raise ValueError(f"--n-prompts={args.n_prompts} must be >= 1")
