@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuits.lens import METRICS, InterchangeResult, LensResult, json_ready
-from circuits.report import _page, _write  # the shared offline plotly page (plotly.js embedded once)
+from circuits.report import page, write_text
 
 TITLES = {
     "answer_prob": "Probability of the correct answer",
@@ -133,10 +133,10 @@ def write_lens_outputs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = lens_json(result, interchanges=interchanges, meta=meta, n_boot=n_boot, seed=seed)
-    json_path = _write(out / "lens.json", json.dumps(doc, indent=1))
+    json_path = write_text(out / "lens.json", json.dumps(doc, indent=1))
     figs = _figures(doc, result, interchanges)
     notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items()),
              f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
              f"post-MLP residual states of every block (0-indexed)."]
-    html_path = _write(out / "report.html", _page("Early decoding (logit lens)", figs, notes))
+    html_path = write_text(out / "report.html", page("Early decoding (logit lens)", figs, notes))
     return json_path, html_path

@@ -96,7 +96,7 @@ def necessity_sweep(
     run_dir = None
     if out_dir is not None:
         from circuits.runs import RunDir
-        from circuits.search import tokens_sha256
+        from circuits.runs import tokens_sha256
 
         identity = {
             **{k: v for k, v in meta.items() if k not in ("command", "base_accuracy", "n_checked")},

@@ -60,7 +60,7 @@ from interventions.validation import check_choice, check_tokens
 from .attribution import head_attribution
 from .faithfulness import FaithfulnessResult, base_correct, last_logits, last_token_metrics, summarize
 from .runs import RunDir
-from .search import _dist_version, tokens_sha256
+from .runs import dist_version, tokens_sha256
 
 METHODS = ("zero", "mean")
 RANKS = ("attribution", "none")
@@ -287,7 +287,7 @@ def _versions() -> dict[str, str | None]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformer_lens": _dist_version("transformer-lens"),
+        "transformer_lens": dist_version("transformer-lens"),
         "circuits": circuits.__version__,
     }
 

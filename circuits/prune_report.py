@@ -106,7 +106,7 @@ def attention_figure(result: "PruneResult") -> Any:
 
 def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any]) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
-    from .report import _page, _write
+    from .report import page, write_text
 
     figs = [curve_figure(result)]
     if result.smallest_head_set is not None:
@@ -127,4 +127,4 @@ def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[st
         f"Smallest head set with faithfulness >= {cfg.target:g}: {smallest}.",
     ]
     title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
-    return _write(path, _page(title, figs, notes))
+    return write_text(path, page(title, figs, notes))

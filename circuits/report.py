@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def _page(title: str, figures: Sequence[Any], notes: Sequence[str] = ()) -> str:
+def page(title: str, figures: Sequence[Any], notes: Sequence[str] = ()) -> str:
+    """A self-contained HTML page holding ``figures`` (plotly.js embedded once, so it opens offline)."""
     parts = []
     for i, fig in enumerate(figures):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"fig{i}"))
@@ -24,7 +25,8 @@ def _page(title: str, figures: Sequence[Any], notes: Sequence[str] = ()) -> str:
     )
 
 
-def _write(path: str | Path, text: str) -> Path:
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temporary file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -99,7 +101,7 @@ def search_report(result: Any, path: str | Path, title: str = "AF1 search") -> P
         f"{result.method} method), {result.n_prompts} prompts, base accuracy {result.base_accuracy:.1%}, "
         f"{result.seconds:.1f} s.",
     ]
-    return _write(path, _page(title, [search_heatmap(result, title), smallest_transfer_figure(result)], notes))
+    return write_text(path, page(title, [search_heatmap(result, title), smallest_transfer_figure(result)], notes))
 
 
 def necessity_figure(layers: Sequence[int], faith: Sequence[float], ci: Sequence[tuple[float, float]] | None = None,
@@ -121,4 +123,4 @@ def necessity_figure(layers: Sequence[int], faith: Sequence[float], ci: Sequence
 def necessity_report(layers: Sequence[int], faith: Sequence[float], path: str | Path,
                      ci: Sequence[tuple[float, float]] | None = None, title: str = "Necessity sweep",
                      notes: Sequence[str] = ()) -> Path:
-    return _write(path, _page(title, [necessity_figure(layers, faith, ci, title)], notes))
+    return write_text(path, page(title, [necessity_figure(layers, faith, ci, title)], notes))

@@ -13,11 +13,15 @@ prompt count, threshold, ablation, ...), one append-only JSONL results file and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import torch
 
 IDENTITY_FILE = "run.json"
 
@@ -180,3 +184,22 @@ def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     keys = sorted(set(old) | set(new))
     parts = [f"{k}: {old.get(k, '<missing>')!r} -> {new.get(k, '<missing>')!r}" for k in keys if old.get(k) != new.get(k)]
     return ", ".join(parts)
+
+
+def tokens_sha256(tokens: "torch.Tensor", answers: "torch.Tensor") -> str:
+    """Content hash of the evaluation prompts and answers (part of a run's identity)."""
+    h = hashlib.sha256()
+    h.update(str(tuple(tokens.shape)).encode())
+    h.update(tokens.cpu().long().contiguous().numpy().tobytes())
+    h.update(answers.cpu().long().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def dist_version(name: str) -> str | None:
+    """Installed version of distribution ``name`` (e.g. ``"transformer-lens"``), or None."""
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return None

@@ -58,7 +58,8 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits.faithfulness import FaithfulnessResult, last_token_metrics, summarize
 from interventions.types import Tokens
-from interventions.validation import check_tokens
+from interventions.validation import check_choice, check_tokens
+from circuits.runs import dist_version, tokens_sha256
 
 ABLATIONS = ("cama", "mean", "zero")
 GRIDS = ("auto", "full")
@@ -313,7 +314,7 @@ class FastEvaluator(_Evaluator):
             raise ValueError("position 0 must hold the same token (BOS) in every prompt")
         exact = two_position_exact(model.cfg)
         self.tail = ("last" if exact else "full") if tail is None else tail
-        _check_choice("tail", self.tail, self.TAILS)
+        check_choice("tail", self.tail, self.TAILS)
         if self.tail != "full" and not exact:
             raise ValueError(f"tail={self.tail!r} is not exact for this model's positions: use tail='full'")
         self.rotary = getattr(model.cfg, "positional_embedding_type", None) == "rotary"
@@ -489,7 +490,7 @@ def scan(
     this is exactly what the selection rule needs (see the module docstring). ``evaluate(wait,
     transfer)`` is called in that order, transfers increasing within a wait.
     """
-    _check_choice("grid", grid, GRIDS)
+    check_choice("grid", grid, GRIDS)
     results: dict[Config, ConfigResult] = {}
     for w in range(n_layers - 1, -2, -1):
         found = None
@@ -509,20 +510,6 @@ def scan(
 
 
 # --- the search -----------------------------------------------------------------------------------
-def tokens_sha256(tokens: torch.Tensor, answers: torch.Tensor) -> str:
-    """Content hash of the evaluation prompts and answers (part of a run's identity)."""
-    h = hashlib.sha256()
-    h.update(str(tuple(tokens.shape)).encode())
-    h.update(tokens.cpu().long().contiguous().numpy().tobytes())
-    h.update(answers.cpu().long().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not valid: choose one of {', '.join(map(repr, choices))}")
-
-
 def search_af1(
     model: Any,
     tokens: Tokens,
@@ -567,9 +554,9 @@ def search_af1(
             (default: token ids and answer token ids).
     """
     t0 = time.perf_counter()
-    _check_choice("grid", grid, GRIDS)
-    _check_choice("ablation", ablation, ABLATIONS)
-    _check_choice("method", method, METHODS)
+    check_choice("grid", grid, GRIDS)
+    check_choice("ablation", ablation, ABLATIONS)
+    check_choice("method", method, METHODS)
     if not isinstance(threshold, (int, float)) or not 0.0 <= float(threshold) <= 1.0:
         raise ValueError(f"threshold={threshold!r} must be a fraction in [0, 1]")
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -729,7 +716,7 @@ def write_outputs(
         "interventions": result.interventions,
         "seconds": result.seconds,
         "circuits_version": circuits.__version__,
-        "transformer_lens_version": getattr(transformer_lens, "__version__", None) or _dist_version("transformer-lens"),
+        "transformer_lens_version": getattr(transformer_lens, "__version__", None) or dist_version("transformer-lens"),
         "torch_version": torch.__version__,
         "smallest_transfer_per_wait": {str(w): t for w, t in sorted(result.smallest_transfer.items())},
         "grid": result.grid,
@@ -749,15 +736,6 @@ def write_outputs(
     write_json(out_dir / "summary.json", summary)
     title = f"AF1 search: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'} ({result.ablation})"
     report.search_report(result, out_dir / "report.html", title=title)
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(name)
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def load_summary(out_dir: str | Path) -> dict[str, Any]:

@@ -323,7 +323,11 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
             tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
             prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5),
     )
+    import circuits
+
+    # Both routes to the module: the import system and the package attribute (set once imported).
     monkeypatch.setitem(sys.modules, "circuits.loading", fake)
+    monkeypatch.setattr(circuits, "loading", fake, raising=False)
     out = tmp_path / "lens"
     assert cli.main(["lens", "--model", "tiny", "--task", "add", "--n-prompts", "4", "--out", str(out),
                      "--no-interchange"]) == 0
