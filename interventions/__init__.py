@@ -1,1 +1,42 @@
-"""Intervention primitives that change a TransformerLens forward pass."""
+"""Intervention primitives that change a TransformerLens forward pass.
+
+>>> import interventions as iv
+>>> cache = iv.MeanCache.fit(model, tokens)             # doctest: +SKIP
+>>> logits = iv.run(model, tokens, [iv.CAMA(cache, layer=3), iv.Peek([4, 5], "self", "all")])  # doctest: +SKIP
+
+Conventions: blocks are 0-indexed; ``layer`` of CAMA / MeanAblation / ZeroAblation is the block after
+which the residual stream (``blocks.{layer}.hook_resid_post``) is replaced; position 0 holds BOS and is
+never ablated by default; ``Peek`` keeps BOS and self for restricted rows.
+"""
+
+from .ablation import CAMA, MeanAblation, ZeroAblation
+from .adapter import ModelAdapter, ModelInfo, adapt, register_backend
+from .af1 import af1_subgraph
+from .apply import apply, run
+from .base import REGISTRY, Intervention
+from .cache import MeanCache
+from .heads import HeadAblation
+from .peek import Peek, allowed_keys
+from .types import CacheMismatchError, InterventionError, InterventionNotAppliedError
+
+__all__ = [
+    "CAMA",
+    "CacheMismatchError",
+    "HeadAblation",
+    "Intervention",
+    "InterventionError",
+    "InterventionNotAppliedError",
+    "MeanAblation",
+    "MeanCache",
+    "ModelAdapter",
+    "ModelInfo",
+    "Peek",
+    "REGISTRY",
+    "ZeroAblation",
+    "adapt",
+    "af1_subgraph",
+    "allowed_keys",
+    "apply",
+    "register_backend",
+    "run",
+]

@@ -1,0 +1,135 @@
+"""Faithfulness: how often the intervened model still gives the unmodified model's correct answer.
+
+Faithfulness = accuracy (argmax at the last position equals the answer token) of the intervened model
+on the prompts that the *unmodified* model answers correctly. Alongside it: a 95% bootstrap confidence
+interval over prompts, the mean probability of the answer token, and the mean logit difference between
+the answer and the best other token of the whole vocabulary (negative = wrong), so near-misses show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+
+import interventions as iv
+from interventions.types import InterventionError, Tokens
+from interventions.validation import check_tokens
+
+
+@dataclass(frozen=True)
+class FaithfulnessResult:
+    """Faithfulness of one intervention set on ``n`` prompts (all answered correctly by the base model).
+
+    ``faithfulness`` is a fraction in [0, 1]; ``ci_low``/``ci_high`` bound its 95% bootstrap interval;
+    ``mean_answer_prob`` is a probability; ``mean_logit_diff`` is in logits (answer minus best other).
+    """
+
+    faithfulness: float
+    n: int
+    n_faithful: int
+    ci_low: float
+    ci_high: float
+    mean_answer_prob: float
+    mean_logit_diff: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def last_token_metrics(
+    last_logits: Float[torch.Tensor, "batch d_vocab"], answers: Int[torch.Tensor, "batch"]
+) -> tuple[Bool[torch.Tensor, "batch"], Float[torch.Tensor, "batch"], Float[torch.Tensor, "batch"]]:
+    """Per prompt: argmax == answer, probability of the answer, answer logit minus best other logit."""
+    logits = last_logits.float()
+    answers = answers.to(logits.device)
+    answer_logit = logits.gather(-1, answers[:, None]).squeeze(-1)
+    others = logits.scatter(-1, answers[:, None], float("-inf"))
+    correct = logits.argmax(-1) == answers
+    prob = logits.softmax(-1).gather(-1, answers[:, None]).squeeze(-1)
+    return correct, prob, answer_logit - others.max(-1).values
+
+
+def bootstrap_ci(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (resampling prompts)."""
+    if len(values) == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(n_boot, len(values)))
+    means = values[idx].mean(axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+def summarize(
+    correct: torch.Tensor, prob: torch.Tensor, logit_diff: torch.Tensor, *, n_boot: int = 1000, seed: int = 0
+) -> FaithfulnessResult:
+    """Aggregate per-prompt metrics (of base-correct prompts) into a :class:`FaithfulnessResult`."""
+    c = correct.detach().cpu().numpy().astype(np.float64)
+    if len(c) == 0:
+        raise InterventionError("no prompts to evaluate: the base model answered none of them correctly")
+    lo, hi = bootstrap_ci(c, n_boot=n_boot, seed=seed)
+    return FaithfulnessResult(
+        faithfulness=float(c.mean()),
+        n=len(c),
+        n_faithful=int(c.sum()),
+        ci_low=lo,
+        ci_high=hi,
+        mean_answer_prob=float(prob.float().mean()),
+        mean_logit_diff=float(logit_diff.float().mean()),
+    )
+
+
+@torch.inference_mode()
+def last_logits(
+    model: Any, tokens: Tokens, interventions: Sequence[iv.Intervention] = (), *, batch_size: int = 128
+) -> Float[torch.Tensor, "batch d_vocab"]:
+    """Logits at the last position of every prompt, under ``interventions``, in batches."""
+    out = []
+    for start in range(0, tokens.shape[0], batch_size):
+        batch = tokens[start : start + batch_size]
+        logits = iv.run(model, batch, list(interventions)) if interventions else model(batch)
+        out.append(logits[:, -1].float())
+    return torch.cat(out)
+
+
+def base_correct(model: Any, tokens: Tokens, answers: Int[torch.Tensor, "batch"], *, batch_size: int = 128) -> Bool[torch.Tensor, "batch"]:
+    """Which prompts the unmodified model answers correctly (argmax at the last position)."""
+    correct, _, _ = last_token_metrics(last_logits(model, tokens, batch_size=batch_size), answers)
+    return correct.cpu()
+
+
+def faithfulness(
+    model: Any,
+    tokens: Tokens,
+    answers: Int[torch.Tensor, "batch"],
+    interventions: Sequence[iv.Intervention],
+    *,
+    assume_correct: bool = False,
+    batch_size: int = 128,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> FaithfulnessResult:
+    """Faithfulness of ``interventions`` on prompts ``tokens`` (one layout) with answer ids ``answers``.
+
+    Prompts the unmodified model gets wrong are dropped first (skip that check with
+    ``assume_correct=True`` when the caller already filtered). ``n`` in the result counts the kept
+    prompts.
+    """
+    tokens = check_tokens(tokens)
+    answers = torch.as_tensor(answers, dtype=torch.long)
+    if answers.shape != (tokens.shape[0],):
+        raise InterventionError(
+            f"answers must hold one token id per prompt: got shape {tuple(answers.shape)} for "
+            f"{tokens.shape[0]} prompts"
+        )
+    if not assume_correct:
+        keep = base_correct(model, tokens, answers, batch_size=batch_size)
+        tokens, answers = tokens[keep], answers[keep]
+        if len(tokens) == 0:
+            raise InterventionError("the unmodified model answers none of these prompts correctly")
+    metrics = last_token_metrics(last_logits(model, tokens, interventions, batch_size=batch_size), answers)
+    return summarize(*metrics, n_boot=n_boot, seed=seed)

@@ -1,0 +1,58 @@
+"""The AF1 subgraph as a list of interventions (the composition the search evaluates)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .ablation import CAMA, MeanAblation, ZeroAblation
+from .base import Intervention
+from .cache import MeanCache
+from .peek import Peek
+from .types import InterventionError
+
+Ablation = Literal["cama", "mean", "zero"]
+
+
+def af1_subgraph(
+    n_layers: int,
+    wait: int,
+    transfer: int,
+    cache: MeanCache | None = None,
+    ablation: Ablation = "cama",
+) -> list[Intervention]:
+    """Interventions of the AF1 configuration ``(wait, transfer)`` for a model of ``n_layers`` blocks.
+
+    * ``wait`` (``L_wait``): index of the last waiting block, ``-1 .. n_layers-1``; the residual after
+      block ``wait`` is ablated (``ablation``: CAMA, plain mean or zero); ``-1`` means no ablation.
+    * ``transfer`` (``L_transfer``): number of blocks ``wait+1 .. wait+transfer`` in which the last token
+      full-peeks while the other tokens self-peek; ``0 .. n_layers-1-wait``.
+    * every later block: all tokens self-peek (BOS kept).
+    """
+    if not -1 <= wait <= n_layers - 1:
+        raise InterventionError(f"wait={wait} is out of range: valid -1..{n_layers - 1} (-1 = no ablation)")
+    if not 0 <= transfer <= n_layers - 1 - wait:
+        raise InterventionError(
+            f"transfer={transfer} is out of range for wait={wait}: valid 0..{n_layers - 1 - wait}"
+        )
+    out: list[Intervention] = []
+    if wait >= 0:
+        if ablation == "cama":
+            if cache is None:
+                raise InterventionError("ablation='cama' needs a MeanCache")
+            out.append(CAMA(cache, layer=wait))
+        elif ablation == "mean":
+            if cache is None:
+                raise InterventionError("ablation='mean' needs a MeanCache")
+            out.append(MeanAblation(cache, layer=wait))
+        elif ablation == "zero":
+            out.append(ZeroAblation(layer=wait))
+        else:
+            raise InterventionError(f"ablation={ablation!r} is not valid: choose 'cama', 'mean' or 'zero'")
+    transfer_layers = list(range(wait + 1, wait + 1 + transfer))
+    compute_layers = list(range(wait + 1 + transfer, n_layers))
+    if transfer_layers:
+        out.append(Peek(transfer_layers, mode="full", queries="last"))
+        out.append(Peek(transfer_layers, mode="self", queries="others"))
+    if compute_layers:
+        out.append(Peek(compute_layers, mode="self", queries="all"))
+    return out

@@ -1,0 +1,102 @@
+"""The intervention protocol: small frozen dataclasses that declare hooks, plus their registry.
+
+An intervention is data (printable, comparable, serialisable with :meth:`Intervention.to_dict`).
+:func:`interventions.apply` turns it into forward hooks for one model through :meth:`Intervention.hooks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from .adapter import ModelInfo
+from .cache import MeanCache
+from .types import InterventionError
+
+HookBody = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
+
+REGISTRY: dict[str, type["Intervention"]] = {}
+
+
+class ForwardContext:
+    """What hooks may know about the forward pass that is running: its token ids."""
+
+    def __init__(self, tokens: torch.Tensor | None = None):
+        self.fixed_tokens = tokens
+        self.tokens: torch.Tensor | None = tokens
+        self.n_forwards = 0
+
+    def require_tokens(self, who: str) -> torch.Tensor:
+        if self.tokens is None:
+            raise InterventionError(
+                f"{who} needs the token ids of the forward pass, but none were seen: call the model "
+                f"on token ids, or pass tokens=... to interventions.apply when starting from a residual"
+            )
+        return self.tokens
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Base class. Subclasses are frozen dataclasses and implement :meth:`validate` and :meth:`hooks`."""
+
+    uses_tokens: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        REGISTRY[cls.__name__] = cls
+
+    def validate(self, info: ModelInfo) -> None:
+        """Raise :class:`InterventionError` if this intervention does not fit a model of ``info``."""
+
+    def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        """``(hook name, body)`` pairs; a body gets ``(activation, hook)`` and returns the replacement."""
+        raise NotImplementedError
+
+    # --- specs -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable spec. A cache is referenced by its content hash and file path."""
+        out: dict[str, Any] = {"type": type(self).__name__}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, MeanCache):
+                value = {"sha256": value.sha256, "path": value.source}
+            elif isinstance(value, tuple):
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
+            out[f.name] = value
+        return out
+
+    @staticmethod
+    def from_dict(spec: dict[str, Any], cache: MeanCache | None = None) -> "Intervention":
+        """Rebuild an intervention from :meth:`to_dict` output.
+
+        A spec that references a cache uses ``cache`` when given (its hash must match), else loads the
+        file at the recorded path and checks its hash.
+        """
+        spec = dict(spec)
+        kind = spec.pop("type", None)
+        if kind not in REGISTRY:
+            raise InterventionError(f"unknown intervention type {kind!r}: known types are {sorted(REGISTRY)}")
+        cls = REGISTRY[kind]
+        ref = spec.get("cache")
+        if isinstance(ref, dict):
+            if cache is None:
+                if not ref.get("path"):
+                    raise InterventionError(f"{kind} spec references a cache without a path: pass cache=...")
+                cache = MeanCache.load(Path(ref["path"]))
+            if ref.get("sha256") and cache.sha256 != ref["sha256"]:
+                raise InterventionError(
+                    f"{kind} spec references cache {ref['sha256'][:12]} but got {cache.sha256[:12]}"
+                )
+            spec["cache"] = cache
+        return cls(**spec)
+
+
+def to_tuple(values: Any, what: str) -> tuple:
+    """Normalise a list-like field to a tuple (so frozen dataclasses stay hashable and comparable)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InterventionError(f"{what} must be a list, got {values!r}")
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)

@@ -1,0 +1,328 @@
+"""Cached activation means for CAMA, plain mean ablation and mean head ablation.
+
+A :class:`MeanCache` is fitted once on the prompts of one *layout* (every prompt has the same token
+length ``n_pos``, BOS at position 0) and holds, for every block ``l`` (0-indexed):
+
+* the residual stream after the block (``blocks.{l}.hook_resid_post``), averaged over fit prompts that
+  hold the same token at the same position: one *entry* per seen ``(position, token)`` pair, with its
+  prompt count (CAMA);
+* the plain per-position mean of that residual (mean ablation);
+* the per-position mean of every query head's output ``attn.hook_z`` (mean head ablation).
+
+All means are stored in float32 and accumulated in float64. Memory of the conditional means is
+``n_layers * n_entries * d_model * 4`` bytes, where ``n_entries`` is the number of distinct
+``(position, token)`` pairs in the fit set; e.g. Llama-3-8B (32 blocks, d_model 4096) on a two-operand
+task with 1000 distinct operand values per position: ``32 * ~2003 * 4096 * 4 B = 1.05 GB``.
+
+Files are safetensors with JSON metadata (never pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from . import adapter as hooks
+from .adapter import ModelAdapter, adapt, new_hook_level
+from .types import CacheMismatchError, InterventionError, Tokens
+from .validation import check_tokens
+
+FORMAT_VERSION = 1
+
+
+class MeanCache:
+    """Per-layer, per-position (and per-token) activation means of one prompt layout.
+
+    Build with :meth:`fit`; read with :meth:`mean`; persist with :meth:`save` / :meth:`load`.
+    """
+
+    def __init__(
+        self,
+        *,
+        entry_pos: Int[torch.Tensor, "n_entries"],
+        entry_tok: Int[torch.Tensor, "n_entries"],
+        entry_count: Int[torch.Tensor, "n_entries"],
+        cond_mean: Float[torch.Tensor, "n_layers n_entries d_model"],
+        pos_mean: Float[torch.Tensor, "n_layers n_pos d_model"],
+        z_mean: Float[torch.Tensor, "n_layers n_pos n_heads d_head"],
+        n_prompts: int,
+        model_signature: dict[str, Any],
+        source: str | None = None,
+    ):
+        self.entry_pos = entry_pos.long()
+        self.entry_tok = entry_tok.long()
+        self.entry_count = entry_count.long()
+        self.cond_mean = cond_mean.float()
+        self.pos_mean = pos_mean.float()
+        self.z_mean = z_mean.float()
+        self.n_prompts = int(n_prompts)
+        self.model_signature = dict(model_signature)
+        self.source = source
+        self.n_layers, self.n_pos, self.d_model = (int(s) for s in pos_mean.shape)
+        self._lookup: torch.Tensor | None = None
+        self._device_copies: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
+        self._sha: str | None = None
+
+    # --- fitting -----------------------------------------------------------------------------
+    @classmethod
+    def fit(
+        cls,
+        model: Any,
+        tokens: Tokens,
+        *,
+        batch_size: int = 64,
+        progress: bool = True,
+    ) -> "MeanCache":
+        """Fit the means on ``tokens`` (``[batch, pos]`` long, one layout, BOS at position 0).
+
+        Streams over batches of ``batch_size`` prompts with hooks that accumulate sums as the forward
+        pass runs: no activation of more than one batch is held at once.
+        """
+        ad = adapt(model)
+        info = ad.info
+        tokens = check_tokens(tokens, d_vocab=info.d_vocab)
+        if batch_size < 1:
+            raise InterventionError(f"batch_size={batch_size} must be >= 1")
+        n, n_pos = tokens.shape
+        # Entries: the distinct (position, token) pairs of the fit set, sorted by position then token.
+        key = torch.arange(n_pos).unsqueeze(0) * info.d_vocab + tokens.cpu()
+        uniq, inverse = torch.unique(key, return_inverse=True)
+        entry_pos, entry_tok = uniq // info.d_vocab, uniq % info.d_vocab
+        entry_count = torch.bincount(inverse.flatten(), minlength=len(uniq))
+
+        device = ad.device()
+        f64 = torch.float64
+        cond_sum = torch.zeros(info.n_layers, len(uniq), info.d_model, dtype=f64, device=device)
+        pos_sum = torch.zeros(info.n_layers, n_pos, info.d_model, dtype=f64, device=device)
+        z_sum = torch.zeros(info.n_layers, n_pos, info.n_heads, info.d_head, dtype=f64, device=device)
+        inverse = inverse.to(device)
+        current: dict[str, torch.Tensor] = {}
+
+        def resid_hook(layer: int):
+            def fn(act: torch.Tensor, hook: Any = None) -> None:
+                a = act.detach().to(f64)
+                cond_sum[layer].index_add_(0, current["idx"].reshape(-1), a.reshape(-1, info.d_model))
+                pos_sum[layer] += a.sum(0)
+
+            return fn
+
+        def z_hook(layer: int):
+            def fn(act: torch.Tensor, hook: Any = None) -> None:
+                z_sum[layer] += act.detach().to(f64).sum(0)
+
+            return fn
+
+        level = new_hook_level()
+        names = []
+        for layer in range(info.n_layers):
+            for name, fn in ((hooks.resid_post(layer), resid_hook(layer)), (hooks.z(layer), z_hook(layer))):
+                ad.add_hook(name, fn, level)
+                names.append(name)
+        try:
+            with torch.inference_mode():
+                for start in tqdm(
+                    range(0, n, batch_size), desc="MeanCache.fit", unit="batch", disable=not progress
+                ):
+                    batch = tokens[start : start + batch_size].to(device)
+                    current["idx"] = inverse[start : start + batch_size]
+                    ad.run_to_resid(batch)
+        finally:
+            ad.remove_hooks(names, level)
+
+        counts = entry_count.to(device=device, dtype=f64)
+        return cls(
+            entry_pos=entry_pos,
+            entry_tok=entry_tok,
+            entry_count=entry_count,
+            cond_mean=(cond_sum / counts[None, :, None]).float().cpu(),
+            pos_mean=(pos_sum / n).float().cpu(),
+            z_mean=(z_sum / n).float().cpu(),
+            n_prompts=n,
+            model_signature={**info.signature(), "fingerprint": ad.fingerprint()},
+        )
+
+    # --- reading -----------------------------------------------------------------------------
+    def _check_layer(self, layer: int) -> None:
+        if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise InterventionError(
+                f"layer={layer!r} is out of range: the cache holds blocks 0..{self.n_layers - 1}"
+            )
+
+    def _position(self, position: int) -> int:
+        if not isinstance(position, int) or not -self.n_pos <= position < self.n_pos:
+            raise InterventionError(
+                f"position={position!r} is out of range: the cache was fitted on prompts of "
+                f"{self.n_pos} tokens (positions 0..{self.n_pos - 1}, or negative from the end)"
+            )
+        return position % self.n_pos
+
+    def mean(self, layer: int, position: int, token: int | None = None) -> Float[torch.Tensor, "d_model"]:
+        """Mean of ``blocks.{layer}.hook_resid_post`` at ``position``.
+
+        ``token=None``: the plain mean over all fit prompts. ``token=id``: the mean over fit prompts
+        holding token ``id`` at ``position`` (what CAMA writes); raises if no fit prompt did.
+        """
+        self._check_layer(layer)
+        pos = self._position(position)
+        if token is None:
+            return self.pos_mean[layer, pos]
+        return self.cond_mean[layer, self._entry(pos, int(token))]
+
+    def count(self, position: int, token: int) -> int:
+        """How many fit prompts hold ``token`` at ``position`` (0 if none)."""
+        pos = self._position(position)
+        hit = (self.entry_pos == pos) & (self.entry_tok == int(token))
+        return int(self.entry_count[hit].sum())
+
+    def tokens_at(self, position: int) -> dict[int, int]:
+        """``{token id: prompt count}`` of the fit set at ``position``."""
+        pos = self._position(position)
+        sel = self.entry_pos == pos
+        return dict(zip(self.entry_tok[sel].tolist(), self.entry_count[sel].tolist()))
+
+    def _entry(self, pos: int, token: int) -> int:
+        hit = torch.nonzero((self.entry_pos == pos) & (self.entry_tok == token)).flatten()
+        if len(hit) == 0:
+            raise CacheMismatchError(
+                f"the cache never saw token {token} at position {pos} (it saw "
+                f"{int((self.entry_pos == pos).sum())} distinct tokens there): fit the cache on "
+                f"prompts that cover every (position, token) pair you evaluate"
+            )
+        return int(hit[0])
+
+    def entry_index(self, tokens: Tokens, *, positions_from: int = 1) -> Int[torch.Tensor, "batch pos"]:
+        """Entry index of every ``(position, token)`` of ``tokens`` (``-1`` before ``positions_from``).
+
+        Raises :class:`CacheMismatchError` naming the position, token and lengths when the layout
+        differs from the fit layout or a pair was never seen.
+        """
+        if tokens.ndim != 2 or tokens.shape[1] != self.n_pos:
+            raise CacheMismatchError(
+                f"prompt length {tokens.shape[-1]} differs from the cache's fit layout of "
+                f"{self.n_pos} tokens: fit one MeanCache per layout (prompt token length)"
+            )
+        lookup = self._lookup_table()
+        toks = tokens.cpu()
+        in_vocab = toks < lookup.shape[1]
+        idx = torch.full_like(toks, -1)
+        pos_grid = torch.arange(self.n_pos).expand_as(toks)
+        idx[in_vocab] = lookup[pos_grid[in_vocab], toks[in_vocab]]
+        idx[:, :positions_from] = 0
+        missing = torch.nonzero(idx < 0)
+        if len(missing):
+            b, p = (int(v) for v in missing[0])
+            raise CacheMismatchError(
+                f"token {int(toks[b, p])} at position {p} (prompt {b} of the batch, length "
+                f"{self.n_pos}) never occurred at that position in the {self.n_prompts} fit prompts; "
+                f"{len(missing)} (prompt, position) pairs are uncovered: refit the cache on a set "
+                f"that covers them"
+            )
+        idx[:, :positions_from] = -1
+        return idx.to(tokens.device)
+
+    def _lookup_table(self) -> torch.Tensor:
+        if self._lookup is None:
+            width = int(self.entry_tok.max()) + 1 if len(self.entry_tok) else 1
+            table = torch.full((self.n_pos, width), -1, dtype=torch.long)
+            table[self.entry_pos, self.entry_tok] = torch.arange(len(self.entry_pos))
+            self._lookup = table
+        return self._lookup
+
+    def on(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``cond_mean``, ``pos_mean`` or ``z_mean`` on ``device``/``dtype`` (memoised)."""
+        key = (name, torch.device(device), dtype)
+        if key not in self._device_copies:
+            self._device_copies[key] = getattr(self, name).to(device=device, dtype=dtype)
+        return self._device_copies[key]
+
+    # --- identity ----------------------------------------------------------------------------
+    def check_model(self, model: Any) -> None:
+        """Raise :class:`CacheMismatchError` if this cache was fitted on a different model."""
+        ad = model if isinstance(model, ModelAdapter) else adapt(model)
+        theirs = {**ad.info.signature(), "fingerprint": ad.fingerprint()}
+        diff = {k: (v, theirs.get(k)) for k, v in self.model_signature.items() if theirs.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: cache {a!r} vs model {b!r}" for k, (a, b) in diff.items())
+            raise CacheMismatchError(
+                f"this MeanCache was fitted on another model ({detail}); fit it on this model with "
+                f"MeanCache.fit(model, tokens)"
+            )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "entry_pos": self.entry_pos,
+            "entry_tok": self.entry_tok,
+            "entry_count": self.entry_count,
+            "cond_mean": self.cond_mean,
+            "pos_mean": self.pos_mean,
+            "z_mean": self.z_mean,
+        }
+
+    @property
+    def sha256(self) -> str:
+        """Content hash of the means and their index: identifies a cache in intervention specs."""
+        if self._sha is None:
+            h = hashlib.sha256()
+            for name, t in self.tensors().items():
+                h.update(name.encode())
+                h.update(t.contiguous().numpy().tobytes())
+            self._sha = h.hexdigest()
+        return self._sha
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeanCache) and self.sha256 == other.sha256
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
+
+    def __repr__(self) -> str:
+        return (
+            f"MeanCache(n_layers={self.n_layers}, n_pos={self.n_pos}, entries={len(self.entry_pos)}, "
+            f"n_prompts={self.n_prompts}, sha256={self.sha256[:12]})"
+        )
+
+    # --- persistence -------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the cache to ``path`` (safetensors; metadata as JSON strings)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        metadata = {
+            "format": "af1-mean-cache",
+            "format_version": str(FORMAT_VERSION),
+            "n_prompts": str(self.n_prompts),
+            "model_signature": json.dumps(self.model_signature, sort_keys=True),
+            "sha256": self.sha256,
+        }
+        save_file({k: v.contiguous() for k, v in self.tensors().items()}, str(path), metadata=metadata)
+        self.source = str(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "MeanCache":
+        """Read a cache written by :meth:`save`; verifies its content hash."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no MeanCache file at {path}")
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != "af1-mean-cache":
+            raise InterventionError(f"{path} is not a MeanCache file (metadata format={meta.get('format')!r})")
+        tensors = load_file(str(path))
+        cache = cls(
+            **tensors,
+            n_prompts=int(meta["n_prompts"]),
+            model_signature=json.loads(meta["model_signature"]),
+            source=str(path),
+        )
+        if meta.get("sha256") and meta["sha256"] != cache.sha256:
+            raise InterventionError(f"{path} is corrupt: its content hash does not match its metadata")
+        return cache

@@ -1,0 +1,78 @@
+"""Head ablation: replace chosen query heads' outputs ``blocks.{l}.attn.hook_z`` (before ``W_O``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import adapter as hooks
+from .adapter import ModelInfo
+from .base import ForwardContext, HookBody, Intervention, to_tuple
+from .cache import MeanCache
+from .types import Head, InterventionError
+from .validation import check_choice
+
+METHODS = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class HeadAblation(Intervention):
+    """Remove ``heads`` (``(layer, head)`` pairs, 0-indexed query heads).
+
+    ``method="zero"`` writes zeros into ``hook_z``; ``method="mean"`` writes the cache's per-position
+    mean of that head's ``hook_z`` (prompts must then have the cache's fit length).
+    """
+
+    heads: tuple[Head, ...] = ()
+    method: str = "zero"
+    cache: MeanCache | None = None
+
+    def __post_init__(self) -> None:
+        heads = to_tuple(self.heads, "heads")
+        for h in heads:
+            if (
+                not isinstance(h, tuple)
+                or len(h) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in h)
+            ):
+                raise InterventionError(f"head {h!r} must be a (layer, head) pair of integers >= 0")
+        if len(set(heads)) != len(heads):
+            raise InterventionError("HeadAblation lists a head twice")
+        object.__setattr__(self, "heads", heads)
+        check_choice("HeadAblation method", self.method, METHODS)
+        if self.method == "mean" and not isinstance(self.cache, MeanCache):
+            raise InterventionError("HeadAblation(method='mean') needs cache=MeanCache.fit(model, tokens)")
+
+    def validate(self, info: ModelInfo) -> None:
+        for layer, head in self.heads:
+            info.check_head(layer, head)
+
+    def by_layer(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = defaultdict(list)
+        for layer, head in self.heads:
+            out[layer].append(head)
+        return dict(sorted(out.items()))
+
+    def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        def make(layer: int, heads: list[int]) -> HookBody:
+            def body(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
+                out = z.clone()
+                if self.method == "zero":
+                    out[:, :, heads] = 0.0
+                    return out
+                assert self.cache is not None
+                if z.shape[1] != self.cache.n_pos:
+                    raise InterventionError(
+                        f"HeadAblation(method='mean'): prompt length {z.shape[1]} differs from the "
+                        f"cache's fit layout of {self.cache.n_pos} tokens"
+                    )
+                means = self.cache.on("z_mean", z.device, z.dtype)[layer]
+                out[:, :, heads] = means[:, heads]
+                return out
+
+            return body
+
+        return [(hooks.z(layer), make(layer, heads)) for layer, heads in self.by_layer().items()]

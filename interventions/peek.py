@@ -1,0 +1,102 @@
+"""Attention-based peeking (ABP): restrict which keys chosen query rows may attend to.
+
+Implemented at ``blocks.{l}.attn.hook_pattern`` (post-softmax): forbidden entries are zeroed and each
+restricted row is renormalised to sum to 1. This equals masking the pre-softmax scores with ``-inf``
+(``softmax`` restricted to the allowed keys), and, unlike a score mask, it works on every backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import adapter as hooks
+from .adapter import ModelInfo
+from .base import ForwardContext, HookBody, Intervention, to_tuple
+from .types import InterventionError
+from .validation import check_choice
+
+MODES = ("full", "self")
+QUERIES = ("last", "others", "all")
+
+
+def allowed_keys(n_pos: int, mode: str, queries: str, keep_bos: bool = True, device: Any = None) -> torch.Tensor:
+    """Boolean ``[query_pos, key_pos]`` mask of links a :class:`Peek` keeps (rows it does not select
+    are fully causal). ``full``: the whole causal row. ``self``: the query itself, plus BOS (key 0)
+    when ``keep_bos``."""
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()
+    if mode == "full":
+        return causal
+    restricted = torch.eye(n_pos, dtype=torch.bool, device=device)
+    if keep_bos:
+        restricted[:, 0] = True
+    rows = selected_rows(n_pos, queries, device)
+    return torch.where(rows[:, None], restricted & causal, causal)
+
+
+def selected_rows(n_pos: int, queries: str, device: Any = None) -> torch.Tensor:
+    """Boolean ``[query_pos]``: the query rows ``queries`` selects (``last`` = position ``n_pos-1``)."""
+    rows = torch.zeros(n_pos, dtype=torch.bool, device=device)
+    if queries == "last":
+        rows[-1] = True
+    elif queries == "others":
+        rows[:-1] = True
+    else:
+        rows[:] = True
+    return rows
+
+
+@dataclass(frozen=True)
+class Peek(Intervention):
+    """Peeking in blocks ``layers`` (0-indexed) for the query rows ``queries``.
+
+    * ``mode="full"``: the rows see every earlier key (the ordinary causal row);
+    * ``mode="self"``: the rows see only themselves and, with ``keep_bos``, BOS at position 0;
+    * ``queries``: ``"last"`` (the last position), ``"others"`` (every other position), ``"all"``.
+
+    The same mask applies to every head (query heads, also with grouped-query attention).
+    """
+
+    layers: tuple[int, ...] = ()
+    mode: str = "self"
+    queries: str = "all"
+    keep_bos: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", to_tuple(self.layers, "Peek layers"))
+        check_choice("Peek mode", self.mode, MODES)
+        check_choice("Peek queries", self.queries, QUERIES)
+        if not isinstance(self.keep_bos, bool):
+            raise InterventionError(f"Peek keep_bos={self.keep_bos!r} must be True or False")
+        for layer in self.layers:
+            if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
+                raise InterventionError(f"Peek layer {layer!r} must be an integer >= 0")
+        if len(set(self.layers)) != len(self.layers):
+            raise InterventionError(f"Peek layers {list(self.layers)} list a block twice")
+
+    def validate(self, info: ModelInfo) -> None:
+        for layer in self.layers:
+            info.check_layer(layer, "Peek layer")
+
+    def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        if self.mode == "full":
+            # The causal row is already what softmax produced: nothing to change, but the hook is kept
+            # so that apply() can verify the block really ran.
+            def identity(pattern: torch.Tensor, hook: Any = None) -> None:
+                return None
+
+            return [(hooks.pattern(layer), identity) for layer in self.layers]
+
+        masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+        def body(pattern: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            n_q, n_k = pattern.shape[-2:]
+            key = (n_q, pattern.device)
+            if key not in masks:
+                masks[key] = allowed_keys(n_q, self.mode, self.queries, self.keep_bos, pattern.device)
+            kept = pattern * masks[key]
+            return kept / kept.sum(dim=-1, keepdim=True)
+
+        return [(hooks.pattern(layer), body) for layer in self.layers]

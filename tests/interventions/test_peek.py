@@ -1,0 +1,103 @@
+"""Peek (attention-based peeking) against independent masks and influence checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interventions as iv
+from tests.conftest import N_LAYERS, random_tokens
+from tests.interventions.reference import peek_allowed, score_mask_hook
+
+ALL = list(range(N_LAYERS))
+
+
+@pytest.mark.parametrize("mode,queries", [("self", "all"), ("self", "last"), ("self", "others"), ("full", "last")])
+@pytest.mark.parametrize("keep_bos", [True, False])
+def test_peek_equals_independent_score_mask(model, mode, queries, keep_bos):
+    tokens = random_tokens(6, 7, seed=1)
+    layers = [1, 3]
+    allowed = peek_allowed(7, mode, queries, keep_bos)
+    ref = model.run_with_hooks(
+        tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_attn_scores", score_mask_hook(allowed)) for l in layers]
+    )
+    got = iv.run(model, tokens, [iv.Peek(layers, mode=mode, queries=queries, keep_bos=keep_bos)])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    if mode == "self":
+        assert (got - model(tokens)).abs().max() > 1e-3, "self peek must change the logits"
+
+
+def test_allowed_keys_matches_elementwise_definition():
+    for n in (1, 2, 5):
+        for mode in ("full", "self"):
+            for queries in ("last", "others", "all"):
+                for keep_bos in (True, False):
+                    assert torch.equal(
+                        iv.allowed_keys(n, mode, queries, keep_bos), peek_allowed(n, mode, queries, keep_bos)
+                    )
+
+
+def test_self_peek_everywhere_isolates_last_token(model):
+    """With self peek in every block, the last position sees only BOS and itself."""
+    tokens = random_tokens(8, 7, seed=2)
+    changed = tokens.clone()
+    changed[:, 1:-1] = (changed[:, 1:-1] % 38) + 1  # every middle token differs
+    assert (changed[:, 1:-1] != tokens[:, 1:-1]).all()
+    peek = [iv.Peek(ALL, mode="self", queries="all")]
+    a = iv.run(model, tokens, peek)[:, -1]
+    b = iv.run(model, changed, peek)[:, -1]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    # ... and without the intervention the middle tokens do matter.
+    assert (model(tokens)[:, -1] - model(changed)[:, -1]).abs().max() > 1e-2
+
+
+def test_self_peek_without_bos_isolates_from_bos_too(model):
+    tokens = random_tokens(4, 6, seed=3)
+    other_bos = tokens.clone()
+    other_bos[:, 0] = 5
+    peek = [iv.Peek(ALL, mode="self", queries="all", keep_bos=False)]
+    torch.testing.assert_close(iv.run(model, tokens, peek)[:, -1], iv.run(model, other_bos, peek)[:, -1], atol=1e-5, rtol=0)
+    kept = [iv.Peek(ALL, mode="self", queries="all", keep_bos=True)]
+    assert (iv.run(model, tokens, kept)[:, -1] - iv.run(model, other_bos, kept)[:, -1]).abs().max() > 1e-3
+
+
+def test_full_peek_everywhere_is_the_plain_model(model):
+    tokens = random_tokens(5, 7, seed=4)
+    got = iv.run(model, tokens, [iv.Peek(ALL, mode="full", queries="all")])
+    torch.testing.assert_close(got, model(tokens), atol=1e-6, rtol=0)
+
+
+def test_last_token_full_peek_others_self_lets_middle_tokens_reach_last_only_directly(model):
+    """Transfer pattern in block 0 only, self peek afterwards: a middle token reaches the last
+    position (through the last row's full attention) but not the position after it."""
+    tokens = random_tokens(6, 7, seed=5)
+    changed = tokens.clone()
+    changed[:, 2] = (changed[:, 2] % 38) + 1
+    ivs = [
+        iv.Peek([0], "full", "last"),
+        iv.Peek([0], "self", "others"),
+        iv.Peek(list(range(1, N_LAYERS)), "self", "all"),
+    ]
+    a, b = iv.run(model, tokens, ivs), iv.run(model, changed, ivs)
+    torch.testing.assert_close(a[:, 3:-1], b[:, 3:-1], atol=1e-5, rtol=0)  # positions 3..5 blind to 2
+    assert (a[:, -1] - b[:, -1]).abs().max() > 1e-3  # the last position still sees it
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(layers=[0], mode="window"), "mode='window'"),
+        (dict(layers=[0], queries="first"), "queries='first'"),
+        (dict(layers=[-1]), "layer -1"),
+        (dict(layers=[0, 0]), "twice"),
+        (dict(layers=[0], keep_bos="yes"), "keep_bos"),
+    ],
+)
+def test_peek_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        iv.Peek(**kwargs)
+
+
+def test_peek_layer_out_of_range_names_the_range(model):
+    with pytest.raises(ValueError, match=r"layer=4 is out of range.*0\.\.3"):
+        iv.run(model, random_tokens(2, 5), [iv.Peek([4])])
