@@ -1,42 +1,124 @@
-"""Prototype backend for transformer-lens 4.x (``TransformerBridge``).
+"""Backend for TransformerLens 4.x ``TransformerBridge`` (also shipped by TransformerLens 3.9).
 
-TransformerLens 4.0 removed ``HookedTransformer``; the replacement is
-``transformer_lens.model_bridge.TransformerBridge``, which wraps a Hugging Face
-``nn.Module`` and exposes the familiar hook names (``blocks.{l}.hook_resid_post``,
-``blocks.{l}.attn.hook_pattern``, ...).
+TransformerLens 4.0 removed ``HookedTransformer``; its replacement,
+``transformer_lens.model_bridge.TransformerBridge``, wraps a Hugging Face ``nn.Module`` and exposes
+the familiar hook names (``blocks.{l}.hook_resid_post``, ``blocks.{l}.attn.hook_pattern``, ...).
+Importing this module registers :class:`BridgeAdapter` with :func:`interventions.adapter.register_backend`,
+so every intervention runs unchanged on a bridge.
 
-Two entry points:
+Differences from ``HookedTransformer`` that the adapter absorbs:
 
-* :func:`build_random_bridge` - tiny randomly initialised bridge (no downloads)
-  for the shapes ``gpt2`` / ``neox`` / ``gptj`` / ``llama``.
-* :func:`bridge_from_hooked_state` - rebuild a model saved from a 3.x
-  ``HookedTransformer`` (config dict + ``state_dict``) as a 4.x bridge with the
-  same logits. The weights are converted back into a Hugging Face
-  ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` / ``GPTNeoXForCausalLM`` /
-  ``GPTJForCausalLM`` (the inverse of TL's HF->TL weight conversion) and
-  wrapped with ``TransformerBridge.boot_transformers(..., hf_model=...)``.
+* ``model(tokens, stop_at_layer=n_layers)`` returns logits on a bridge: :meth:`BridgeAdapter.run_to_resid`
+  stops the forward pass at the last ``hook_resid_post`` instead.
+* Some bridges only *observe* an activation that the wrapped Hugging Face module already consumed
+  (HF GPT-J attention: ``attn.hook_pattern``); an edit returned there is discarded. The check of
+  :class:`~interventions.adapter.ModelAdapter` (a probe forward pass per model) turns that into an
+  :class:`~interventions.types.InterventionError` instead of a silent no-op.
 
-The HF route is used rather than ``TransformerBridge.boot_native`` because on
-the native model ``attn.hook_attn_scores`` carries the post-softmax pattern and
-edits to it are ignored, the native rotary is adjacent-pair only, and the native
-model has no parallel attention/MLP block.
+:func:`bridge_from_hooked_state` rebuilds a model saved from a 3.x ``HookedTransformer`` (config dict
+plus ``state_dict``) as a bridge with the same logits (to ~1e-6 in float32): the weights are converted
+back into a Hugging Face ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` / ``GPTNeoXForCausalLM`` (the
+inverse of TransformerLens' HF-to-TL conversion) and wrapped with
+``TransformerBridge.boot_transformers(..., hf_model=...)``, without ``enable_compatibility_mode()``.
 
-All transformer_lens / transformers imports happen inside functions so that
-this module imports under transformer-lens 3.x as well.
+All transformer_lens / transformers imports happen inside functions, so this module imports under
+every supported TransformerLens version and costs nothing until a bridge is used.
 """
+
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional
+import sys
+from typing import Any
 
 import torch
+from jaxtyping import Int
+
+from .adapter import ModelAdapter, register_backend, resid_post
 
 ARCHES = ("gpt2", "neox", "gptj", "llama")
+"""Architecture shapes :func:`bridge_from_hooked_state` converts (GPT-J-shaped models use the NeoX class)."""
+
+
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass early; carries the activation."""
+
+    def __init__(self, activation: torch.Tensor):
+        super().__init__("forward pass stopped")
+        self.activation = activation
+
+
+class BridgeAdapter(ModelAdapter):
+    """Access to a TransformerLens ``TransformerBridge`` (4.x, or the 3.9 preview).
+
+    Hook lookup goes through the bridge's ``hook_dict`` (the same names as ``HookedTransformer``),
+    token ids are read at ``model.embed``, ``embedding_matrix()`` is ``model.W_E``; shapes come from
+    ``model.cfg`` (``n_key_value_heads`` is ``None`` without grouped-query attention).
+    """
+
+    backend = "bridge"
+
+    def __init__(self, model: Any):
+        self._hook_dict = model.hook_dict  # a property that walks the module tree: read once
+        super().__init__(model)
+
+    def hook_point(self, name: str) -> Any:
+        try:
+            return self._hook_dict[name]
+        except KeyError:
+            return super().hook_point(name)
+
+    def has_hook(self, name: str) -> bool:
+        return name in self._hook_dict or super().has_hook(name)
+
+    def hook_points(self) -> dict[str, Any]:
+        return self._hook_dict
+
+    def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> torch.Tensor:
+        """Residual ``[batch, pos, d_model]`` after the last block; final norm and unembedding are skipped.
+
+        (A bridge's ``stop_at_layer=n_layers`` still runs the unembedding, so a hook on the last
+        ``hook_resid_post`` ends the pass; it is added after any hook already there, which still runs.)
+        """
+        name = resid_post(self.info.n_layers - 1)
+
+        def stop(act: torch.Tensor, hook: Any = None) -> None:
+            raise _StopForward(act)
+
+        level = _stop_level()
+        self.hook_point(name).add_hook(stop, dir="fwd", level=level)
+        try:
+            self.model(tokens)
+        except _StopForward as done:
+            return done.activation
+        finally:
+            self.hook_point(name).remove_hooks("fwd", level=level)
+        raise RuntimeError(f"the forward pass of {type(self.model).__name__} never reached {name}")
+
+
+def _stop_level() -> int:
+    from .adapter import new_hook_level
+
+    return new_hook_level()
+
+
+def is_bridge(model: Any) -> bool:
+    """Whether ``model`` is a ``TransformerBridge`` (never imports TransformerLens itself)."""
+    if "transformer_lens.model_bridge" not in sys.modules:
+        return False  # no bridge can exist before its module was imported
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:  # pragma: no cover - a TransformerLens without the bridge
+        return False
+    return isinstance(model, TransformerBridge)
+
+
+register_backend(is_bridge, BridgeAdapter)
 
 
 # --------------------------------------------------------------------------- #
-# Tokenizer helpers
+# Tokenizers
 # --------------------------------------------------------------------------- #
 def make_word_tokenizer(d_vocab: int, bos_token: str = "<bos>", add_bos: bool = True):
     """A word-level ``PreTrainedTokenizerFast``: ``<bos>``=0, ``<unk>``=1, ``w0..``.
@@ -85,86 +167,29 @@ def prepare_tokenizer(tokenizer, name: str = "local-tokenizer"):
     return tokenizer
 
 
-def _boot(hf_model, arch: str, tokenizer):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def boot(hf_model: Any, arch: str, tokenizer: Any) -> Any:
+    """Wrap the Hugging Face causal LM ``hf_model`` as a ``TransformerBridge``, offline.
+
+    ``arch`` only labels the model (``local/<arch>``: TransformerLens aliases such as ``gpt2`` would
+    be renamed to hub models); ``tokenizer`` is required (otherwise TransformerLens downloads one).
+    """
     from transformer_lens.model_bridge import TransformerBridge
 
-    hf_model.eval()
-    # The model name is only a label when hf_model is given; use a name that is
-    # not a TL alias (aliases such as "gpt2"/"neox" trigger a deprecation rename).
-    return TransformerBridge.boot_transformers(
-        f"local/{arch}", hf_model=hf_model, tokenizer=prepare_tokenizer(tokenizer)
-    )
-
-
-# --------------------------------------------------------------------------- #
-# Random bridges
-# --------------------------------------------------------------------------- #
-def _hf_config(arch, n_layers, d_model, n_heads, n_kv_heads, d_vocab, n_ctx, d_mlp):
-    import transformers as tf
-
-    if arch == "gpt2":
-        return tf.GPT2Config(
-            vocab_size=d_vocab, n_positions=n_ctx, n_embd=d_model, n_layer=n_layers,
-            n_head=n_heads, n_inner=d_mlp, activation_function="gelu_new",
-            tie_word_embeddings=False,
-        ), tf.GPT2LMHeadModel
-    if arch == "neox":
-        return tf.GPTNeoXConfig(
-            vocab_size=d_vocab, max_position_embeddings=n_ctx, hidden_size=d_model,
-            num_hidden_layers=n_layers, num_attention_heads=n_heads, intermediate_size=d_mlp,
-            rotary_pct=0.5, use_parallel_residual=True, hidden_act="gelu",
-            tie_word_embeddings=False,
-        ), tf.GPTNeoXForCausalLM
-    if arch == "gptj":
-        d_head = d_model // n_heads
-        return tf.GPTJConfig(
-            vocab_size=d_vocab, n_positions=n_ctx, n_embd=d_model, n_layer=n_layers,
-            n_head=n_heads, n_inner=d_mlp, rotary_dim=max(2, d_head // 2),
-            tie_word_embeddings=False,
-        ), tf.GPTJForCausalLM
-    if arch == "llama":
-        return tf.LlamaConfig(
-            vocab_size=d_vocab, max_position_embeddings=n_ctx, hidden_size=d_model,
-            num_hidden_layers=n_layers, num_attention_heads=n_heads,
-            num_key_value_heads=n_kv_heads or n_heads, intermediate_size=d_mlp,
-            head_dim=d_model // n_heads, tie_word_embeddings=False,
-        ), tf.LlamaForCausalLM
-    raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
-
-
-def build_random_bridge(
-    arch: str,
-    n_layers: int = 2,
-    d_model: int = 32,
-    n_heads: int = 4,
-    n_kv_heads: Optional[int] = None,
-    d_vocab: int = 50,
-    seed: int = 0,
-    n_ctx: int = 64,
-    d_mlp: Optional[int] = None,
-    tokenizer=None,
-):
-    """Tiny random ``TransformerBridge`` of the given architecture shape, offline.
-
-    gpt2: LayerNorm, learned positions. neox: parallel attn+MLP, partial rotary
-    (NeoX half-split). gptj: parallel, rotary on adjacent pairs. llama: RMSNorm,
-    rotary, GQA (``n_kv_heads``), gated SiLU MLP. A word-level tokenizer with a
-    BOS token is attached unless one is given.
-    """
-    if arch not in ARCHES:
-        raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
-    if n_kv_heads is not None and arch != "llama":
-        raise ValueError("n_kv_heads (grouped-query attention) is only available for arch='llama'")
-    d_mlp = d_mlp or (2 * d_model if arch == "llama" else 4 * d_model)
-    config, cls = _hf_config(arch, n_layers, d_model, n_heads, n_kv_heads, d_vocab, n_ctx, d_mlp)
-    config._attn_implementation = "eager"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        hf = cls(config)
     if tokenizer is None:
-        tokenizer = make_word_tokenizer(d_vocab)
-    return _boot(hf.to(torch.float32), arch, tokenizer)
+        raise ValueError("boot() needs a tokenizer (without one TransformerLens downloads one)")
+    hf_model.eval()
+    # Everything is local: keep the hub offline while booting, then restore the caller's setting.
+    previous = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        return TransformerBridge.boot_transformers(
+            f"local/{arch}", hf_model=hf_model, tokenizer=prepare_tokenizer(tokenizer)
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = previous
 
 
 # --------------------------------------------------------------------------- #
@@ -180,7 +205,7 @@ _UNSUPPORTED_TRUE = (
 def _check_cfg(c: dict) -> None:
     bad = [k for k in _UNSUPPORTED_TRUE if c.get(k)]
     if bad:
-        raise NotImplementedError(f"HookedTransformer options not supported by the 4.x backend: {bad}")
+        raise NotImplementedError(f"HookedTransformer options not supported by the bridge conversion: {bad}")
     if c.get("final_rms") and not (c.get("normalization_type") or "").upper().startswith("RMS"):
         raise NotImplementedError("final_rms with LayerNorm blocks is not supported")
     if c.get("num_experts"):
@@ -430,31 +455,35 @@ def hooked_state_to_hf(cfg_dict: dict, state_dict: dict[str, torch.Tensor]):
     return arch, model.to(torch.float32).eval()
 
 
-def bridge_from_hooked_state(
-    cfg_dict: dict, state_dict: dict[str, torch.Tensor], tokenizer=None
-):
-    """Build a TL 4.x ``TransformerBridge`` equal (logits to ~1e-5) to a 3.x model.
+def bridge_from_hooked_state(cfg_dict: dict, state_dict: dict[str, torch.Tensor], tokenizer: Any = None) -> Any:
+    """A ``TransformerBridge`` with the logits of a 3.x ``HookedTransformer`` (to ~1e-6 in float32).
 
-    ``cfg_dict``: ``HookedTransformerConfig.to_dict()`` fields (JSON form is fine).
-    ``state_dict``: ``HookedTransformer.state_dict()`` (3.x key names; buffers
-    such as ``attn.mask`` / ``rotary_sin`` are ignored). ``tokenizer``: HF
-    tokenizer; a placeholder word-level tokenizer of size ``d_vocab`` is used if
-    None. The bridge is returned without ``enable_compatibility_mode()`` so its
-    hooks see the same (unfolded) weights as the 3.x model did.
+    ``cfg_dict``: ``HookedTransformerConfig.to_dict()`` fields (its JSON form is fine).
+    ``state_dict``: ``HookedTransformer.state_dict()`` (3.x key names; buffers such as ``attn.mask``
+    or ``rotary_sin`` are ignored). ``tokenizer``: a Hugging Face tokenizer; ``None`` attaches a
+    placeholder word-level tokenizer of ``d_vocab`` ids (``<bos>`` = 0). The bridge is returned
+    without ``enable_compatibility_mode()``, so its hooks see the same (unfolded) weights as the
+    3.x model did; ``cfg.default_prepend_bos`` is copied from ``cfg_dict``.
+
+    Supported shapes: GPT-2 (LayerNorm, learned positions), GPT-NeoX and GPT-J (parallel attention
+    and MLP, rotary on part of each head, half-split or adjacent pairs), Llama (RMSNorm, rotary,
+    gated MLP, grouped-query attention). Other options raise ``NotImplementedError`` naming them.
+    GPT-J-shaped weights are stored in the NeoX class with the rotary dimensions of ``W_Q``/``W_K``
+    permuted (``q . k`` is unchanged): ``hook_q``/``hook_k`` come out permuted, everything else equal.
     """
     arch, hf_model = hooked_state_to_hf(cfg_dict, state_dict)
     if tokenizer is None:
-        tokenizer = make_word_tokenizer(cfg_dict["d_vocab"])
-    bridge = _boot(hf_model, arch, tokenizer)
+        tokenizer = make_word_tokenizer(int(cfg_dict["d_vocab"]))
+    bridge = boot(hf_model, arch, tokenizer)
     bridge.cfg.default_prepend_bos = bool(cfg_dict.get("default_prepend_bos", True))
     return bridge
 
 
-__all__ = [
-    "ARCHES",
-    "build_random_bridge",
-    "bridge_from_hooked_state",
-    "hooked_state_to_hf",
-    "make_word_tokenizer",
-    "prepare_tokenizer",
-]
+def bridge_from_hooked(model: Any, tokenizer: Any = None) -> Any:
+    """The ``TransformerBridge`` twin of a live 3.x ``HookedTransformer`` (same weights and logits).
+
+    Uses ``model.tokenizer`` unless ``tokenizer`` is given (see :func:`bridge_from_hooked_state`).
+    """
+    return bridge_from_hooked_state(
+        model.cfg.to_dict(), model.state_dict(), tokenizer if tokenizer is not None else model.tokenizer
+    )
