@@ -11,7 +11,9 @@ Hook names used by the toolkit (shared by TransformerLens 3.9 ``HookedTransforme
 Edits are verified once per model: a backend may only *observe* an activation that its computation
 already consumed (TransformerLens 4.x wrapping Hugging Face GPT-J: ``attn.hook_pattern``), so an edit
 returned there would silently do nothing. The first :func:`adapt` of a model runs a short probe
-(four tokens, one forward pass per checked hook kind) and remembers which kinds ignore edits; a hook
+(four tokens; per checked hook kind one forward pass with a probe edit at every block, the user's
+hooks hidden) and remembers which kinds ignore edits (the logits do not move, or the backend warns
+that an edit was discarded at some block); a hook
 added through :meth:`ModelAdapter.add_hook` at such a point raises :class:`InterventionError` as soon
 as it returns an edit. Read-only hooks (returning ``None``) stay allowed.
 """
@@ -238,7 +240,9 @@ def _without_user_hooks(ad: "ModelAdapter") -> Iterator[None]:
     """Hide the non-permanent hooks of every hook point (the user's), restoring them in order after."""
     saved: list[tuple[Any, OrderedDict]] = []
     try:
-        for point in ad.hook_points().values():
+        # One hook point may be listed under several names (a bridge aliases e.g. hook_resid_post).
+        points = {id(point): point for point in ad.hook_points().values()}
+        for point in points.values():
             ids = {h.hook.id for h in getattr(point, "fwd_hooks", []) if not h.is_permanent}
             if ids:
                 saved.append((point, OrderedDict(point._forward_hooks)))
