@@ -169,6 +169,31 @@ def test_conversion_matches_tl39_fixture(name):
     assert bridge.cfg.n_key_value_heads == meta["cfg"].get("n_key_value_heads")
 
 
+@pytest.mark.parametrize("name", ARCHS)
+def test_compatibility_mode_matches_tl39_from_pretrained_processing(name):
+    """enable_compatibility_mode() gives the numbers of 3.9's processed weights (from_pretrained:
+    fold_ln, centring, folded value biases); without it the logits differ, and the interventions
+    still run on the processed bridge."""
+    from safetensors.torch import load_file
+
+    meta = json.loads((FIXTURES / f"{name}.json").read_text())
+    ref = load_file(str(FIXTURES / f"{name}_ref.safetensors"))
+    processed = load_file(str(FIXTURES / f"{name}_processed.safetensors"))
+    bridge = iv.bridge_from_hooked_state(meta["cfg"], load_file(str(FIXTURES / f"{name}.safetensors")))
+    assert (processed["logits"] - ref["logits"]).abs().max() > 1e-2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    with torch.no_grad():
+        logits, acts = bridge.run_with_cache(ref["tokens"])
+    torch.testing.assert_close(logits, processed["logits"], atol=1e-4, rtol=0)
+    for key in ("blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern"):
+        torch.testing.assert_close(acts[key], processed[key], atol=1e-4, rtol=0, msg=key)
+    assert iv.adapt(bridge).edit_problems == {}
+    peeked = iv.run(bridge, ref["tokens"], [iv.Peek([0, 1], "self")])
+    assert (peeked - logits).abs().max() > 1e-3
+
+
 def test_conversion_keeps_a_tokenizer_without_bos_post_processor():
     from safetensors.torch import load_file
 
