@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
-from .adapter import ModelAdapter, register_backend, resid_post
+from .adapter import ModelAdapter, new_hook_level, register_backend, resid_post
 
 ARCHES = ("gpt2", "neox", "gptj", "llama")
 """Architecture shapes :func:`bridge_from_hooked_state` converts (GPT-J-shaped models use the NeoX class)."""
@@ -86,7 +86,7 @@ class BridgeAdapter(ModelAdapter):
         def stop(act: torch.Tensor, hook: Any = None) -> None:
             raise _StopForward(act)
 
-        level = _stop_level()
+        level = new_hook_level()
         self.hook_point(name).add_hook(stop, dir="fwd", level=level)
         try:
             self.model(tokens)
@@ -95,12 +95,6 @@ class BridgeAdapter(ModelAdapter):
         finally:
             self.hook_point(name).remove_hooks("fwd", level=level)
         raise RuntimeError(f"the forward pass of {type(self.model).__name__} never reached {name}")
-
-
-def _stop_level() -> int:
-    from .adapter import new_hook_level
-
-    return new_hook_level()
 
 
 def is_bridge(model: Any) -> bool:
