@@ -287,6 +287,15 @@ def _edit_problems(ad: "ModelAdapter") -> dict[str, str]:
                 warned = [str(w.message) for w in caught if "discard" in str(w.message).lower()]
                 if warned or not float((edited - base).abs().max()) > tol:
                     problems[kind] = _problem_message(model, names[0], users, warned)
+    except Exception as err:  # a model the probe cannot run (unusual inputs): interventions still work
+        warnings.warn(
+            f"could not verify that edits at attn.hook_pattern / attn.hook_z / hook_resid_post reach the "
+            f"logits of this {type(model).__name__} ({type(err).__name__}: {err}); check that an "
+            f"intervention changes the logits before trusting it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        problems = {}
     finally:
         model.train(was_training)
     try:
@@ -302,7 +311,7 @@ def _problem_message(model: Any, name: str, users: str, warned: list[str]) -> st
     seen = f" (the backend warned: {warned[0]!r})" if warned else ""
     return (
         f"this {what} ignores edits returned at {name.replace('blocks.0.', 'blocks.{l}.')}: a probe edit "
-        f"there left the logits unchanged{seen}, so {users} would silently do nothing. The model's "
+        f"there did not reach the logits{seen}, so {users} would silently do nothing. The model's "
         f"backend only observes this activation after its own module consumed it. Use a model whose "
         f"attention TransformerLens computes itself: on TransformerLens 3.9 HookedTransformer; on 4.x "
         f"the weights converted with interventions.bridge_from_hooked_state (GPT-J-shaped models run "

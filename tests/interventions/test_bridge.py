@@ -290,3 +290,15 @@ def test_edit_kind_names():
     assert edit_kind("blocks.11.hook_resid_post") == "resid_post"
     assert edit_kind("blocks.0.attn.hook_attn_scores") is None
     assert edit_kind("blocks.0.hook_resid_pre") is None
+
+
+def test_a_model_the_probe_cannot_run_gets_a_warning_not_an_error(monkeypatch):
+    model = build_model("gpt2", BACKENDS[-1])
+
+    def broken_forward(*args, **kwargs):
+        raise RuntimeError("needs an attention mask")
+
+    monkeypatch.setattr(model, "forward", broken_forward)
+    with pytest.warns(RuntimeWarning, match="could not verify.*needs an attention mask"):
+        assert iv.adapt(model).edit_problems == {}
+    assert model.training is False
