@@ -14,6 +14,7 @@ from typing import Sequence
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("circuits.commands.demo", "run the main job (AF1 search) on the embedded default model"),
+    "zoo": ("circuits.commands.zoo", "list, evaluate or retrain the embedded arithmetic models"),
 }
 
 
