@@ -15,6 +15,8 @@ from typing import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("circuits.commands.demo", "run the main job (AF1 search) on the embedded default model"),
     "zoo": ("circuits.commands.zoo", "list, evaluate or retrain the embedded arithmetic models"),
+    "search": ("circuits.commands.search", "AF1 search: latest wait and shortest transfer that stay faithful"),
+    "necessity": ("circuits.commands.necessity", "per block, cut the last token's attention to earlier tokens"),
 }
 
 

@@ -1,0 +1,124 @@
+"""Plotly figures of the AF1 search and the necessity sweep, written as offline HTML reports.
+
+Every report embeds plotly.js (no network needed to open it). Figures: the faithfulness heatmap over
+``wait`` x ``transfer`` with the selected configuration marked, and a bar chart of faithfulness per block.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def _page(title: str, figures: Sequence[Any], notes: Sequence[str] = ()) -> str:
+    parts = []
+    for i, fig in enumerate(figures):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"fig{i}"))
+    body = "\n".join(f"<p>{html.escape(n)}</p>" for n in notes)
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title></head>\n<body style='font-family:sans-serif'>\n"
+        f"<h2>{html.escape(title)}</h2>\n{body}\n" + "\n".join(parts) + "\n</body></html>\n"
+    )
+
+
+def _write(path: str | Path, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def search_heatmap(result: Any, title: str = "AF1 search") -> Any:
+    """Heatmap of faithfulness (rows: ``wait`` -1..n_layers-1, columns: ``transfer`` 0..n_layers);
+    blank cells are configurations that do not exist or were not evaluated; the selection is boxed."""
+    import plotly.graph_objects as go
+
+    n = result.n_layers
+    waits = list(range(-1, n))
+    transfers = list(range(0, n + 1))
+    z: list[list[float | None]] = [[None] * len(transfers) for _ in waits]
+    text: list[list[str]] = [[""] * len(transfers) for _ in waits]
+    hover: list[list[str]] = [["not a configuration" if t > n - 1 - w else "not evaluated" for t in transfers] for w in waits]
+    for r in result.results:
+        z[r.wait + 1][r.transfer] = r.faithfulness
+        text[r.wait + 1][r.transfer] = f"{r.faithfulness:.2f}"
+        ci = "" if any(math.isnan(v) for v in (r.ci_low, r.ci_high)) else f" [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        hover[r.wait + 1][r.transfer] = (
+            f"wait {r.wait}, transfer {r.transfer}<br>faithfulness {r.faithfulness:.3f}{ci}<br>"
+            f"{r.n_faithful}/{r.n} prompts, answer prob {r.mean_answer_prob:.3f}"
+        )
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=transfers, y=waits, text=text, texttemplate="%{text}", customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>", zmin=0.0, zmax=1.0, colorscale="Viridis",
+            colorbar=dict(title="faithfulness"), name="faithfulness",
+        )
+    )
+    if result.selected is not None:
+        s = result.selected
+        fig.add_shape(type="rect", x0=s.transfer - 0.5, x1=s.transfer + 0.5, y0=s.wait - 0.5, y1=s.wait + 0.5,
+                      line=dict(color="red", width=4))
+        fig.add_trace(go.Scatter(x=[s.transfer], y=[s.wait], mode="markers", name="selected",
+                                 marker=dict(symbol="x", size=14, color="red"),
+                                 hovertemplate=f"selected: wait {s.wait}, transfer {s.transfer}<extra></extra>"))
+        sub = f"selected wait={s.wait}, transfer={s.transfer} (faithfulness {s.faithfulness:.3f})"
+    else:
+        sub = f"no configuration reaches faithfulness {result.threshold:g}"
+    fig.update_layout(
+        title=f"{title}<br><sup>{sub}; threshold {result.threshold:g}, {result.grid} grid</sup>",
+        xaxis=dict(title="transfer (blocks after wait where the last token reads the context)", dtick=1),
+        yaxis=dict(title="wait (last block before the ablation; -1 = none)", dtick=1),
+        width=760, height=620,
+    )
+    return fig
+
+
+def smallest_transfer_figure(result: Any) -> Any:
+    """Per wait: the smallest sufficient transfer (missing bar: none or not evaluated)."""
+    import plotly.graph_objects as go
+
+    waits = sorted(result.smallest_transfer)
+    ys = [result.smallest_transfer[w] if isinstance(result.smallest_transfer[w], int) else None for w in waits]
+    labels = [str(result.smallest_transfer[w]) if result.smallest_transfer[w] is not None else "none" for w in waits]
+    fig = go.Figure(go.Bar(x=waits, y=ys, text=labels, textposition="outside", name="smallest transfer"))
+    fig.update_layout(title="Smallest sufficient transfer per wait", xaxis=dict(title="wait", dtick=1),
+                      yaxis=dict(title="transfer (blocks)", dtick=1), width=760, height=400)
+    return fig
+
+
+def search_report(result: Any, path: str | Path, title: str = "AF1 search") -> Path:
+    """Write the search report (heatmap + smallest transfer per wait) to ``path`` (self-contained HTML)."""
+    notes = [
+        result.summary_line(),
+        f"{len(result.results)} configurations evaluated ({result.grid} grid, {result.ablation} ablation, "
+        f"{result.method} method), {result.n_prompts} prompts, base accuracy {result.base_accuracy:.1%}, "
+        f"{result.seconds:.1f} s.",
+    ]
+    return _write(path, _page(title, [search_heatmap(result, title), smallest_transfer_figure(result)], notes))
+
+
+def necessity_figure(layers: Sequence[int], faith: Sequence[float], ci: Sequence[tuple[float, float]] | None = None,
+                     title: str = "Necessity sweep") -> Any:
+    """Bar chart: faithfulness when the last token cannot read earlier tokens in one block."""
+    import plotly.graph_objects as go
+
+    error_y = None
+    if ci is not None:
+        error_y = dict(type="data", symmetric=False, array=[hi - f for f, (_, hi) in zip(faith, ci)],
+                       arrayminus=[f - lo for f, (lo, _) in zip(faith, ci)])
+    fig = go.Figure(go.Bar(x=list(layers), y=list(faith), error_y=error_y, name="faithfulness",
+                           text=[f"{f:.2f}" for f in faith], textposition="outside"))
+    fig.update_layout(title=title, xaxis=dict(title="block where the last token self-peeks", dtick=1),
+                      yaxis=dict(title="faithfulness", range=[0, 1.1]), width=760, height=450)
+    return fig
+
+
+def necessity_report(layers: Sequence[int], faith: Sequence[float], path: str | Path,
+                     ci: Sequence[tuple[float, float]] | None = None, title: str = "Necessity sweep",
+                     notes: Sequence[str] = ()) -> Path:
+    return _write(path, _page(title, [necessity_figure(layers, faith, ci, title)], notes))

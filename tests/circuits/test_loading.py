@@ -1,0 +1,104 @@
+"""prepare_prompts: task -> single-token -> correct -> largest layout -> n_prompts, with clear errors."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from circuits import loading
+
+
+class FakeLayout:
+    def __init__(self, n, n_pos, offset):
+        self.tokens = torch.arange(n * n_pos).reshape(n, n_pos) + offset
+        self.answers = torch.arange(n) + 100
+        self.prompts = [f"p{offset}-{i}" for i in range(n)]
+        self.answer_values = list(range(n))
+        self.indices = list(range(n))
+
+
+@pytest.fixture
+def fake_tasks(monkeypatch):
+    """A stand-in for circuits.tasks that records the pipeline's calls."""
+    calls = []
+    mod = types.ModuleType("circuits.tasks")
+
+    def build_task(name, n=None, seed=0):
+        calls.append(("build", name, n, seed))
+        return list(range(n))
+
+    def frozen_set(name):
+        calls.append(("frozen", name))
+        return list(range(300))
+
+    def filter_single_token(ds, model):
+        calls.append(("single", len(ds)))
+        return ds[:-10], 10  # ten multi-token answers dropped
+
+    def filter_correct(model, ds):
+        calls.append(("correct", len(ds)))
+        keep = ds[: len(ds) // 2]
+        return keep, len(keep) / len(ds)
+
+    def to_layouts(model, ds):
+        calls.append(("layouts", len(ds)))
+        n = len(ds)
+        return [FakeLayout(n - n // 3, 7, 0), FakeLayout(n // 3, 9, 1000)]
+
+    for fn in (build_task, frozen_set, filter_single_token, filter_correct, to_layouts):
+        setattr(mod, fn.__name__, fn)
+    monkeypatch.setitem(sys.modules, "circuits.tasks", mod)
+    import circuits
+
+    monkeypatch.setattr(circuits, "tasks", mod, raising=False)
+    return calls
+
+
+def test_prepare_prompts_pipeline(fake_tasks):
+    p = loading.prepare_prompts(object(), "add", 20, seed=3, min_prompts=1)
+    # built 3 x 20 = 60, 50 single-token, 25 correct -> layouts of 17 and 8: all 17 of the larger one
+    assert len(p) == 17 and p.tokens.shape == (17, 7)
+    assert fake_tasks[0] == ("build", "add", 60, 3)
+    assert [c[0] for c in fake_tasks] == ["build", "single", "correct", "layouts"]
+    assert p.n_checked == 50 and p.n_correct == 25 and p.base_accuracy == 0.5
+
+
+def test_prepare_prompts_truncates_and_reports(fake_tasks):
+    p = loading.prepare_prompts(object(), "add", 10, seed=0, oversample=10)
+    # built 100, 90 single-token, 45 correct, layouts 30 and 15: first 10 of the 30-prompt layout
+    assert p.tokens.shape == (10, 7) and p.answers.tolist() == list(range(100, 110))
+    assert p.prompts[0] == "p0-0" and p.answer_values == list(range(10))
+    assert p.n_layouts == 2 and p.n_dropped_multi_token == 10 and p.base_accuracy == 0.5
+    assert p.records()[0] == {"prompt": "p0-0", "answer": 0, "answer_token": 100}
+
+
+def test_prepare_prompts_too_few(fake_tasks):
+    with pytest.raises(ValueError, match=r"too few correct prompts for task 'add': 25 of 50 .* 17 of them in the "
+                                         r"largest layout .* 20 are needed; lower --n-prompts to 17"):
+        loading.prepare_prompts(object(), "add", 20)
+    p = loading.prepare_prompts(object(), "add", 20, min_prompts=5)
+    assert len(p) == 17
+
+
+def test_prepare_prompts_frozen_and_bad_args(fake_tasks):
+    p = loading.prepare_prompts(object(), "add", 50, source="frozen")
+    assert fake_tasks[0] == ("frozen", "add") and len(p) == 50
+    with pytest.raises(ValueError, match="n_prompts=0"):
+        loading.prepare_prompts(object(), "add", 0)
+    with pytest.raises(ValueError, match="source='x'"):
+        loading.prepare_prompts(object(), "add", 5, source="x")
+
+
+def test_prepare_prompts_on_zoo_model():
+    zoo = pytest.importorskip("circuits.zoo")
+    tasks = pytest.importorskip("circuits.tasks")
+    if not hasattr(tasks, "to_layouts") or zoo.DEFAULT_MODEL not in zoo.available():
+        pytest.skip("zoo models or task layouts not available")
+    model = loading.load_model(zoo.DEFAULT_MODEL)
+    p = loading.prepare_prompts(model, "add", 30, seed=0)
+    assert p.tokens.shape[0] == 30 and 0 < p.base_accuracy <= 1
+    with torch.inference_mode():
+        assert torch.equal(model(p.tokens)[:, -1].argmax(-1), p.answers)
