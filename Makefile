@@ -1,21 +1,38 @@
 # Two entry points: `make demo` (main job on the embedded default model) and `make test`.
-# Both create .venv on first use and reinstall when pyproject.toml changes.
+# `demo` runs in .venv (TransformerLens 3.9). `test` runs the suite in .venv, where both backends
+# (HookedTransformer and TransformerBridge) are tested against each other, then in .venv-tl4
+# (TransformerLens 4.x, TransformerBridge only). Each venv is created on first use and reinstalled
+# when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 STAMP  := $(VENV)/.installed
+VENV4  := .venv-tl4
+STAMP4 := $(VENV4)/.installed
 
 .PHONY: demo test
 
+comma := ,
+
+# $(call install,VENV,TRANSFORMER_LENS_SPEC)
+# torch first and pinned: the CPU build of 2.13.0; the project's range accepts it, so nothing bigger is pulled.
+define install
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q "torch==2.13.0"
+	$(1)/bin/python -m pip install -q -e ".[dev]" "$(2)"
+	@touch $(1)/.installed
+endef
+
 $(STAMP): pyproject.toml
-	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
-	# torch first and pinned: the CPU build of 2.13.0; the project's range accepts it, so nothing bigger is pulled.
-	$(VENV)/bin/python -m pip install -q "torch==2.13.0"
-	$(VENV)/bin/python -m pip install -q -e ".[dev]"
-	@touch $(STAMP)
+	$(call install,$(VENV),transformer-lens>=3.9$(comma)<4)
+
+# Order-only on $(STAMP): the two editable installs write the same egg-info, never at once.
+$(STAMP4): pyproject.toml | $(STAMP)
+	$(call install,$(VENV4),transformer-lens>=4$(comma)<5)
 
 demo: $(STAMP)
 	$(VENV)/bin/af1 demo
 
-test: $(STAMP)
+test: $(STAMP) $(STAMP4)
 	$(VENV)/bin/python -m pytest -q
+	$(VENV4)/bin/python -m pytest -q

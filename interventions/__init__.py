@@ -7,12 +7,16 @@
 Conventions: blocks are 0-indexed; ``layer`` of CAMA / MeanAblation / ZeroAblation is the block after
 which the residual stream (``blocks.{layer}.hook_resid_post``) is replaced; position 0 holds BOS and is
 never ablated by default; ``Peek`` keeps BOS and self for restricted rows.
+
+Backends: TransformerLens 3.9 ``HookedTransformer`` and ``TransformerBridge`` (TransformerLens 4.x, and
+the 3.9 preview); see ``docs/backends.md``.
 """
 
 from .ablation import CAMA, MeanAblation, ZeroAblation
 from .adapter import ModelAdapter, ModelInfo, adapt, register_backend
 from .af1 import af1_subgraph
 from .apply import apply, run
+from .bridge import BridgeAdapter, bridge_from_hooked, bridge_from_hooked_state
 from .base import REGISTRY, Intervention
 from .cache import MeanCache
 from .heads import HeadAblation
@@ -20,6 +24,7 @@ from .peek import Peek, allowed_keys
 from .types import CacheMismatchError, InterventionError, InterventionNotAppliedError
 
 __all__ = [
+    "BridgeAdapter",
     "CAMA",
     "CacheMismatchError",
     "HeadAblation",
@@ -37,6 +42,8 @@ __all__ = [
     "af1_subgraph",
     "allowed_keys",
     "apply",
+    "bridge_from_hooked",
+    "bridge_from_hooked_state",
     "register_backend",
     "run",
 ]

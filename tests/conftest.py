@@ -1,4 +1,11 @@
-"""Tiny randomly initialised models of several architecture families, shared by all tests."""
+"""Tiny randomly initialised models of several architecture families and backends, shared by all tests.
+
+Every architecture runs on every available backend: ``hooked`` (TransformerLens 3.x
+``HookedTransformer``) where it can be imported, and ``bridge`` (``TransformerBridge``, TransformerLens
+4.x or the 3.9 preview). Both backends of one ``(arch, seed)`` hold the same weights: the weights come
+from :func:`hooked_state`, which reproduces ``HookedTransformer``'s own initialisation, and the bridge
+is built from them with :func:`interventions.bridge_from_hooked_state`.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,27 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 ARCHS = ("gpt2", "neox", "gptj", "llama")
 N_LAYERS = 4
 D_VOCAB = 40
+
+
+def has_hooked_transformer() -> bool:
+    """Whether this TransformerLens still ships ``HookedTransformer`` (3.x; removed in 4.0)."""
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def transformer_lens_major() -> int:
+    import importlib.metadata
+
+    return int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
+BACKENDS = ("hooked", "bridge") if has_hooked_transformer() else ("bridge",)
+needs_hooked = pytest.mark.skipif(
+    not has_hooked_transformer(), reason="needs HookedTransformer (transformer-lens 3.x)"
+)
 
 
 def arch_config(arch: str, n_layers: int = N_LAYERS, d_vocab: int = D_VOCAB, seed: int = 0) -> dict:
@@ -33,6 +61,46 @@ def arch_config(arch: str, n_layers: int = N_LAYERS, d_vocab: int = D_VOCAB, see
     return {**base, **shapes[arch]}
 
 
+def hooked_state(arch: str, **kwargs) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(config fields, state_dict)`` of ``build_hooked(arch, **kwargs)``, without TransformerLens.
+
+    Reproduces ``HookedTransformer(cfg)`` with ``init_mode="gpt2"``: ``torch.manual_seed(seed)``, then
+    every ``W_*`` parameter drawn from N(0, initializer_range) in registration order; biases are 0
+    and norm scales 1. (Checked against ``build_hooked`` where TransformerLens 3.x is installed.)
+    """
+    cfg = arch_config(arch, **kwargs)
+    d, n, h, m, v = cfg["d_model"], cfg["n_heads"], cfg["d_head"], cfg["d_mlp"], cfg["d_vocab"]
+    kv = cfg.get("n_key_value_heads") or n
+    gqa = "_" if kv != n else ""
+    ln = ("w",) if cfg["normalization_type"] == "RMS" else ("w", "b")
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed.W_E", (v, d))]
+    if cfg["positional_embedding_type"] == "standard":
+        shapes.append(("pos_embed.W_pos", (cfg["n_ctx"], d)))
+    for layer in range(cfg["n_layers"]):
+        p = f"blocks.{layer}."
+        shapes += [(f"{p}ln{i}.{x}", (d,)) for i in (1, 2) for x in ln]
+        shapes += [
+            (p + "attn.W_Q", (n, d, h)), (p + "attn.W_O", (n, h, d)), (p + "attn.b_Q", (n, h)),
+            (p + "attn.b_O", (d,)), (f"{p}attn.{gqa}W_K", (kv, d, h)), (f"{p}attn.{gqa}W_V", (kv, d, h)),
+            (f"{p}attn.{gqa}b_K", (kv, h)), (f"{p}attn.{gqa}b_V", (kv, h)),
+        ]
+        if cfg.get("gated_mlp"):
+            shapes += [(p + "mlp.W_in", (d, m)), (p + "mlp.W_out", (m, d)), (p + "mlp.W_gate", (d, m)),
+                       (p + "mlp.b_in", (m,)), (p + "mlp.b_out", (d,))]
+        else:
+            shapes += [(p + "mlp.W_in", (d, m)), (p + "mlp.b_in", (m,)), (p + "mlp.W_out", (m, d)),
+                       (p + "mlp.b_out", (d,))]
+    shapes += [(f"ln_final.{x}", (d,)) for x in ln] + [("unembed.W_U", (d, v)), ("unembed.b_U", (v,))]
+    torch.manual_seed(cfg["seed"])
+    state = {}
+    for name, shape in shapes:
+        if "W_" in name:
+            state[name] = torch.empty(shape).normal_(0.0, cfg["initializer_range"])
+        else:
+            state[name] = torch.ones(shape) if name.rsplit(".", 1)[-1] == "w" else torch.zeros(shape)
+    return cfg, state
+
+
 def build_hooked(arch: str, **kwargs):
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
@@ -40,16 +108,38 @@ def build_hooked(arch: str, **kwargs):
     return model.eval()
 
 
+def build_bridge(arch: str, **kwargs):
+    """The ``TransformerBridge`` with the weights of ``build_hooked(arch, **kwargs)``."""
+    from interventions import bridge_from_hooked_state
+
+    return bridge_from_hooked_state(*hooked_state(arch, **kwargs)).eval()
+
+
+def build_model(arch: str, backend: str, **kwargs):
+    """A tiny random model of ``arch`` on ``backend`` (``"hooked"`` or ``"bridge"``); kwargs as ``arch_config``."""
+    if backend == "hooked":
+        return build_hooked(arch, **kwargs)
+    if backend == "bridge":
+        return build_bridge(arch, **kwargs)
+    raise ValueError(f"backend={backend!r} is not valid: choose 'hooked' or 'bridge'")
+
+
 @pytest.fixture(scope="session", params=ARCHS)
 def arch(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def model(arch):
-    """A tiny random model of one architecture (``arch``): 4 blocks, vocab 40, BOS id 0."""
+def model(arch, backend):
+    """A tiny random model of one architecture (``arch``) on one backend (``backend``): 4 blocks,
+    vocab 40, BOS id 0. Both backends of an architecture hold the same weights."""
     torch.manual_seed(0)
-    return build_hooked(arch)
+    return build_model(arch, backend)
 
 
 def random_tokens(n: int, n_pos: int, d_vocab: int = D_VOCAB, seed: int = 0, values: int | None = None):

@@ -48,8 +48,24 @@ def card(name: str) -> dict:
     return json.loads((model_dir(name) / "card.json").read_text())
 
 
-def load(name: str = DEFAULT_MODEL, device: str = "cpu") -> "HookedTransformer":
+def _backend(backend: str | None) -> str:
+    if backend is None:
+        try:
+            from transformer_lens import HookedTransformer  # noqa: F401
+        except ImportError:  # TransformerLens 4.x
+            return "bridge"
+        return "hooked"
+    if backend not in ("hooked", "bridge"):
+        raise ValueError(f"backend={backend!r} is not valid: choose 'hooked' or 'bridge'")
+    return backend
+
+
+def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = None) -> "HookedTransformer":
     """Load zoo model ``name`` as a :class:`HookedTransformer` in eval mode on ``device``.
+
+    ``backend="bridge"`` returns the same model as a TransformerLens ``TransformerBridge`` (equal
+    logits to 1e-4; see ``docs/backends.md``); the default is ``"hooked"`` where TransformerLens still
+    has ``HookedTransformer`` (3.x), else ``"bridge"`` (4.x).
 
     Works offline (nothing is downloaded): the tokenizer is a
     :class:`transformers.PreTrainedTokenizerFast` built from the model's ``tokenizer.json``; it
@@ -58,11 +74,20 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu") -> "HookedTransformer":
     """
     import torch
     from safetensors.torch import load_file
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from circuits.zoo.tokenizer import load_tokenizer
 
+    backend = _backend(backend)
     folder = model_dir(name)
+    if backend == "bridge":
+        from interventions import bridge_from_hooked_state
+
+        cfg_dict = json.loads((folder / "config.json").read_text())
+        state = load_file(str(folder / "model.safetensors"))
+        model = bridge_from_hooked_state(cfg_dict, state, load_tokenizer(folder / "tokenizer.json"))
+        return model.to(torch.device(device)).eval()
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     cfg_kwargs = json.loads((folder / "config.json").read_text())
     cfg_kwargs["device"] = device
     cfg = HookedTransformerConfig(**cfg_kwargs)

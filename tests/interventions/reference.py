@@ -1,7 +1,9 @@
 """Independent reference implementations the interventions are checked against.
 
 Written without the package's code paths: plain hooks with ``-inf`` score masks, conditional means
-computed with Python dictionaries from ``run_with_cache``, head removal by editing ``W_O``.
+computed with Python dictionaries from ``run_with_cache``, head removal by editing the output weights.
+They work on both backends: on the bridges of the test suite (Hugging Face GPT-2 / NeoX / Llama
+attention) ``hook_attn_scores`` is pre-softmax and editable, as on ``HookedTransformer``.
 """
 
 from __future__ import annotations
@@ -62,11 +64,35 @@ def cama_hook(means: dict, tokens: torch.Tensor):
 
 
 def without_heads(model, heads):
-    """A deep copy of ``model`` whose ``W_O`` rows of ``heads`` are zero (zero ablation by weights)."""
-    clone = copy.deepcopy(model)
+    """A deep copy of ``model`` whose output weights of ``heads`` are zero (zero ablation by weights).
+
+    ``HookedTransformer``: ``W_O[head]`` (``[n_heads, d_head, d_model]``). ``TransformerBridge``: its
+    ``W_O`` is a computed view, so the wrapped Hugging Face output projection is edited instead: the
+    ``d_head`` input features of the head (rows of a GPT-2 ``Conv1D`` ``[in, out]``, columns of an
+    ``nn.Linear`` ``[out, in]``).
+    """
+    # A NeoX-class bridge keeps its last attention pattern (with its autograd graph) on the module,
+    # which deepcopy refuses: such non-leaf tensors are left out of the copy.
+    memo = {
+        id(value): None
+        for module in model.modules()
+        for value in vars(module).values()
+        if isinstance(value, torch.Tensor) and not value.is_leaf
+    }
+    clone = copy.deepcopy(model, memo)
+    d_head = clone.cfg.d_head
     with torch.no_grad():
         for layer, head in heads:
-            clone.blocks[layer].attn.W_O[head] = 0.0
+            attn = clone.blocks[layer].attn
+            proj = getattr(getattr(attn, "o", None), "original_component", None)
+            if proj is None:
+                attn.W_O[head] = 0.0
+                continue
+            cols = slice(head * d_head, (head + 1) * d_head)
+            if type(proj).__name__ == "Conv1D":
+                proj.weight[cols] = 0.0
+            else:
+                proj.weight[:, cols] = 0.0
     return clone
 
 
