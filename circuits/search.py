@@ -43,9 +43,9 @@ grid's.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
@@ -628,6 +628,15 @@ def search_af1(
             else:
                 cache.source = str(target)
 
+    if method == "fast" and iv.adapt(model).backend != "hooked":
+        # The fast evaluator reads HookedTransformer internals (key-value cache, rotary tables).
+        warnings.warn(
+            f"search_af1: the fast evaluator supports HookedTransformer models only; evaluating this "
+            f"{iv.adapt(model).backend} model with method='naive' (same numbers, one full pass per "
+            f"configuration)",
+            stacklevel=2,
+        )
+        method = "naive"
     evaluator_cls = FastEvaluator if method == "fast" else NaiveEvaluator
     evaluator = evaluator_cls(model, tokens, answers, cache, ablation, batch_size)
     counts = {"evaluated": 0, "resumed": 0}

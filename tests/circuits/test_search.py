@@ -312,3 +312,20 @@ def test_given_cache_is_part_of_the_identity(tmp_path):
     other = iv.MeanCache.fit(model, tokens[:16], progress=False)
     with pytest.raises(RunMismatchError, match=r"differing parameters: means: 'fitted on the prompts' -> '[0-9a-f]{64}'\)"):
         S.search_af1(model, tokens, answers, cache=other, threshold=0.5, out_dir=out, progress=False, n_boot=10)
+
+
+def test_bridge_model_falls_back_to_the_naive_evaluator_with_equal_numbers():
+    """On a TransformerBridge the search warns and evaluates with full passes; numbers equal the
+    HookedTransformer twin's."""
+    from tests.conftest import build_bridge
+
+    hooked, bridge = build_hooked("llama"), build_bridge("llama")
+    tokens = random_tokens(24, 6, seed=5, values=5)
+    answers = own_answers(hooked, tokens)
+    ref = S.search_af1(hooked, tokens, answers, grid="full", progress=False, n_boot=50)
+    with pytest.warns(UserWarning, match="method='naive'"):
+        got = S.search_af1(bridge, tokens, answers, grid="full", progress=False, n_boot=50)
+    assert got.method == "naive"
+    assert {(r.wait, r.transfer): r.n_faithful for r in got.results} == {
+        (r.wait, r.transfer): r.n_faithful for r in ref.results
+    }
