@@ -5,18 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from circuits import cli, loading
 from tests.conftest import build_hooked, random_tokens
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -12,14 +12,6 @@ from circuits.runs import RunMismatchError
 from tests.conftest import build_hooked, random_tokens
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def masked_scores_correct(model, tokens, answers, layer):
     """Independent reference: -inf on the pre-softmax scores of the last query row, except BOS and self."""
 

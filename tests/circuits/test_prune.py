@@ -16,15 +16,6 @@ from tests.conftest import arch_config, build_hooked, random_tokens
 N_LAYERS = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tiny models gain nothing from intra-op threads; on a busy machine threads only spin."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def setup(model, n=48, seed=11, wait=0, transfer=2, agree=True):
     """Prompts, a CAMA cache fitted on them and answers = the model's own argmax under the full AF1
     subgraph, keeping the prompts where the plain model agrees (all base-correct, unpruned

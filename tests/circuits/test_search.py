@@ -17,15 +17,6 @@ from tests.conftest import build_hooked, random_tokens
 N_LAYERS = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is fastest and avoids spinning on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def own_answers(model, tokens):
     with torch.inference_mode():
         return model(tokens)[:, -1].argmax(-1)
