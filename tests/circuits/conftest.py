@@ -1,13 +1,21 @@
 """The analyses in ``circuits`` (search, pruning, lens, commands) are tested on the HookedTransformer
 backend. The interventions they build on are tested on both backends (``tests/interventions``); the
 search's fast evaluator uses HookedTransformer internals (its key-value cache and rotary tables), so
-the ``circuits`` tests do not run on TransformerBridge models yet (see docs/backends.md)."""
+on TransformerBridge models it falls back to full passes (tested in test_search.py).
+
+This ``model`` fixture is its own definition (not an override of ``backend``): a session fixture
+shared with ``tests/interventions`` would keep a cached model across the two directories."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+
+from tests.conftest import build_hooked
 
 
-@pytest.fixture(scope="session", params=("hooked",))
-def backend(request) -> str:
-    return request.param
+@pytest.fixture(scope="session")
+def model(arch):
+    """A tiny random HookedTransformer of one architecture (``arch``): 4 blocks, vocab 40, BOS id 0."""
+    torch.manual_seed(0)
+    return build_hooked(arch)
