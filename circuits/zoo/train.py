@@ -130,12 +130,12 @@ REGISTRY: dict[str, TrainConfig] = {
     "arith-gpt2": TrainConfig(
         name="arith-gpt2", arch="gpt2", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         seed=1, steps=4000, description="GPT-2-like: LayerNorm, learned positional embeddings, GELU MLP.",
-        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=1e-3, warmup=20)],
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20)],
     ),
     "arith-llama": TrainConfig(
         name="arith-llama", arch="llama", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         n_key_value_heads=2, seed=2, steps=2400,
-        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=1e-3, warmup=20)],
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20)],
         description="Llama-like: RMSNorm, rotary positions, grouped-query attention (4 query heads, 2 "
                     "key/value heads), gated SiLU MLP.",
     ),

@@ -18,7 +18,7 @@ from circuits.zoo import train as zoo_train
 
 MODELS = ["arith-gpt2", "arith-llama", "arith-styles"]
 ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
-N_EVAL = 100  # first N prompts of each frozen set: enough to tell 95% from a weaker model
+N_EVAL = None  # all 300 prompts of each frozen set: the card's figures are measured on exactly these
 
 
 @lru_cache(maxsize=None)
@@ -72,7 +72,8 @@ def test_architecture_and_vocabulary(name):
 
 
 def _frozen_accuracy(model, name, n=N_EVAL):
-    ds = tasks.frozen_set(name).select(range(n))
+    ds = tasks.frozen_set(name)
+    ds = ds.select(range(n)) if n else ds
     return tasks.filter_correct(model, ds)[1]
 
 
@@ -84,11 +85,12 @@ def _measured(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_accuracy_matches_card(name):
-    """The shipped weights reproduce the card: accuracy on the first 100 frozen prompts is within 0.1 of
-    the card's 300-prompt figure, and far above chance (1/521, i.e. 0.002) on every trained task."""
+    """Regression check: the shipped weights reproduce the card's per-task accuracy on the frozen sets
+    (measured here through ``tasks.filter_correct``, independently of the training code's evaluation),
+    and every trained task is far above chance (1/521, i.e. 0.002)."""
     card = zoo.card(name)
     for task, acc in _measured(name).items():
-        assert abs(acc - card["frozen_accuracy"][task]) <= 0.1, (task, acc, card["frozen_accuracy"][task])
+        assert acc == pytest.approx(card["frozen_accuracy"][task], abs=1e-3), (task, acc, card["frozen_accuracy"][task])
         assert acc >= 0.1, f"{name} on {task}: {acc:.3f}"
 
 
