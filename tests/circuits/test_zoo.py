@@ -18,7 +18,7 @@ from circuits.zoo import train as zoo_train
 
 MODELS = ["arith-gpt2", "arith-llama", "arith-styles"]
 ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
-N_EVAL = 60  # first N prompts of each frozen set (of 300): enough to tell 95% from a weaker model
+N_EVAL = 30  # first N prompts of each frozen set (of 300): a subset, checked exactly against the card
 N_CHECK = 20  # prompts per task on which the independent tasks.filter_correct path is compared
 
 
@@ -85,7 +85,7 @@ def test_accuracy_matches_card(name):
     """Regression check against the card, whose accuracies count correct answers among all 300 prompts of
     each frozen set: the first ``N_EVAL`` prompts are a subset, so their number of correct answers must lie
     in [k300 - (300 - N_EVAL), min(N_EVAL, k300)] exactly (no statistics involved). Every trained task is
-    far above chance (1/521). On the first prompts of every fifth task the independent path
+    far above chance (1/521). On the first prompts of the first trained task the independent path
     ``tasks.filter_correct`` (text prompts through the tokenizer) gives the same accuracy."""
     card = zoo.card(name)
     for task, acc in _measured(name).items():
@@ -94,7 +94,7 @@ def test_accuracy_matches_card(name):
         assert k300 - (300 - N_EVAL) <= k <= min(N_EVAL, k300), (task, k, k300)
         assert acc >= 0.1, f"{name} on {task}: {acc:.3f}"
     model = _model(name)
-    for task in card["train"]["tasks"][::5]:
+    for task in card["train"]["tasks"][:1]:
         ds = tasks.frozen_set(task).select(range(N_CHECK))
         fast = zoo_train.evaluate_frozen(model, [task], n=N_CHECK)[task]
         assert tasks.filter_correct(model, ds)[1] == pytest.approx(fast, abs=1e-9), task
