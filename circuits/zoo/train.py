@@ -143,6 +143,7 @@ REGISTRY: dict[str, TrainConfig] = {
         name="arith-styles", arch="gpt2", tasks=ORIGINAL_TASKS + STYLE_TASKS,
         bars={**{t: 0.95 for t in ORIGINAL_TASKS}, **{t: 0.90 for t in STYLE_TASKS}}, seed=3,
         steps=500, warmup=100, lr=1e-3, init_from="arith-gpt2",
+        phases=[Phase(steps=100, batch_size=512, lr=3e-4, warmup=20)],
         description="GPT-2-like, fine-tuned from arith-gpt2 on the Original tasks plus the ten input-style "
                     "templates (same architecture and tokenizer).",
     ),
