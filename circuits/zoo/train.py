@@ -16,9 +16,15 @@ magnitude (:func:`init_number_features`); everything stays trainable. Without th
 number embeddings are learnt far more slowly than a CPU budget allows. ``arith-styles`` starts from the
 weights of ``arith-gpt2`` instead.
 
-Checkpoints (``<ckpt_dir>/checkpoint.safetensors`` + ``optimizer.safetensors`` + ``state.json``) hold the
-weights, the full AdamW state (``exp_avg``/``exp_avg_sq``/``step`` per parameter, as safetensors, no
-pickle) and the step; ``train(..., resume=True)`` continues from there with the same LR schedule.
+Phases: a model's recipe is phase 1 (its :class:`TrainConfig`) followed by the :class:`Phase` entries of
+``TrainConfig.phases``; each later phase starts from the final weights of the phase before it with a fresh
+AdamW, its own batch size and its own warmup + cosine LR schedule. ``train(name)`` runs every phase in
+order, so one call reproduces a shipped model from its seeds.
+
+Checkpoints (``<ckpt_dir>/phase<k>/checkpoint.safetensors`` + ``optimizer.safetensors`` + ``state.json``,
+``k`` 1-indexed) hold the weights, the full AdamW state (``exp_avg``/``exp_avg_sq``/``step`` per parameter,
+as safetensors, no pickle) and the step; ``train(..., resume=True)`` skips finished phases and continues an
+interrupted one with the same LR schedule and data.
 """
 
 from __future__ import annotations
@@ -43,12 +49,30 @@ STYLE_TASKS = [f"{s}_{op}" for s in ("verbal", "question", "instruction", "word_
 
 
 @dataclass
+class Phase:
+    """A continuation phase: starts from the previous phase's final weights with a fresh AdamW (same
+    betas, weight decay and clipping as phase 1), ``batch_size`` prompts per step, a linear warmup of
+    ``warmup`` steps to ``lr`` and a cosine decay to ``min_lr_frac * lr`` at ``steps``."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int = 30
+    min_lr_frac: float = 0.05
+    eval_every: int = 50
+    ckpt_every: int = 50
+
+
+@dataclass
 class TrainConfig:
     """Architecture and optimisation of one zoo model.
 
     ``arch`` is ``"gpt2"`` (LayerNorm, learned positions, GELU MLP) or ``"llama"`` (RMSNorm, rotary,
     grouped-query attention with ``n_key_value_heads``, gated SiLU MLP). ``steps`` is the maximum; training
     stops earlier once every task's held-out accuracy reaches ``stop_at`` at two evaluations in a row.
+    The fields describe phase 1; ``phases`` lists the continuation phases run after it (see
+    :func:`phase_configs`). ``phase`` is the 1-indexed phase a config describes (set by
+    :func:`phase_configs`, not in the registry).
     """
 
     name: str
@@ -78,6 +102,8 @@ class TrainConfig:
     init_from: str | None = None
     number_features: str = "fourier"
     description: str = ""
+    phases: list[Phase] = field(default_factory=list)
+    phase: int = 1
 
     def model_config(self, d_vocab: int) -> dict[str, Any]:
         """Keyword arguments of :class:`transformer_lens.HookedTransformerConfig` for this model."""
@@ -97,14 +123,19 @@ class TrainConfig:
         return cfg
 
 
+PHASE2_STEPS = 400
+"""Steps of the large-batch phase 2 of arith-gpt2 and arith-llama (sized to the CPU budget of the build)."""
+
 REGISTRY: dict[str, TrainConfig] = {
     "arith-gpt2": TrainConfig(
         name="arith-gpt2", arch="gpt2", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         seed=1, steps=4000, description="GPT-2-like: LayerNorm, learned positional embeddings, GELU MLP.",
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20)],
     ),
     "arith-llama": TrainConfig(
         name="arith-llama", arch="llama", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         n_key_value_heads=2, seed=2, steps=2400,
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20)],
         description="Llama-like: RMSNorm, rotary positions, grouped-query attention (4 query heads, 2 "
                     "key/value heads), gated SiLU MLP.",
     ),
@@ -112,10 +143,26 @@ REGISTRY: dict[str, TrainConfig] = {
         name="arith-styles", arch="gpt2", tasks=ORIGINAL_TASKS + STYLE_TASKS,
         bars={**{t: 0.95 for t in ORIGINAL_TASKS}, **{t: 0.90 for t in STYLE_TASKS}}, seed=3,
         steps=500, warmup=100, lr=1e-3, init_from="arith-gpt2",
+        phases=[Phase(steps=100, batch_size=512, lr=3e-4, warmup=20)],
         description="GPT-2-like, fine-tuned from arith-gpt2 on the Original tasks plus the ten input-style "
-                    "templates (same architecture; tokenizer plus the word 'the').",
+                    "templates (same architecture and tokenizer).",
     ),
 }
+
+
+def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
+    """One flat :class:`TrainConfig` per phase of ``cfg``: phase 1 is ``cfg`` itself, phase ``k >= 2``
+    replaces steps, batch size and LR schedule by those of ``cfg.phases[k - 2]`` (no ``init_from``: it
+    starts from phase ``k - 1``)."""
+    import dataclasses
+
+    out = [dataclasses.replace(cfg, phases=[], phase=1)]
+    for k, p in enumerate(cfg.phases, start=2):
+        out.append(dataclasses.replace(cfg, phases=[], phase=k, init_from=None, steps=p.steps,
+                                       batch_size=p.batch_size, lr=p.lr, warmup=p.warmup,
+                                       min_lr_frac=p.min_lr_frac, eval_every=p.eval_every,
+                                       ckpt_every=p.ckpt_every))
+    return out
 
 
 def get_config(name: str) -> TrainConfig:
@@ -213,9 +260,10 @@ def build_splits(cfg: TrainConfig, tokenizer) -> tuple[list[TaskData], list[Task
 
 
 def sample_batch(train: list[TaskData], step: int, cfg: TrainConfig, pad_id: int):
-    """Batch of step ``step``: tasks uniform, tuples uniform within a task. Returns (tokens [B, L] right
-    padded, last index [B], answer ids [B]) as numpy arrays."""
-    rng = np.random.default_rng([cfg.seed, step])
+    """Batch of step ``step`` (0-indexed within the phase): tasks uniform, tuples uniform within a task,
+    drawn from ``default_rng([seed, step])`` in phase 1 and ``default_rng([seed, phase, step])`` later.
+    Returns (tokens [B, L] right padded, last index [B], answer ids [B]) as numpy arrays."""
+    rng = np.random.default_rng([cfg.seed, step] if cfg.phase == 1 else [cfg.seed, cfg.phase, step])
     task_idx = rng.integers(0, len(train), size=cfg.batch_size)
     L = max(d.tokens.shape[1] for d in train)
     toks = np.full((cfg.batch_size, L), pad_id, dtype=np.int64)
@@ -340,59 +388,93 @@ def init_number_features(model, tokenizer, kind: str = "fourier") -> None:
         model.unembed.W_U[:k, ids] = feats.T
 
 
+def _load_weights(model, weights: dict, what: str) -> None:
+    """Load ``weights`` into ``model``; a tensor whose vocabulary axis is shorter (a vocabulary that grew
+    at the end, e.g. 565 -> 566 tokens) fills the shared rows/columns and keeps the rest as initialised."""
+    own = model.state_dict()
+    fitted = {}
+    for k, v in weights.items():
+        if k in own and own[k].shape != v.shape:
+            if v.ndim != own[k].ndim or any(m > n for m, n in zip(v.shape, own[k].shape)):
+                raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
+            w = own[k].clone()
+            w[tuple(slice(0, m) for m in v.shape)] = v
+            v = w
+        fitted[k] = v
+    model.load_state_dict(fitted, strict=False)
+
+
+def _phase_done(state: dict, cfg: TrainConfig) -> bool:
+    return state["step"] >= cfg.steps or bool(state.get("stopped_early"))
+
+
 def train(name: str, out_dir: str | Path | None = None, resume: bool = True, steps: int | None = None,
-          ckpt_dir: str | Path | None = None, threads: int | None = 2, progress: bool = True) -> dict:
-    """Train zoo model ``name`` and write it to ``out_dir`` (default: the package's ``models/<name>``).
+          ckpt_dir: str | Path | None = None, threads: int | None = 2, progress: bool = True,
+          export_model: bool = True) -> dict:
+    """Train zoo model ``name`` (every phase of its recipe, in order) and write it to ``out_dir``
+    (default: the package's ``models/<name>``).
 
     Writes ``model.safetensors``, ``config.json``, ``tokenizer.json``, ``card.json`` and ``card.md``.
-    Checkpoints go to ``ckpt_dir`` (default ``runs/zoo/<name>``); with ``resume`` an existing checkpoint
-    is continued. ``steps`` overrides the configured maximum number of steps. Returns the card dict.
+    Phase ``k`` (1-indexed) checkpoints to ``<ckpt_dir>/phase<k>`` (default ``ckpt_dir``:
+    ``runs/zoo/<name>``); with ``resume`` a finished phase is loaded instead of rerun and an interrupted
+    one continues from its checkpoint. ``steps`` overrides the number of steps of the last phase.
+    Returns the card dict (or, with ``export_model=False``, the per-phase states).
     """
     import dataclasses
 
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cfg = get_config(name)
+    phases = phase_configs(cfg)
+    if steps is not None:
+        phases[-1] = dataclasses.replace(phases[-1], steps=int(steps))
+    if threads:
+        torch.set_num_threads(threads)
+    out_dir = Path(out_dir) if out_dir else MODELS_DIR / name
+    ckpt_root = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
+    tokenizer = build_tokenizer()
+    model = new_model(cfg, tokenizer)
+    states = []
+    for pcfg in phases:
+        states.append(_run_phase(model, pcfg, ckpt_root / f"phase{pcfg.phase}", resume, progress))
+    model.eval()
+    if not export_model:
+        return {"phases": states}
+    return export(model, cfg, out_dir, states)
+
+
+def _run_phase(model, cfg: TrainConfig, ckpt_dir: Path, resume: bool, progress: bool) -> dict:
+    """Run (or load, if finished) one phase on ``model`` in place; returns the phase's state dict
+    (step, wall_s, history, threads, d_vocab)."""
     import torch
     import torch.nn.functional as F
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    cfg = get_config(name)
-    if steps is not None:
-        cfg = dataclasses.replace(cfg, steps=int(steps))
-    if threads:
-        torch.set_num_threads(threads)
-    out_dir = Path(out_dir) if out_dir else MODELS_DIR / name
-    ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
+    name, tokenizer = cfg.name, model.tokenizer
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    model = new_model(cfg, tokenizer)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not n.startswith(("embed", "pos_embed"))]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and not n.startswith(("embed", "pos_embed")))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    train_data, val_data = build_splits(cfg, tokenizer)
-    state = {"step": 0, "wall_s": 0.0, "history": [], "good_evals": 0}
-    if cfg.init_from:
+    state = {"step": 0, "wall_s": 0.0, "history": [], "good_evals": 0, "d_vocab": len(tokenizer)}
+    if resume and (ckpt_dir / "state.json").exists():
+        state = json.loads((ckpt_dir / "state.json").read_text())
+        _load_weights(model, load_file(str(ckpt_dir / "checkpoint.safetensors")), f"{ckpt_dir} checkpoint")
+        if _phase_done(state, cfg):
+            print(f"{name}: phase {cfg.phase} finished ({state['step']} steps), loaded from {ckpt_dir}")
+            return state
+        _load_optimizer(opt, model, ckpt_dir / "optimizer.safetensors")
+        print(f"resuming {name} phase {cfg.phase} from step {state['step']}")
+    elif cfg.init_from:
         src = MODELS_DIR / cfg.init_from / "model.safetensors"
         if not src.exists():
             raise FileNotFoundError(f"{name} starts from {cfg.init_from}, but {src} does not exist: train it first")
-        own = model.state_dict()
-        init = {}
-        for k, v in load_file(str(src)).items():
-            if k in own and own[k].shape != v.shape:
-                # a vocabulary that grew at the end: copy the rows/columns both share
-                w = own[k].clone()
-                w[tuple(slice(0, m) for m in v.shape)] = v
-                v = w
-            init[k] = v
-        model.load_state_dict(init, strict=False)
+        _load_weights(model, load_file(str(src)), str(src))
         print(f"{name}: initialised from {src}")
-    if resume and (ckpt_dir / "state.json").exists():
-        state = json.loads((ckpt_dir / "state.json").read_text())
-        model.load_state_dict(load_file(str(ckpt_dir / "checkpoint.safetensors")), strict=False)
-        _load_optimizer(opt, model, ckpt_dir / "optimizer.safetensors")
-        print(f"resuming {name} from step {state['step']}")
+    train_data, val_data = build_splits(cfg, tokenizer)
 
     def save_ckpt():
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt_dir / "checkpoint.safetensors"))
@@ -406,8 +488,10 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
         return accs
 
     state["threads"] = torch.get_num_threads()
+    state.update(batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, min_lr_frac=cfg.min_lr_frac)
     t0 = time.time() - state["wall_s"]
-    bar = tqdm(total=cfg.steps, initial=state["step"], desc=name, disable=not progress, mininterval=5)
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"{name} phase {cfg.phase}", disable=not progress,
+               mininterval=5)
     step = state["step"]
     while step < cfg.steps:
         for g in opt.param_groups:
@@ -429,13 +513,12 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
             state["history"].append({"step": step, "loss": loss.item(), "val": accs,
                                      "wall_s": round(time.time() - t0, 1)})
             worst = min(accs.values())
-            bar.write(f"{name} step {step} loss {loss.item():.4f} min-val {worst:.3f} "
+            bar.write(f"{name} phase {cfg.phase} step {step} loss {loss.item():.4f} min-val {worst:.3f} "
                       + " ".join(f"{k}={v:.3f}" for k, v in accs.items()))
             state["good_evals"] = state["good_evals"] + 1 if worst >= cfg.stop_at else 0
             if state["good_evals"] >= 2:
                 bar.write(f"{name}: every task >= {cfg.stop_at} twice, stopping at step {step}")
-                state["step"], state["wall_s"] = step, time.time() - t0
-                save_ckpt()
+                state["stopped_early"] = True
                 break
         if step % cfg.ckpt_every == 0:
             state["step"], state["wall_s"] = step, time.time() - t0
@@ -443,8 +526,7 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
     bar.close()
     state["step"], state["wall_s"] = step, time.time() - t0
     save_ckpt()
-    model.eval()
-    return export(model, cfg, out_dir, state)
+    return state
 
 
 def evaluate_frozen(model, task_names: list[str], n: int | None = None) -> dict[str, float]:
@@ -458,8 +540,9 @@ def evaluate_frozen(model, task_names: list[str], n: int | None = None) -> dict[
     return out
 
 
-def export(model, cfg: TrainConfig, out_dir: Path, state: dict) -> dict:
-    """Write weights, config, tokenizer and card of a trained model to ``out_dir``; returns the card."""
+def export(model, cfg: TrainConfig, out_dir: Path, states: list[dict]) -> dict:
+    """Write weights, config, tokenizer and card of a trained model to ``out_dir``; ``states`` holds one
+    state dict per phase (as :func:`train` keeps them). Returns the card."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -476,8 +559,14 @@ def export(model, cfg: TrainConfig, out_dir: Path, state: dict) -> dict:
         "name": cfg.name, "description": cfg.description, "arch": cfg.arch, "config": mcfg,
         "n_params": int(sum(p.numel() for p in model.parameters())),
         "train": {k: v for k, v in asdict(cfg).items() if k not in ("bars",)},
-        "bars": cfg.bars, "steps_run": state["step"], "wall_time_s": round(state["wall_s"], 1),
-        "threads": state.get("threads"), "seed": cfg.seed,
+        "bars": cfg.bars, "steps_run": sum(st["step"] for st in states),
+        "wall_time_s": round(sum(st["wall_s"] for st in states), 1),
+        "threads": states[-1].get("threads"), "seed": cfg.seed,
+        "phases": [{"phase": k, "steps": st["step"], "batch_size": st.get("batch_size"), "lr": st.get("lr"),
+                    "warmup": st.get("warmup"), "min_lr_frac": st.get("min_lr_frac"),
+                    "wall_time_s": round(st["wall_s"], 1), "threads": st.get("threads"),
+                    "d_vocab": st.get("d_vocab"), **({"note": st["note"]} if st.get("note") else {})}
+                   for k, st in enumerate(states, start=1)],
         "init": (f"weights of {cfg.init_from}" if cfg.init_from else
                  f"random, number-token embedding/unembedding started from {cfg.number_features} features"),
         "data": "all valid operand tuples of the training tasks (operands 0..99, answers >= 0), minus every "
@@ -486,13 +575,19 @@ def export(model, cfg: TrainConfig, out_dir: Path, state: dict) -> dict:
         "meets_bar": trained_ok,
         "skipped_styles": ([t for t in STYLE_TASKS if t not in cfg.tasks]
                            if any(t in STYLE_TASKS for t in cfg.tasks) else []),
-        "history": state["history"][-5:],
+        "history": states[-1]["history"][-5:],
     }
     (out_dir / "card.json").write_text(json.dumps(card, indent=1))
     lines = [f"# {cfg.name}", "", cfg.description, "",
-             f"Trained {state['step']} steps in {state['wall_s'] / 60:.1f} min on {state.get('threads')} CPU "
-             f"thread(s) of a shared 2-core machine (seed {cfg.seed}).",
-             "", "| task | frozen-set accuracy | bar |", "|---|---|---|"]
+             f"Trained {card['steps_run']} steps in {card['wall_time_s'] / 60:.1f} min on a shared 2-core "
+             f"machine (seed {cfg.seed}), in {len(states)} phase(s):", "",
+             "| phase | steps | batch | peak LR | warmup | wall time | threads | vocab |",
+             "|---|---|---|---|---|---|---|---|"]
+    for ph in card["phases"]:
+        lines.append(f"| {ph['phase']} | {ph['steps']} | {ph['batch_size']} | {ph['lr']} | {ph['warmup']} | "
+                     f"{ph['wall_time_s'] / 60:.1f} min | {ph['threads']} | {ph['d_vocab']} |")
+    lines += [f"\nPhase {ph['phase']}: {ph['note']}" for ph in card["phases"] if ph.get("note")]
+    lines += ["", "| task | frozen-set accuracy | bar |", "|---|---|---|"]
     for t, a in frozen.items():
         lines.append(f"| {t} | {a:.3f} | {cfg.bars.get(t, '-')} |")
     (out_dir / "card.md").write_text("\n".join(lines) + "\n")

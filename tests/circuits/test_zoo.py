@@ -18,7 +18,8 @@ from circuits.zoo import train as zoo_train
 
 MODELS = ["arith-gpt2", "arith-llama", "arith-styles"]
 ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
-N_EVAL = 100  # first N prompts of each frozen set: enough to tell 95% from a weaker model
+N_EVAL = 30  # first N prompts of each frozen set (of 300): a subset, checked exactly against the card
+N_CHECK = 20  # prompts per task on which the independent tasks.filter_correct path is compared
 
 
 @lru_cache(maxsize=None)
@@ -49,7 +50,9 @@ def test_tokens_and_answer_of_42_plus_20_minus_15(name):
     with torch.no_grad():
         logits = model(toks)
     got = model.to_string(logits[0, -1].argmax().reshape(1))
-    if got != "47" and not zoo.card(name)["meets_bar"].get("add_sub", True):
+    # The default model must answer it (the running example of the docs); the others may miss it only
+    # while their card records add_sub below the bar.
+    if got != "47" and name != zoo.DEFAULT_MODEL and not zoo.card(name)["meets_bar"].get("add_sub", True):
         pytest.xfail(f"{name} answers 42+20-15= with {got}; its card records add_sub below the bar")
     assert got == "47"
 
@@ -71,25 +74,30 @@ def test_architecture_and_vocabulary(name):
         assert not cfg.gated_mlp and cfg.act_fn.startswith("gelu")
 
 
-def _frozen_accuracy(model, name, n=N_EVAL):
-    ds = tasks.frozen_set(name).select(range(n))
-    return tasks.filter_correct(model, ds)[1]
-
-
 @lru_cache(maxsize=None)
 def _measured(name):
-    model = _model(name)
-    return {task: _frozen_accuracy(model, task) for task in zoo.card(name)["train"]["tasks"]}
+    """Accuracy on the first ``N_EVAL`` prompts of each trained task's frozen set (vectorised evaluation)."""
+    return zoo_train.evaluate_frozen(_model(name), zoo.card(name)["train"]["tasks"], n=N_EVAL)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_accuracy_matches_card(name):
-    """The shipped weights reproduce the card: accuracy on the first 100 frozen prompts is within 0.1 of
-    the card's 300-prompt figure, and far above chance (1/521, i.e. 0.002) on every trained task."""
+    """Regression check against the card, whose accuracies count correct answers among all 300 prompts of
+    each frozen set: the first ``N_EVAL`` prompts are a subset, so their number of correct answers must lie
+    in [k300 - (300 - N_EVAL), min(N_EVAL, k300)] exactly (no statistics involved). Every trained task is
+    far above chance (1/521). On the first prompts of the first trained task the independent path
+    ``tasks.filter_correct`` (text prompts through the tokenizer) gives the same accuracy."""
     card = zoo.card(name)
     for task, acc in _measured(name).items():
-        assert abs(acc - card["frozen_accuracy"][task]) <= 0.1, (task, acc, card["frozen_accuracy"][task])
+        k300 = round(card["frozen_accuracy"][task] * 300)
+        k = round(acc * N_EVAL)
+        assert k300 - (300 - N_EVAL) <= k <= min(N_EVAL, k300), (task, k, k300)
         assert acc >= 0.1, f"{name} on {task}: {acc:.3f}"
+    model = _model(name)
+    for task in card["train"]["tasks"][:1]:
+        ds = tasks.frozen_set(task).select(range(N_CHECK))
+        fast = zoo_train.evaluate_frozen(model, [task], n=N_CHECK)[task]
+        assert tasks.filter_correct(model, ds)[1] == pytest.approx(fast, abs=1e-9), task
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -169,44 +177,83 @@ def test_cli_list_and_eval(capsys):
 
 
 @pytest.mark.parametrize("base", ["arith-llama"])  # rotary + GQA: the harder reload; gpt2 reload is covered by the shipped model
-def test_train_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
-    """A tiny registered model: trains, writes safetensors only, resumes from its checkpoint, and the
-    exported folder loads back through ``zoo.load`` with identical logits."""
+def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
+    """A tiny registered two-phase model: trains phase 1 then phase 2 (larger batch) from phase 1's
+    weights, writes safetensors only, skips finished phases on resume, continues an extended phase from
+    its checkpoint, is reproduced bit for bit from scratch, and the exported folder loads back through
+    ``zoo.load`` with identical logits."""
     import dataclasses
+
+    from safetensors.torch import load_file
 
     tiny = dataclasses.replace(zoo_train.get_config(base), name="tiny", tasks=["add", "sub"],
                                bars={"add": 0.0, "sub": 0.0}, n_layers=1, d_model=32, d_head=8, d_mlp=64,
-                               batch_size=16, steps=3, eval_every=2, ckpt_every=2, eval_n=10)
+                               batch_size=16, steps=3, eval_every=2, ckpt_every=2, eval_n=10,
+                               phases=[zoo_train.Phase(steps=2, batch_size=24, lr=1e-3, warmup=1,
+                                                       eval_every=1, ckpt_every=1)])
     monkeypatch.setitem(zoo_train.REGISTRY, "tiny", tiny)
     monkeypatch.setattr(zoo_train, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
+    p1 = zoo_train.phase_configs(tiny)
+    assert [(c.phase, c.steps, c.batch_size, c.lr) for c in p1] == [(1, 3, 16, tiny.lr), (2, 2, 24, 1e-3)]
     out, ck = tmp_path / "models" / "tiny", tmp_path / "ck"
     card = zoo_train.train("tiny", out_dir=out, ckpt_dir=ck, threads=1, progress=False)
-    assert card["steps_run"] == 3
-    state = json.loads((ck / "state.json").read_text())
-    assert state["step"] == 3 and [h["step"] for h in state["history"]] == [2, 3]
-    assert {p.name for p in ck.iterdir()} == {"checkpoint.safetensors", "optimizer.safetensors", "state.json"}
-    assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "card.md"} <= {p.name for p in out.iterdir()}
-    from safetensors.torch import load_file
-
-    w3 = load_file(str(out / "model.safetensors"))
-    card = zoo_train.train("tiny", out_dir=out, ckpt_dir=ck, steps=5, threads=1, progress=False)
     assert card["steps_run"] == 5
-    w5 = load_file(str(out / "model.safetensors"))
-    assert any(not torch.equal(w3[k], w5[k]) for k in w3)
-    # The optimiser state came back: Adam moments are saved per parameter.
-    opt = load_file(str(ck / "optimizer.safetensors"))
+    assert [(p["phase"], p["steps"], p["batch_size"]) for p in card["phases"]] == [(1, 3, 16), (2, 2, 24)]
+    assert card["wall_time_s"] == pytest.approx(sum(p["wall_time_s"] for p in card["phases"]), abs=0.2)
+    s1 = json.loads((ck / "phase1" / "state.json").read_text())
+    s2 = json.loads((ck / "phase2" / "state.json").read_text())
+    assert (s1["step"], [h["step"] for h in s1["history"]]) == (3, [2, 3])
+    assert (s2["step"], [h["step"] for h in s2["history"]]) == (2, [1, 2])
+    for d in ("phase1", "phase2"):
+        assert {p.name for p in (ck / d).iterdir()} == {"checkpoint.safetensors", "optimizer.safetensors", "state.json"}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "card.md"} <= {p.name for p in out.iterdir()}
+    w_a = load_file(str(out / "model.safetensors"))
+    w_p1 = load_file(str(ck / "phase1" / "checkpoint.safetensors"))
+    assert any(not torch.equal(w_p1[k], w_a[k]) for k in w_a)  # phase 2 moved the weights
+
+    # one command from scratch reproduces the model exactly (seeded weights and batches)
+    card_b = zoo_train.train("tiny", out_dir=tmp_path / "b", ckpt_dir=tmp_path / "ck_b", threads=1, progress=False)
+    w_b = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert all(torch.equal(w_a[k], w_b[k]) for k in w_a) and card_b["steps_run"] == 5
+    # finished phases are loaded, not rerun
+    zoo_train.train("tiny", out_dir=tmp_path / "c", ckpt_dir=ck, threads=1, progress=False)
+    w_c = load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert all(torch.equal(w_a[k], w_c[k]) for k in w_a)
+    # extending the last phase resumes it from its checkpoint (optimizer state included)
+    card = zoo_train.train("tiny", out_dir=out, ckpt_dir=ck, steps=4, threads=1, progress=False)
+    assert card["steps_run"] == 7 and json.loads((ck / "phase2" / "state.json").read_text())["step"] == 4
+    w7 = load_file(str(out / "model.safetensors"))
+    assert any(not torch.equal(w_a[k], w7[k]) for k in w_a)
+    opt = load_file(str(ck / "phase2" / "optimizer.safetensors"))
     assert any(k.endswith("::exp_avg_sq") for k in opt)
     # the exported folder is a loadable zoo model
     monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path / "models")
     assert zoo.available() == ["tiny"]
     loaded = zoo.load("tiny")
     ref = zoo_train.new_model(tiny, loaded.tokenizer)
-    ref.load_state_dict(w5, strict=False)
+    ref.load_state_dict(w7, strict=False)
     ref.eval()
     toks = loaded.to_tokens(["12+30=", "99-7="])
     with torch.no_grad():
         assert torch.allclose(loaded(toks), ref(toks), atol=1e-5)
     assert loaded.cfg.n_key_value_heads == (2 if base == "arith-llama" else None)
+
+
+def test_grown_vocabulary_keeps_shared_rows():
+    """A checkpoint with a shorter vocabulary (565 tokens, before 'the') fills the shared rows/columns."""
+    cfg = zoo_train.get_config("arith-gpt2")
+    import dataclasses
+
+    small = dataclasses.replace(cfg, n_layers=1, d_model=32, d_head=8, d_mlp=32)
+    tok = zoo_train.build_tokenizer()
+    model = zoo_train.new_model(small, tok)
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    old = {"embed.W_E": torch.randn(len(tok) - 1, 32), "unembed.W_U": torch.randn(32, len(tok) - 1)}
+    zoo_train._load_weights(model, old, "test")
+    assert torch.equal(model.embed.W_E[:-1], old["embed.W_E"]) and torch.equal(model.embed.W_E[-1], own["embed.W_E"][-1])
+    assert torch.equal(model.unembed.W_U[:, :-1], old["unembed.W_U"])
+    with pytest.raises(ValueError, match="embed.W_E has shape"):
+        zoo_train._load_weights(model, {"embed.W_E": torch.randn(len(tok) + 1, 32)}, "test")
 
 
 @pytest.mark.parametrize("task", ["add_sub", "instruction_sub", "python_add", "word_problem_sub"])
