@@ -55,15 +55,15 @@ class PlantedConfig:
     name: str = NAME
     base: str = "arith-gpt2"
     planted: dict[str, list[int]] = field(default_factory=lambda: {"self_all": [0, 1, 2, 5], "last_full": [3, 4]})
-    steps: int = 650
-    batch_size: int = 512
-    lr: float = 2e-3
+    steps: int = 1000
+    batch_size: int = 256
+    lr: float = 3e-4
     min_lr_frac: float = 0.05
-    warmup: int = 30
+    warmup: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
-    eval_every: int = 50
+    eval_every: int = 100
     eval_n: int = 200
     stop_at: float = 0.95
     max_wall_s: float = 1800.0
@@ -241,8 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/arith-gpt2-af1)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--max-wall-s", type=float, default=CONFIG.max_wall_s, help="stop after this many seconds")
+    p.add_argument("--steps", type=int, default=CONFIG.steps, help="optimisation steps (cosine schedule length)")
+    p.add_argument("--batch-size", type=int, default=CONFIG.batch_size, help="prompts per step (one task)")
+    p.add_argument("--lr", type=float, default=CONFIG.lr, help="peak learning rate")
+    p.add_argument("--eval-every", type=int, default=CONFIG.eval_every, help="steps between held-out evaluations")
     args = p.parse_args(argv)
-    cfg = dataclasses.replace(CONFIG, max_wall_s=args.max_wall_s)
+    cfg = dataclasses.replace(CONFIG, max_wall_s=args.max_wall_s, steps=args.steps, batch_size=args.batch_size,
+                              lr=args.lr, eval_every=args.eval_every)
     card = train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.fresh)
     print(json.dumps(card["frozen_accuracy"], indent=1))
     return 0

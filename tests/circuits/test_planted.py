@@ -95,7 +95,7 @@ def test_search_recovers_planted_structure(af1_model):
     from circuits.loading import prepare_prompts
     from circuits.search import search_af1
 
-    p = prepare_prompts(af1_model, "add", 60, seed=0, min_prompts=40)
+    p = prepare_prompts(af1_model, "add", 60, seed=0, oversample=20, min_prompts=10)
     res = search_af1(af1_model, p.tokens, p.answers, grid="full", progress=False, n_boot=100)
     f = res.faithfulness_map()
     assert res.selected is not None and res.selected.config == (2, 2), res.table()
