@@ -90,6 +90,7 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
 
     cfg_kwargs = json.loads((folder / "config.json").read_text())
     cfg_kwargs["device"] = device
+    planted = cfg_kwargs.pop("planted", None)  # a planted attention mask (circuits.zoo.planted)
     cfg = HookedTransformerConfig(**cfg_kwargs)
     tokenizer = load_tokenizer(folder / "tokenizer.json")
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
@@ -100,4 +101,8 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
         raise ValueError(f"weights of {name!r} do not fit its config: missing {missing}, unexpected {unexpected}")
     model.to(torch.device(device))
     model.eval()
+    if planted is not None:
+        from circuits.zoo.planted import attach_planted_mask
+
+        attach_planted_mask(model, planted)
     return model
