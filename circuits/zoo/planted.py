@@ -132,7 +132,6 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     ``models/<name>``). Checkpoints (safetensors) go to ``ckpt_dir`` (default ``runs/zoo/<name>``) and
     are resumed with ``resume``. Returns the card dict."""
     import torch
-    import torch.nn.functional as F
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
@@ -180,13 +179,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
             g["lr"] = _lr(step, cfg)
         toks, ans = _task_batch(train_data[step % len(train_data)], step, cfg)
         toks, ans = torch.from_numpy(toks), torch.from_numpy(ans)
-        resid = model(toks, stop_at_layer=model.cfg.n_layers)[:, -1:]
-        logits = model.unembed(model.ln_final(resid))[:, 0]
-        loss = F.cross_entropy(logits, ans)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        loss = _train.optimizer_step(model, opt, toks, ans, cfg.grad_clip)
         step += 1
         bar.update(1)
         state["step"], state["wall_s"] = step, time.time() - t0

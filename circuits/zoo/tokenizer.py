@@ -8,7 +8,6 @@ maps to ``<unk>``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 MAX_NUMBER = 520

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from circuits import tasks as _tasks
-from circuits.zoo.tokenizer import MAX_NUMBER, build_tokenizer, save_tokenizer, vocabulary
+from circuits.zoo.tokenizer import MAX_NUMBER, build_tokenizer, save_tokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 ORIGINAL_TASKS = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
@@ -408,6 +408,23 @@ def _phase_done(state: dict, cfg: TrainConfig) -> bool:
     return state["step"] >= cfg.steps or bool(state.get("stopped_early"))
 
 
+def optimizer_step(model, opt, tokens, answers, grad_clip: float, last=None) -> "torch.Tensor":
+    """One optimiser step on the cross-entropy of ``answers`` predicted at index ``last`` of each row
+    (``None``: the final position). Only that position is normed and unembedded. Returns the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    resid = model(tokens, stop_at_layer=model.cfg.n_layers)
+    resid = resid[:, -1] if last is None else resid[torch.arange(len(last)), last]
+    logits = model.unembed(model.ln_final(resid[:, None]))[:, 0]
+    loss = F.cross_entropy(logits, answers)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return loss
+
+
 def train(name: str, out_dir: str | Path | None = None, resume: bool = True, steps: int | None = None,
           ckpt_dir: str | Path | None = None, threads: int | None = 2, progress: bool = True,
           export_model: bool = True) -> dict:
@@ -448,7 +465,6 @@ def _run_phase(model, cfg: TrainConfig, ckpt_dir: Path, resume: bool, progress: 
     """Run (or load, if finished) one phase on ``model`` in place; returns the phase's state dict
     (step, wall_s, history, threads, d_vocab)."""
     import torch
-    import torch.nn.functional as F
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
@@ -498,14 +514,7 @@ def _run_phase(model, cfg: TrainConfig, ckpt_dir: Path, resume: bool, progress: 
             g["lr"] = lr_at(step, cfg)
         toks, last, ans = sample_batch(train_data, step, cfg, tokenizer.pad_token_id)
         toks, last, ans = map(torch.from_numpy, (toks, last, ans))
-        # Unembed only the last position: the blocks run on every position, LN/unembed on one.
-        resid = model(toks, stop_at_layer=model.cfg.n_layers)[torch.arange(len(last)), last]
-        logits = model.unembed(model.ln_final(resid[:, None]))[:, 0]
-        loss = F.cross_entropy(logits, ans)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        loss = optimizer_step(model, opt, toks, ans, cfg.grad_clip, last=last)
         step += 1
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.steps:
