@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
@@ -83,9 +83,11 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
         from interventions import bridge_from_hooked_state
 
         cfg_dict = json.loads((folder / "config.json").read_text())
+        planted = cfg_dict.pop("planted", None)
         state = load_file(str(folder / "model.safetensors"))
         model = bridge_from_hooked_state(cfg_dict, state, load_tokenizer(folder / "tokenizer.json"))
-        return model.to(torch.device(device)).eval()
+        model = model.to(torch.device(device)).eval()
+        return _with_planted_mask(model, planted)
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg_kwargs = json.loads((folder / "config.json").read_text())
@@ -101,6 +103,11 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
         raise ValueError(f"weights of {name!r} do not fit its config: missing {missing}, unexpected {unexpected}")
     model.to(torch.device(device))
     model.eval()
+    return _with_planted_mask(model, planted)
+
+
+def _with_planted_mask(model: Any, planted: dict | None) -> Any:
+    """Attach the planted attention mask recorded in a model's config (``circuits.zoo.planted``)."""
     if planted is not None:
         from circuits.zoo.planted import attach_planted_mask
 

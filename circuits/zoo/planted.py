@@ -103,11 +103,12 @@ def attach_planted_mask(model: Any, spec: dict) -> Any:
     import interventions as iv
 
     check_spec(spec, model.cfg.n_layers)
-    info = iv.adapt(model).info
+    adapter = iv.adapt(model)
+    info = adapter.info
     for peek in planted_peeks(spec):
         peek.validate(info)
         for name, body in peek.hooks(None, info):
-            model.add_hook(name, body, is_permanent=True)
+            adapter.hook_point(name).add_hook(body, dir="fwd", is_permanent=True)
     return model
 
 
