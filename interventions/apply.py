@@ -51,7 +51,7 @@ def apply(
 
     ctx = ForwardContext(tokens)
     level = new_hook_level()
-    fired: list[list[int]] = []
+    fired: list[list[int]] = []  # per intervention: [times any of its hooks fired, hooks it added]
     names: list[str] = []
     handles = []
 
@@ -82,11 +82,12 @@ def apply(
         if any(item.uses_tokens for item in items):
             handles.append(ad.token_module().register_forward_pre_hook(on_embed, with_kwargs=True))
         for item in items:
-            slot = [0]
+            slot = [0, 0]
             fired.append(slot)
             for name, body in item.hooks(ctx, ad.info):
                 ad.add_hook(name, count(body, slot), level)
                 names.append(name)
+                slot[1] += 1
         yield model
     finally:
         ad.remove_hooks(names, level)
@@ -94,17 +95,13 @@ def apply(
             handle.remove()
 
     if check_fired and ctx.n_forwards > 0:
-        silent = [repr(item) for item, slot in zip(items, fired) if slot[0] == 0 and item_has_hooks(item, ad)]
+        silent = [repr(item) for item, (n_fired, n_hooks) in zip(items, fired) if n_hooks and not n_fired]
         if silent:
             raise InterventionNotAppliedError(
                 f"{len(silent)} intervention(s) never fired during {ctx.n_forwards} forward pass(es) and "
                 f"silently did nothing: {'; '.join(silent)}. (A forward pass that stops early, e.g. "
                 f"stop_at_layer, skips later hooks: pass check_fired=False if that is intended.)"
             )
-
-
-def item_has_hooks(item: Intervention, ad: ModelAdapter) -> bool:
-    return bool(item.hooks(ForwardContext(), ad.info))
 
 
 def run(
