@@ -33,6 +33,11 @@ Two evaluation methods give the same numbers:
   the last token (its ablated state is a cached mean, a constant or an embedding) and BOS: one prompt per
   distinct last token is evaluated.
 
+Both backends run the fast method through ``interventions.adapt(model).run_from`` (blocks from a given
+residual). ``tail="last"`` and the rotary re-rotation of ``tail="pair"`` read HookedTransformer's
+key-value cache and rotary tables, so a ``TransformerBridge`` uses ``tail="pair"`` for learned absolute
+positions and ``tail="full"`` for rotary ones (same numbers, more work per tail).
+
 ``grid="full"`` evaluates every configuration; ``grid="auto"`` scans waits from the largest down,
 each with transfers from 0 upward, stops a wait at its first sufficient transfer and stops descending
 after the first wait that has one. Faithfulness need not be monotone in ``transfer``, but the rule only
@@ -45,7 +50,6 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
@@ -313,35 +317,49 @@ class FastEvaluator(_Evaluator):
         if bool((self.tokens[:, 0] != self.tokens[0, 0]).any()):
             raise ValueError("position 0 must hold the same token (BOS) in every prompt")
         exact = two_position_exact(model.cfg)
-        self.tail = ("last" if exact else "full") if tail is None else tail
+        self.rotary = getattr(model.cfg, "positional_embedding_type", None) == "rotary"
+        ad = self.adapter = iv.adapt(model)
+        hooked = ad.backend == "hooked"
+        # "last" reads HookedTransformer's key-value cache and "pair" with rotary positions its rotary
+        # tables; a bridge gets "pair" where positions live in the residual, "full" otherwise.
+        default = "last" if hooked else ("pair" if not self.rotary else "full")
+        self.tail = (default if exact else "full") if tail is None else tail
         check_choice("tail", self.tail, self.TAILS)
         if self.tail != "full" and not exact:
             raise ValueError(f"tail={self.tail!r} is not exact for this model's positions: use tail='full'")
-        self.rotary = getattr(model.cfg, "positional_embedding_type", None) == "rotary"
-        ad = iv.adapt(model)
+        if not hooked and (self.tail == "last" or (self.tail == "pair" and self.rotary)):
+            raise ValueError(
+                f"tail={self.tail!r} on this {ad.backend} model needs HookedTransformer internals (its "
+                f"key-value cache{'' if self.tail == 'last' else ' and rotary tables'}): use "
+                f"tail={'pair' if not self.rotary else 'full'!r} or leave tail=None")
         self.device, self.dtype = ad.device(), ad.dtype()
-        # The model's own BOS state, key and value in every block. BOS attends only to itself (also
-        # under every AF1 intervention), so they are the same in every prompt and configuration. The
-        # keys and values are taken from TransformerLens's own key-value cache of a BOS-only pass, i.e.
-        # exactly as attention stores them (after any q/k norm or clipping, before rotary).
-        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
+        # The model's own BOS state (and, for tail="last", its key and value) in every block. BOS
+        # attends only to itself (also under every AF1 intervention), so they are the same in every
+        # prompt and configuration. The keys and values are taken from TransformerLens's own key-value
+        # cache of a BOS-only pass, i.e. exactly as attention stores them (after any q/k norm or
+        # clipping, before rotary).
         bos: list[torch.Tensor] = []
         level = iv.adapter.new_hook_level()
         names = [iv.adapter.resid_post(i) for i in range(self.n_layers)]
         for name in names:
             ad.add_hook(name, lambda act, hook=None: bos.append(act[0, 0].detach().clone()), level)
-        kv_cache = TransformerLensKeyValueCache.init_cache(model.cfg, self.device, batch_size=1)
+        bos_tok = self.tokens[:1, :1].to(self.device)
         try:
             with torch.inference_mode():
-                bos_tok = self.tokens[:1, :1].to(self.device)
-                self.model(bos_tok, past_kv_cache=kv_cache, attention_mask=torch.ones_like(bos_tok), return_type=None)
+                if self.tail == "last":
+                    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+                    kv_cache = TransformerLensKeyValueCache.init_cache(model.cfg, self.device, batch_size=1)
+                    self.model(bos_tok, past_kv_cache=kv_cache, attention_mask=torch.ones_like(bos_tok),
+                               return_type=None)
+                    self.bos_k = [e.past_keys[0, 0].clone() for e in kv_cache.entries]  # [n_kv_heads, d_head]
+                    self.bos_v = [e.past_values[0, 0].clone() for e in kv_cache.entries]
+                else:
+                    ad.run_to_resid(bos_tok)
                 self.passes += 1
         finally:
             ad.remove_hooks(names, level)
         self.bos = torch.stack(bos)  # [n_layers, d_model]
-        self.bos_k = [e.past_keys[0, 0].clone() for e in kv_cache.entries]  # [n_kv_heads, d_head] each
-        self.bos_v = [e.past_values[0, 0].clone() for e in kv_cache.entries]
         self.entry_idx = (
             self.cache.entry_index(self.tokens) if (self.cache is not None and self.ablation == "cama") else None
         )
@@ -354,7 +372,7 @@ class FastEvaluator(_Evaluator):
         toks = self.tokens[sl].to(self.device)
         if wait < 0:
             self.passes += 1
-            return self.model(toks, stop_at_layer=0)
+            return self.adapter.embed(toks)
         b = toks.shape[0]
         resid = torch.empty(b, self.n_pos, self.bos.shape[-1], device=self.device, dtype=self.dtype)
         resid[:, 0] = self.bos[wait]
@@ -379,7 +397,7 @@ class FastEvaluator(_Evaluator):
         peek = [iv.Peek([layer], mode="self", queries="others")]
         for i, resid in enumerate(self._states):
             with iv.apply(self.model, peek, check_fired=True):
-                self._states[i] = self.model(resid, start_at_layer=layer, stop_at_layer=layer + 1)
+                self._states[i] = self.adapter.run_from(resid, layer, layer + 1)
             self.passes += 1
         self._depth += 1
 
@@ -411,11 +429,11 @@ class FastEvaluator(_Evaluator):
         """Last-position logits after blocks ``start..n_layers-1`` with every token self-peeking."""
         self.passes += 1
         if start >= self.n_layers:
-            return self.model(resid[:, -1:], start_at_layer=self.n_layers)[:, -1].float()
+            return self.adapter.run_from(resid[:, -1:], self.n_layers)[:, -1].float()
         layers = list(range(start, self.n_layers))
         if self.tail == "full":
             with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
-                return self.model(resid, start_at_layer=start)[:, -1].float()
+                return self.adapter.run_from(resid, start)[:, -1].float()
         # With only BOS and the last token "self peek" is the ordinary causal row: no mask is needed.
         if self.tail == "pair":
             x, kv = resid[:, [0, self.n_pos - 1]], None
@@ -432,6 +450,8 @@ class FastEvaluator(_Evaluator):
                 )
             x = resid[:, -1:]
         shift = self.n_pos - 2  # the last token sits at position 1 in these passes, truly at n_pos-1
+        if kv is None and (not self.rotary or shift == 0):
+            return self.adapter.run_from(x, start)[:, -1].float()
         if not self.rotary or shift == 0:
             return self.model(x, start_at_layer=start, past_kv_cache=kv)[:, -1].float()
         with _rotary_shift(self.model, layers, shift):
@@ -628,15 +648,6 @@ def search_af1(
             else:
                 cache.source = str(target)
 
-    if method == "fast" and iv.adapt(model).backend != "hooked":
-        # The fast evaluator reads HookedTransformer internals (key-value cache, rotary tables).
-        warnings.warn(
-            f"search_af1: the fast evaluator supports HookedTransformer models only; evaluating this "
-            f"{iv.adapt(model).backend} model with method='naive' (same numbers, one full pass per "
-            f"configuration)",
-            stacklevel=2,
-        )
-        method = "naive"
     evaluator_cls = FastEvaluator if method == "fast" else NaiveEvaluator
     evaluator = evaluator_cls(model, tokens, answers, cache, ablation, batch_size)
     counts = {"evaluated": 0, "resumed": 0}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
+from jaxtyping import Float, Int
 
 from .types import InterventionError
 
@@ -192,6 +193,25 @@ class ModelAdapter:
         """Run every block but skip the final norm and unembedding (saves the vocab projection)."""
         return self.model(tokens, stop_at_layer=self.info.n_layers)
 
+    def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The residual entering block 0 (``blocks.0.hook_resid_pre``: token plus any absolute position
+        embedding)."""
+        return self.model(tokens, stop_at_layer=0)
+
+    def run_from(
+        self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None = None
+    ) -> torch.Tensor:
+        """Run blocks ``start .. stop-1`` (0-indexed) on ``resid``, the residual entering block ``start``
+        (``start = n_layers``: none). ``stop=None``: continue through the final norm and unembedding and
+        return logits ``[batch, pos, d_vocab]``; otherwise return the residual entering block ``stop``
+        (``[batch, pos, d_model]``, ``start < stop <= n_layers``). Hooks (and so interventions) in the
+        blocks that run fire as in a full pass, ``blocks.{start}.hook_resid_pre`` included (it sees
+        ``resid``); hooks of earlier blocks may fire on some backends but never change the result.
+        Position ``p`` of ``resid`` is treated as position ``p``.
+        """
+        check_block_range(self.info.n_layers, start, stop)
+        return self.model(resid, start_at_layer=start, stop_at_layer=stop)
+
     def device(self) -> torch.device:
         return self.embedding_matrix().device
 
@@ -200,6 +220,14 @@ class ModelAdapter:
 
 
 # --- edit verification ---------------------------------------------------------------------------
+def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
+    """``ValueError`` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <= n_layers``)."""
+    if not 0 <= start <= n_layers:
+        raise ValueError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
+    if stop is not None and not start < stop <= n_layers:
+        raise ValueError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
+
+
 def _self_only(pattern: torch.Tensor) -> torch.Tensor:
     n_q, n_k = pattern.shape[-2:]
     return torch.eye(n_q, n_k, dtype=pattern.dtype, device=pattern.device).expand_as(pattern).clone()

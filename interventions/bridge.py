@@ -33,9 +33,9 @@ import sys
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 
-from .adapter import ModelAdapter, new_hook_level, register_backend, resid_post
+from .adapter import ModelAdapter, check_block_range, new_hook_level, register_backend, resid_post, resid_pre
 
 ARCHES = ("gpt2", "neox", "gptj", "llama")
 """Architecture shapes :func:`bridge_from_hooked_state` converts (GPT-J-shaped models use the NeoX class)."""
@@ -81,20 +81,65 @@ class BridgeAdapter(ModelAdapter):
         (A bridge's ``stop_at_layer=n_layers`` still runs the unembedding, so a hook on the last
         ``hook_resid_post`` ends the pass; it is added after any hook already there, which still runs.)
         """
-        name = resid_post(self.info.n_layers - 1)
+        return self._run(lambda: self.model(tokens), exit_name=resid_post(self.info.n_layers - 1))
+
+    def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        return self._run(lambda: self.model(tokens), exit_name=resid_pre(0))
+
+    def run_from(
+        self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None = None
+    ) -> torch.Tensor:
+        """As :meth:`ModelAdapter.run_from`. TransformerLens 4.x bridges start natively
+        (``start_at_layer``); the 3.9 bridge does not, so there a pass over placeholder token ids has
+        the residual entering block ``start`` replaced by ``resid`` (the blocks before it run on the
+        placeholders: wasted work, no effect on the result)."""
+        n = self.info.n_layers
+        check_block_range(n, start, stop)
+        exit_name = None if stop is None else (resid_pre(stop) if stop < n else resid_post(n - 1))
+        if start < n and native_start_at_layer():
+            return self._run(lambda: self.model(resid, start_at_layer=start), exit_name=exit_name)
+        entry = resid_pre(start) if start < n else resid_post(n - 1)
+        placeholder = torch.zeros(resid.shape[:2], dtype=torch.long, device=resid.device)
+        return self._run(lambda: self.model(placeholder), exit_name=exit_name, entry=(entry, resid))
+
+    def _run(self, forward: Any, exit_name: str | None = None,
+             entry: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """``forward()``, with the activation at ``entry[0]`` replaced by ``entry[1]`` and the pass ended
+        at ``exit_name`` (whose activation, after every hook already there, is returned)."""
+        level = new_hook_level()
+        added: list[str] = []
+
+        def put(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            return entry[1].to(act.dtype)
 
         def stop(act: torch.Tensor, hook: Any = None) -> None:
             raise _StopForward(act)
 
-        level = new_hook_level()
-        self.hook_point(name).add_hook(stop, dir="fwd", level=level)
         try:
-            self.model(tokens)
+            if entry is not None:
+                # first at that point, so hooks already there see (and may edit) ``entry[1]``
+                self.hook_point(entry[0]).add_hook(put, dir="fwd", level=level, prepend=True)
+                added.append(entry[0])
+            if exit_name is not None:
+                self.hook_point(exit_name).add_hook(stop, dir="fwd", level=level)
+                added.append(exit_name)
+            out = forward()
         except _StopForward as done:
             return done.activation
         finally:
-            self.hook_point(name).remove_hooks("fwd", level=level)
-        raise RuntimeError(f"the forward pass of {type(self.model).__name__} never reached {name}")
+            for name in dict.fromkeys(added):
+                self.hook_point(name).remove_hooks("fwd", level=level)
+        if exit_name is not None:
+            raise RuntimeError(f"the forward pass of {type(self.model).__name__} never reached {exit_name}")
+        return out
+
+
+def native_start_at_layer() -> bool:
+    """Whether ``TransformerBridge.forward`` honours ``start_at_layer`` (TransformerLens 4.x; the 3.9
+    preview raises ``NotImplementedError``)."""
+    import importlib.metadata
+
+    return int(importlib.metadata.version("transformer-lens").split(".")[0]) >= 4
 
 
 def is_bridge(model: Any) -> bool:

@@ -1,7 +1,6 @@
-"""The analyses in ``circuits`` (search, pruning, lens, commands) are tested on the HookedTransformer
-backend. The interventions they build on are tested on both backends (``tests/interventions``); the
-search's fast evaluator uses HookedTransformer internals (its key-value cache and rotary tables), so
-on TransformerBridge models it falls back to full passes (tested in test_search.py).
+"""Most analyses in ``circuits`` (pruning, lens, commands) are tested on the HookedTransformer backend;
+the search (``test_search.py``, its own ``model`` fixture) runs on every available backend, and the
+interventions they all build on are tested on both backends (``tests/interventions``).
 
 This ``model`` fixture is its own definition (not an override of ``backend``): a session fixture
 shared with ``tests/interventions`` would keep a cached model across the two directories."""

@@ -1,4 +1,7 @@
-"""AF1 search: fast == naive, selection rule == brute force, auto grid == full grid, outputs, errors."""
+"""AF1 search: fast == naive, selection rule == brute force, auto grid == full grid, outputs, errors.
+
+The evaluator and search tests run on every backend this TransformerLens offers (``hooked`` and
+``bridge`` on 3.9, ``bridge`` on 4.x)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,21 @@ import interventions as iv
 from circuits import search as S
 from circuits.faithfulness import faithfulness
 from circuits.runs import RunMismatchError
-from tests.conftest import build_hooked, random_tokens
+from tests.conftest import BACKENDS, build_hooked, build_model, needs_hooked, random_tokens
 
 N_LAYERS = 4
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def search_backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(arch, search_backend):
+    """A tiny random model of ``arch`` on ``search_backend`` (same weights on both backends)."""
+    torch.manual_seed(0)
+    return build_model(arch, search_backend)
 
 
 def own_answers(model, tokens):
@@ -67,6 +82,7 @@ def test_naive_evaluator_matches_faithfulness_module(model, data):
         assert int(correct.sum()) == ref.n_faithful
 
 
+@needs_hooked
 def test_two_position_tail_needs_the_rotary_shift():
     """Without re-rotating the last position the two-position tail is wrong: the shift is not a no-op."""
     model = build_hooked("llama")
@@ -85,6 +101,10 @@ def test_two_position_tail_needs_the_rotary_shift():
 def test_other_tails_also_exact(model, data, tail):
     """The tail variants: [BOS, last] pairs, and every position (the fallback for other position schemes)."""
     tokens, answers, cache = data
+    if iv.adapt(model).backend != "hooked" and tail == "pair" and model.cfg.positional_embedding_type == "rotary":
+        with pytest.raises(ValueError, match="needs HookedTransformer internals.*tail='full'"):
+            S.FastEvaluator(model, tokens, answers, cache, "cama", 16, tail=tail)
+        return
     fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 16, tail=tail)
     naive = S.NaiveEvaluator(model, tokens, answers, cache, "cama", 16)
     for w, t in [(-1, 2), (0, 0), (2, 1)]:
@@ -213,7 +233,7 @@ def test_bad_inputs_raise(data, model):
 
 # --- output directory -----------------------------------------------------------------------------
 def small_case():
-    model = build_hooked("gpt2")
+    model = build_model("gpt2", BACKENDS[0])
     tokens = random_tokens(32, 6, seed=7, values=5)
     return model, tokens, own_answers(model, tokens)
 
@@ -305,18 +325,31 @@ def test_given_cache_is_part_of_the_identity(tmp_path):
         S.search_af1(model, tokens, answers, cache=other, threshold=0.5, out_dir=out, progress=False, n_boot=10)
 
 
-def test_bridge_model_falls_back_to_the_naive_evaluator_with_equal_numbers():
-    """On a TransformerBridge the search warns and evaluates with full passes; numbers equal the
-    HookedTransformer twin's."""
+def test_bridge_evaluator_refuses_hooked_only_tails():
     from tests.conftest import build_bridge
 
-    hooked, bridge = build_hooked("llama"), build_bridge("llama")
+    bridge = build_bridge("llama")
+    tokens = random_tokens(8, 6, seed=5, values=5)
+    answers = own_answers(bridge, tokens)
+    assert S.FastEvaluator(bridge, tokens, answers, None, "zero", 8).tail == "full"
+    with pytest.raises(ValueError, match="tail='last'.*key-value cache.*use tail='full'"):
+        S.FastEvaluator(bridge, tokens, answers, None, "zero", 8, tail="last")
+
+
+@needs_hooked
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_bridge_search_equals_hooked_search(arch):
+    """The fast search on a TransformerBridge gives the numbers of its HookedTransformer twin."""
+    from tests.conftest import build_bridge
+
+    hooked, bridge = build_hooked(arch), build_bridge(arch)
     tokens = random_tokens(24, 6, seed=5, values=5)
     answers = own_answers(hooked, tokens)
     ref = S.search_af1(hooked, tokens, answers, grid="full", progress=False, n_boot=50)
-    with pytest.warns(UserWarning, match="method='naive'"):
-        got = S.search_af1(bridge, tokens, answers, grid="full", progress=False, n_boot=50)
-    assert got.method == "naive"
+    got = S.search_af1(bridge, tokens, answers, grid="full", progress=False, n_boot=50)
+    assert got.method == ref.method == "fast"
     assert {(r.wait, r.transfer): r.n_faithful for r in got.results} == {
         (r.wait, r.transfer): r.n_faithful for r in ref.results
     }
+    for a, b in zip(got.results, ref.results):
+        assert a.mean_logit_diff == pytest.approx(b.mean_logit_diff, abs=1e-4)

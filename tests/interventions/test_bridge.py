@@ -54,6 +54,47 @@ def test_run_to_resid_is_the_last_residual(model):
     torch.testing.assert_close(resid, acts[f"blocks.{N_LAYERS - 1}.hook_resid_post"], atol=1e-6, rtol=0)
 
 
+def test_embed_and_run_from_reproduce_the_full_pass(model):
+    """``embed`` is the residual entering block 0; ``run_from(resid, start, stop)`` continued from the
+    cached residual entering ``start`` gives the cached residual entering ``stop``, or the logits."""
+    tokens = random_tokens(3, 6, seed=52)
+    logits, acts = model.run_with_cache(tokens)
+    ad = iv.adapt(model)
+
+    def entering(k):
+        return acts[f"blocks.{k}.hook_resid_pre"] if k < N_LAYERS else acts[f"blocks.{N_LAYERS - 1}.hook_resid_post"]
+
+    torch.testing.assert_close(ad.embed(tokens), entering(0), atol=1e-6, rtol=0)
+    for start in range(N_LAYERS + 1):
+        torch.testing.assert_close(ad.run_from(entering(start), start), logits, atol=1e-5, rtol=0)
+        for stop in range(start + 1, N_LAYERS + 1):
+            torch.testing.assert_close(ad.run_from(entering(start), start, stop), entering(stop), atol=1e-5, rtol=0)
+    # not a pass-through: a different residual entering block 2 gives different logits
+    assert (ad.run_from(entering(1), 2) - logits).abs().max() > 1e-2
+    with pytest.raises(ValueError, match=r"stop=2 must satisfy start < stop <= 4 \(start=2\)"):
+        ad.run_from(entering(2), 2, 2)
+    with pytest.raises(ValueError, match=r"start=5 is outside 0\.\.4"):
+        ad.run_from(entering(2), 5)
+
+
+def test_run_from_fires_the_hooks_of_the_blocks_it_runs(model):
+    """An intervention in a block after ``start`` takes effect; one before it never fires."""
+    tokens = random_tokens(3, 6, seed=53)
+    _, acts = model.run_with_cache(tokens, names_filter="blocks.2.hook_resid_pre")
+    ad = iv.adapt(model)
+    plain = ad.run_from(acts["blocks.2.hook_resid_pre"], 2)
+    with iv.apply(model, [iv.Peek([3], mode="self", queries="all")]):
+        peeked = ad.run_from(acts["blocks.2.hook_resid_pre"], 2)
+    assert (peeked - plain).abs().max() > 1e-3
+    # a hook on the residual entering ``start`` sees (and edits) the given residual, as in a full pass
+    ad.add_hook("blocks.2.hook_resid_pre", lambda a, hook=None: torch.zeros_like(a), level=99)
+    try:
+        zeroed = ad.run_from(acts["blocks.2.hook_resid_pre"], 2)
+    finally:
+        ad.remove_hooks(["blocks.2.hook_resid_pre"], level=99)
+    torch.testing.assert_close(zeroed, ad.run_from(torch.zeros_like(acts["blocks.2.hook_resid_pre"]), 2))
+
+
 def test_token_module_sees_the_token_ids(model):
     tokens = random_tokens(2, 5, seed=51)
     seen = []
