@@ -1,7 +1,7 @@
 # Two entry points: `make demo` (main job on the embedded default model) and `make test`.
 # `demo` runs in .venv (TransformerLens 3.9). `test` runs the whole suite in .venv, where the
 # interventions are tested on both backends (HookedTransformer and TransformerBridge) against each
-# other, then the intervention and search tests in .venv-tl4 (TransformerLens 4.x, TransformerBridge only). Each venv is created on first use and reinstalled
+# other, then the intervention and analysis tests in .venv-tl4 (TransformerLens 4.x, TransformerBridge only). Each venv is created on first use and reinstalled
 # when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -35,4 +35,4 @@ demo: $(STAMP)
 
 test: $(STAMP) $(STAMP4)
 	$(VENV)/bin/python -m pytest -q
-	$(VENV4)/bin/python -m pytest -q tests/interventions tests/circuits/test_search.py
+	$(VENV4)/bin/python -m pytest -q tests/interventions tests/circuits

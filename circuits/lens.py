@@ -169,6 +169,28 @@ def sublayer_hooks(model: Any, layer: int) -> dict[str, tuple[str, ...]]:
     return {"attn": (resid_mid(layer),), "mlp": (resid_post(layer),)}
 
 
+def capture_last(ad: ModelAdapter, names: Sequence[str], forward: Any) -> dict[str, torch.Tensor]:
+    """Run ``forward()`` with hooks copying the last position (``act[:, -1]``) of each hook in
+    ``names``; returns ``{name: [batch, ...]}`` for the hooks that fired, keyed by the names asked for
+    (a bridge's hook point may carry its own, aliased name)."""
+    store: dict[str, torch.Tensor] = {}
+
+    def grabber(name: str) -> Any:
+        def grab(act: torch.Tensor, hook: Any = None) -> None:
+            store[name] = act[:, -1].detach().clone()
+
+        return grab
+
+    level = new_hook_level()
+    try:
+        for name in names:
+            ad.add_hook(name, grabber(name), level)
+        forward()
+    finally:
+        ad.remove_hooks(list(names), level)
+    return store
+
+
 @torch.inference_mode()
 def lens_states(
     model: Any, tokens: Int[torch.Tensor, "batch pos"], layers: Sequence[int] | None = None
@@ -184,18 +206,7 @@ def lens_states(
         ad.info.check_layer(layer)
     plan = {(layer, sub): names for layer in layers for sub, names in sublayer_hooks(model, layer).items()}
     names = sorted({n for ns in plan.values() for n in ns})
-    store: dict[str, torch.Tensor] = {}
-
-    def grab(act: torch.Tensor, hook: Any = None) -> None:
-        store[hook.name] = act[:, -1].detach().clone()
-
-    level = new_hook_level()
-    try:
-        for name in names:
-            ad.add_hook(name, grab, level)
-        ad.run_to_resid(tokens)
-    finally:
-        ad.remove_hooks(names, level)
+    store = capture_last(ad, names, lambda: ad.run_to_resid(tokens))
     missing = [n for n in names if n not in store]
     if missing:
         raise RuntimeError(f"hooks {missing} did not fire: this architecture is not supported by the lens")
@@ -734,18 +745,7 @@ def interchange(
                       disable=not progress):
         sl = slice(start, start + batch_size)
         toks, ctoks, ans = tokens[sl].to(device), counter_tokens[sl].to(device), answers[sl].to(device)
-        store: dict[str, torch.Tensor] = {}
-
-        def grab(act: torch.Tensor, hook: Any = None) -> None:
-            store[hook.name] = act[:, -1].detach().clone()
-
-        level = new_hook_level()
-        try:
-            for n in names:
-                ad.add_hook(n, grab, level)
-            model(ctoks)
-        finally:
-            ad.remove_hooks(names, level)
+        store = capture_last(ad, names, lambda: model(ctoks))
         logits = model(toks)[:, -1].float()
         clean.append(logits.softmax(-1).gather(-1, ans[:, None])[:, 0].cpu())
         bp, bt, bcp, bct = [], [], [], []

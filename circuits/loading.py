@@ -1,8 +1,9 @@
 """Loading a model by name and building the evaluation prompts of a task (shared by the commands).
 
 * :func:`load_model`: a zoo model (``circuits.zoo``) by its name, otherwise a HuggingFace /
-  TransformerLens model name through ``HookedTransformer.from_pretrained`` (needs the weights locally or
-  network access; fails with a clear message otherwise).
+  TransformerLens model name through ``HookedTransformer.from_pretrained`` (3.x) or
+  ``TransformerBridge.boot_transformers`` + ``enable_compatibility_mode()`` (``backend="bridge"``, the
+  default on 4.x); needs the weights locally or network access, fails with a clear message otherwise.
 * :func:`prepare_prompts`: task prompts -> single-token answers -> prompts the model answers correctly
   -> one layout (token length; CAMA needs aligned positions) -> at most ``n_prompts`` of them.
 
@@ -70,31 +71,49 @@ def zoo_names() -> list[str]:
     return list(zoo.available())
 
 
-def load_model(name: str, device: str = "cpu") -> Any:
-    """The model called ``name`` on ``device``, in eval mode.
+def load_model(name: str, device: str = "cpu", backend: str | None = None) -> Any:
+    """The model called ``name`` on ``device``, in eval mode, on ``backend``.
 
-    A zoo name (``circuits.zoo.available()``) loads the embedded zoo model. Any other name is handed
-    to ``transformer_lens.HookedTransformer.from_pretrained`` (e.g. ``"gpt2"``,
-    ``"meta-llama/Meta-Llama-3-8B"``); that needs the weights in the local HuggingFace cache or network
-    access, and raises ``ValueError`` with the reason otherwise.
+    ``backend``: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x) or ``"bridge"``
+    (``TransformerBridge``); ``None`` picks ``"hooked"`` where it exists, else ``"bridge"`` (4.x).
+
+    A zoo name (``circuits.zoo.available()``) loads the embedded zoo model. Any other name is a
+    pretrained model (e.g. ``"gpt2"``, ``"meta-llama/Meta-Llama-3-8B"``): on ``"hooked"`` through
+    ``HookedTransformer.from_pretrained``; on ``"bridge"`` through
+    ``TransformerBridge.boot_transformers`` followed by ``enable_compatibility_mode()``, which applies
+    the weight processing of 3.9's ``from_pretrained`` (folded LayerNorm, centred weights) so that
+    logits and residual activations match it. Either needs the weights in the local Hugging Face cache
+    or network access, and raises ``ValueError`` with the reason otherwise.
     """
+    import interventions as iv
+
+    backend = iv.resolve_backend(backend)
     names = zoo_names()
     if name in names:
         from circuits import zoo
 
-        return zoo.load(name, device=device).eval()
+        return zoo.load(name, device=device, backend=backend).eval()
+    loader = ("HookedTransformer.from_pretrained" if backend == "hooked"
+              else "TransformerBridge.boot_transformers")
     try:
-        from transformer_lens import HookedTransformer
+        if backend == "hooked":
+            from transformer_lens import HookedTransformer
+
+            model = HookedTransformer.from_pretrained(name, device=device)
+        else:
+            from transformer_lens.model_bridge import TransformerBridge
+
+            model = TransformerBridge.boot_transformers(name, device=device)
+            model.enable_compatibility_mode()
     except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
-        raise ValueError(f"cannot load {name!r}: TransformerLens is not importable ({err})") from err
-    try:
-        model = HookedTransformer.from_pretrained(name, device=device)
+        raise ValueError(f"cannot load {name!r} on backend {backend!r}: {err}") from err
     except Exception as err:  # noqa: BLE001 - any failure becomes one clear user error
         zoo_hint = f"zoo models: {', '.join(names)}" if names else "the model zoo is not installed"
+        first = str(err).splitlines()[0] if str(err) else ""
         raise ValueError(
-            f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and "
-            f"HookedTransformer.from_pretrained failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            f"pretrained models need their weights in the local HuggingFace cache or network access"
+            f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and {loader} failed "
+            f"({type(err).__name__}: {first}); pretrained models need their weights in the local "
+            f"Hugging Face cache or network access"
         ) from err
     return model.eval()
 

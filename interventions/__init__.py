@@ -13,7 +13,7 @@ the 3.9 preview); see ``docs/backends.md``.
 """
 
 from .ablation import CAMA, MeanAblation, ZeroAblation
-from .adapter import ModelAdapter, ModelInfo, adapt, register_backend
+from .adapter import BACKENDS, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
 from .af1 import af1_subgraph
 from .apply import apply, run
 from .bridge import BridgeAdapter, bridge_from_hooked, bridge_from_hooked_state
@@ -24,6 +24,7 @@ from .peek import Peek, allowed_keys
 from .types import CacheMismatchError, InterventionError, InterventionNotAppliedError
 
 __all__ = [
+    "BACKENDS",
     "BridgeAdapter",
     "CAMA",
     "CacheMismatchError",
@@ -42,6 +43,7 @@ __all__ = [
     "af1_subgraph",
     "allowed_keys",
     "apply",
+    "resolve_backend",
     "bridge_from_hooked",
     "bridge_from_hooked_state",
     "register_backend",

@@ -351,6 +351,24 @@ def _problem_message(model: Any, name: str, users: str, warned: list[str]) -> st
 _BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []
 
 
+BACKENDS = ("hooked", "bridge")
+"""Backend names: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"`` (``TransformerBridge``)."""
+
+
+def resolve_backend(backend: str | None) -> str:
+    """``backend`` checked against :data:`BACKENDS`; ``None`` means ``"hooked"`` where this
+    TransformerLens still has ``HookedTransformer`` (3.x) and ``"bridge"`` otherwise (4.x)."""
+    if backend is None:
+        try:
+            from transformer_lens import HookedTransformer  # noqa: F401
+        except ImportError:  # TransformerLens 4.x
+            return "bridge"
+        return "hooked"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not valid: choose 'hooked' or 'bridge'")
+    return backend
+
+
 def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAdapter]) -> None:
     """Register an adapter class for models accepted by ``predicate`` (checked newest first)."""
     _BACKENDS.insert(0, (predicate, adapter_cls))

@@ -125,6 +125,11 @@ def build_model(arch: str, backend: str, **kwargs):
     raise ValueError(f"backend={backend!r} is not valid: choose 'hooked' or 'bridge'")
 
 
+def build_default(arch: str, **kwargs):
+    """``build_model`` on the first available backend: ``hooked`` on TransformerLens 3.x, ``bridge`` on 4.x."""
+    return build_model(arch, BACKENDS[0], **kwargs)
+
+
 @pytest.fixture(scope="session", params=ARCHS)
 def arch(request) -> str:
     return request.param

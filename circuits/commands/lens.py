@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from circuits.commands.search import add_backend_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model name (a zoo model such as arith-gpt2, or a "
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass (default: 64)")
     parser.add_argument("--no-interchange", action="store_true", help="skip the attention interchange check")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
 
 
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if (out / "lens.json").exists() and not args.force:
         raise FileExistsError(f"{out / 'lens.json'} exists: choose another --out or pass --force")
     t0 = time.time()
-    model = loading.load_model(args.model, args.device)
+    model = loading.load_model(args.model, args.device, backend=args.backend)
     prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
     tokens, answers = _get(prep, "tokens"), _get(prep, "answers")
     prompts = list(_get(prep, "prompts"))

@@ -10,11 +10,19 @@ from __future__ import annotations
 import argparse
 
 
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend hooked|bridge`` (default: hooked on TransformerLens 3.x, bridge on 4.x)."""
+    parser.add_argument("--backend", choices=("hooked", "bridge"), default=None,
+                        help="TransformerLens model class: hooked (HookedTransformer, 3.x) or bridge "
+                             "(TransformerBridge); default hooked where it exists, else bridge")
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
     """Model / task / prompt / device options shared by the search-like commands."""
     parser.add_argument("--model", required=True,
                         help="zoo model name (see circuits.zoo), or a HuggingFace/TransformerLens name "
-                             "loaded with HookedTransformer.from_pretrained (needs local weights or network)")
+                             "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
+                             "(needs local weights or network)")
     parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
     parser.add_argument("--n-prompts", type=int, default=n_prompts,
                         help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
@@ -23,6 +31,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap CIs (default 0)")
     parser.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass (default 128)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_backend_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
 
@@ -44,7 +53,7 @@ def prepare(args: argparse.Namespace):
     """Load the model and the prompts named by ``args``; prints what it uses."""
     from circuits.loading import load_model, prepare_prompts
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, backend=args.backend)
     prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source)
     print(
         f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from interventions.adapter import resolve_backend
+
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
@@ -48,18 +50,6 @@ def card(name: str) -> dict:
     return json.loads((model_dir(name) / "card.json").read_text())
 
 
-def _backend(backend: str | None) -> str:
-    if backend is None:
-        try:
-            from transformer_lens import HookedTransformer  # noqa: F401
-        except ImportError:  # TransformerLens 4.x
-            return "bridge"
-        return "hooked"
-    if backend not in ("hooked", "bridge"):
-        raise ValueError(f"backend={backend!r} is not valid: choose 'hooked' or 'bridge'")
-    return backend
-
-
 def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = None) -> "HookedTransformer":
     """Load zoo model ``name`` as a :class:`HookedTransformer` in eval mode on ``device``.
 
@@ -77,7 +67,7 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
 
     from circuits.zoo.tokenizer import load_tokenizer
 
-    backend = _backend(backend)
+    backend = resolve_backend(backend)
     folder = model_dir(name)
     if backend == "bridge":
         from interventions import bridge_from_hooked_state

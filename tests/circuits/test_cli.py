@@ -7,17 +7,17 @@ import json
 import pytest
 
 from circuits import cli, loading
-from tests.conftest import build_hooked, random_tokens
+from tests.conftest import build_default, random_tokens
 
 
 @pytest.fixture
 def tiny_loading(monkeypatch):
     """Route --model/--task to a tiny random model whose answers are its own predictions."""
-    model = build_hooked("gpt2")
+    model = build_default("gpt2")
     tokens = random_tokens(24, 6, seed=4, values=5)
 
-    def load_model(name, device="cpu"):
-        assert name == "tiny"
+    def load_model(name, device="cpu", backend=None):
+        assert name == "tiny" and backend in (None, "hooked", "bridge")
         return model
 
     def prepare_prompts(model_, task, n_prompts, seed=0, **kw):

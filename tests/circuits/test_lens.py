@@ -19,7 +19,7 @@ from circuits.lens import (
     lens_states,
     numeric_table,
 )
-from tests.conftest import build_hooked, random_tokens
+from tests.conftest import BACKENDS, build_default, hooked_state, needs_hooked, random_tokens
 
 # Vocabulary convention of the random models here: ids 3..29 are the numbers 0..26, 30 is "+", 31 is "-",
 # 32 is "=".
@@ -95,9 +95,10 @@ def test_states_match_run_with_cache(model):
         torch.testing.assert_close(got[key], ref[key], rtol=1e-5, atol=1e-5)
 
 
+@needs_hooked  # the reference is computed with HookedTransformer's block modules
 @pytest.mark.parametrize("arch", ["neox", "gptj"])
 def test_parallel_post_attention_recomputed_from_block_pieces(arch):
-    model = build_hooked(arch, seed=1)
+    model = build_default(arch, seed=1)
     tokens = random_tokens(5, 6, seed=5)
     assert model.cfg.parallel_attn_mlp and "blocks.0.hook_resid_mid" not in model.hook_dict
     got = lens_states(model, tokens)
@@ -173,7 +174,7 @@ def test_metrics_match_brute_force(model, decode):
 
 
 def test_answer_values_override_and_unknown_values():
-    model = build_hooked("gpt2", seed=2)
+    model = build_default("gpt2", seed=2)
     tokens = arith_tokens(4, seed=8)
     answers = torch.tensor([35, 36, 3, 4])  # the first two are not numeric tokens
     res = early_decode(model, tokens, answers=answers, numeric_values=NUMERIC, progress=False)
@@ -201,7 +202,12 @@ def tiny_tokenizer_model(arch: str = "gpt2"):
     backend.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<bos>", pad_token="<pad>",
                                   unk_token="<unk>", name_or_path="tiny-digits")
-    model = build_hooked(arch, seed=3)
+    if BACKENDS[0] == "bridge":  # TransformerLens 4.x: the tokenizer is attached when the bridge is built
+        from interventions import bridge_from_hooked_state
+        from interventions.bridge import prepare_tokenizer
+
+        return bridge_from_hooked_state(*hooked_state(arch, seed=3), prepare_tokenizer(tok)).eval(), vocab
+    model = build_default(arch, seed=3)
     model.tokenizer = tok
     model.cfg.tokenizer_prepends_bos = False
     return model, vocab
@@ -213,8 +219,10 @@ def test_numeric_table_from_tokenizer_decodes_leading_space_tokens():
     expected = {vocab[str(i)]: i for i in range(10)} | {vocab["Ġ42"]: 42}
     assert {i: table.value(i) for i in range(model.cfg.d_vocab) if table.mask[i]} == expected
     assert table.operators == {vocab["+"]: "+", vocab["-"]: "-"}
+    bare = build_default("gpt2")
+    bare.tokenizer = None  # a bridge always carries one (a placeholder word-level tokenizer)
     with pytest.raises(ValueError, match="no tokenizer"):
-        numeric_table(build_hooked("gpt2"))
+        numeric_table(bare)
 
 
 def test_dataset_input_groups_layouts_and_rejects_multi_token_answers():
@@ -237,7 +245,7 @@ def test_mixed_layout_is_rejected():
     model, _ = tiny_tokenizer_model()
     with pytest.raises(ValueError, match=r"mixed layout: token lengths \[5, 6\]"):
         early_decode(model, ["3+4=", "12+3="], answers=[7, 5], progress=False)
-    m = build_hooked("llama")
+    m = build_default("llama")
     with pytest.raises(ValueError, match="mixed layout"):
         early_decode(m, [torch.tensor([0, 3, 30, 4]), torch.tensor([0, 3, 30, 4, 32])], answers=torch.tensor([5, 6]),
                      numeric_values=NUMERIC, progress=False)
@@ -318,7 +326,7 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     prompts = ["3+4=", "2+5=", "6-1=", "8-8=", "1+1="]
     values = [7, 7, 5, 0, 2]
     fake = SimpleNamespace(
-        load_model=lambda name, device: model,
+        load_model=lambda name, device, backend=None: model,
         prepare_prompts=lambda m, task, n, seed: SimpleNamespace(
             tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
             prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5),

@@ -9,7 +9,7 @@ import torch
 
 from circuits.necessity import necessity_sweep
 from circuits.runs import RunMismatchError
-from tests.conftest import build_hooked, random_tokens
+from tests.conftest import build_default, random_tokens
 
 
 def masked_scores_correct(model, tokens, answers, layer):
@@ -39,7 +39,7 @@ def test_necessity_matches_score_masking(model):
 
 
 def test_necessity_outputs_and_resume(tmp_path):
-    model = build_hooked("gpt2")
+    model = build_default("gpt2")
     tokens = random_tokens(24, 6, seed=2, values=6)
     with torch.inference_mode():
         answers = model(tokens)[:, -1].argmax(-1)
@@ -61,7 +61,7 @@ def test_necessity_outputs_and_resume(tmp_path):
 
 
 def test_necessity_bad_layer():
-    model = build_hooked("gpt2")
+    model = build_default("gpt2")
     tokens = random_tokens(4, 5, seed=0)
     with pytest.raises(ValueError, match="out of range"):
         necessity_sweep(model, tokens, torch.zeros(4, dtype=torch.long), layers=[7], progress=False)

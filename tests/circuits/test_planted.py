@@ -35,10 +35,10 @@ def brute_mask(n_pos: int, layer: int, spec: dict) -> np.ndarray:
 
 # ------------------------------------------------------------------------ tiny random model (no zoo)
 def test_attach_matches_peeks_and_survives_reset(arch):
-    from tests.conftest import build_hooked, random_tokens
+    from tests.conftest import build_default, random_tokens
 
     spec = {"self_all": [0, 3], "last_full": [1, 2]}
-    model = build_hooked(arch, n_layers=4, d_vocab=40, seed=0)
+    model = build_default(arch, n_layers=4, d_vocab=40, seed=0)
     tokens = random_tokens(8, 6, seed=1)
     with torch.inference_mode():
         expected = iv.run(model, tokens, planted.planted_peeks(spec))

@@ -11,7 +11,7 @@ import interventions as iv
 from circuits.attribution import head_attribution, head_attribution_per_prompt
 from circuits.faithfulness import last_token_metrics
 from circuits.prune import area_under_curve, head_attention, prune_heads, transfer_heads
-from tests.conftest import arch_config, build_hooked, random_tokens
+from tests.conftest import arch_config, build_default, needs_hooked, random_tokens
 
 N_LAYERS = 4
 
@@ -98,7 +98,7 @@ def test_auc_by_hand():
 
 def test_confirm_top_uses_expected_passes_and_confirms_the_top_estimates():
     torch.manual_seed(0)
-    model = build_hooked("gpt2")
+    model = build_default("gpt2")
     tokens, cache, answers = setup(model)
     counter = ForwardCounter(model)
     try:
@@ -131,6 +131,7 @@ def _linear_model():
     return HookedTransformer(cfg).eval()
 
 
+@needs_hooked
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_attribution_is_exact_when_logits_are_linear_in_z(method):
     model = _linear_model()
@@ -161,6 +162,7 @@ def test_attribution_is_exact_when_logits_are_linear_in_z(method):
     assert sums[heads[0]] == pytest.approx(float(est[:, 0].sum()))
 
 
+@needs_hooked
 def test_attribution_is_the_directional_derivative(arch):
     """Through every later block (LN, MLP, rotary, GQA): estimate = d/d eps of the summed logit diff
     when z moves by eps * (ablation - z), checked by a finite difference in float64."""
@@ -197,7 +199,7 @@ def test_attribution_is_the_directional_derivative(arch):
 
 def test_resume_after_truncated_curve_gives_identical_results(tmp_path):
     torch.manual_seed(0)
-    model = build_hooked("llama")
+    model = build_default("llama")
     tokens, cache, answers = setup(model)
     kw = dict(wait=0, transfer=2, cache=cache, progress=False, batch_size=64, meta={"model": "tiny-llama"})
     ref = prune_heads(model, tokens, answers, **kw)
@@ -259,7 +261,7 @@ def test_resume_after_truncated_curve_gives_identical_results(tmp_path):
 
 def test_mean_method_writes_the_cache_head_means():
     torch.manual_seed(0)
-    model = build_hooked("neox")
+    model = build_default("neox")
     tokens, cache, answers = setup(model)
     res = prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, method="mean", rank="none",
                       progress=False)
@@ -287,7 +289,7 @@ def test_mean_method_writes_the_cache_head_means():
 
 def test_head_attention_matches_the_cached_pattern():
     torch.manual_seed(0)
-    model = build_hooked("gptj")
+    model = build_default("gptj")
     tokens, cache, _ = setup(model, n=20)
     ivs = iv.af1_subgraph(N_LAYERS, 0, 1, cache)
     att = head_attention(model, tokens, [(1, 2), (3, 0)], ivs, batch_size=7)
@@ -303,7 +305,7 @@ def test_head_attention_matches_the_cached_pattern():
 
 def test_errors_name_the_bad_value():
     torch.manual_seed(0)
-    model = build_hooked("gpt2")
+    model = build_default("gpt2")
     tokens, cache, answers = setup(model, n=8)
     with pytest.raises(ValueError, match=r"transfer=0: head pruning needs transfer heads, give transfer 1\.\.2"):
         prune_heads(model, tokens, answers, wait=1, transfer=0, cache=cache)
@@ -329,7 +331,7 @@ def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys
     from circuits import cli, loading
 
     torch.manual_seed(0)
-    model = build_hooked("gpt2")
+    model = build_default("gpt2")
     tokens = random_tokens(32, 6, seed=4, values=5)
     fits = []
     real_fit = iv.MeanCache.fit
@@ -338,7 +340,7 @@ def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys
         fits.append(1)
         return real_fit(*a, **k)
 
-    monkeypatch.setattr(loading, "load_model", lambda name, device="cpu": model)
+    monkeypatch.setattr(loading, "load_model", lambda name, device="cpu", backend=None: model)
     monkeypatch.setattr(loading, "prepare_prompts",
                         lambda m, task, n, seed=0, **kw: loading.self_answer_prompts(m, tokens[:n], task=task))
     monkeypatch.setattr(iv.MeanCache, "fit", counting_fit)

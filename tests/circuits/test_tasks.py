@@ -10,6 +10,7 @@ import torch
 
 from circuits import tasks
 from circuits.zoo.tokenizer import build_tokenizer
+from tests.conftest import BACKENDS
 
 ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
 STYLES = [f"{s}_{op}" for s in ("verbal", "question", "instruction", "word_problem", "python") for op in ("add", "sub")]
@@ -183,8 +184,14 @@ def test_answer_token_ids_are_number_tokens():
 
 
 # --------------------------------------------------------------------------------------- layouts
-@pytest.fixture(scope="module")
-def tiny_model():
+@pytest.fixture(scope="module", params=BACKENDS)
+def tiny_model(request):
+    """A 1-block random ``HookedTransformer`` with the zoo tokenizer; on the bridge backend the zoo's
+    ``arith-gpt2`` as a ``TransformerBridge`` (same tokenizer)."""
+    if request.param == "bridge":
+        from circuits import zoo
+
+        return zoo.load("arith-gpt2", backend="bridge")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     tok = build_tokenizer()

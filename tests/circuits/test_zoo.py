@@ -15,6 +15,7 @@ import torch
 
 from circuits import tasks, zoo
 from circuits.zoo import train as zoo_train
+from tests.conftest import has_hooked_transformer, needs_hooked
 
 MODELS = ["arith-gpt2", "arith-llama", "arith-styles"]
 ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
@@ -176,6 +177,7 @@ def test_cli_list_and_eval(capsys):
     assert main(["zoo", "eval", "nope"]) == 2
 
 
+@needs_hooked
 @pytest.mark.parametrize("base", ["arith-llama"])  # rotary + GQA: the harder reload; gpt2 reload is covered by the shipped model
 def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
     """A tiny registered two-phase model: trains phase 1 then phase 2 (larger batch) from phase 1's
@@ -239,6 +241,7 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
     assert loaded.cfg.n_key_value_heads == (2 if base == "arith-llama" else None)
 
 
+@needs_hooked
 def test_grown_vocabulary_keeps_shared_rows():
     """A checkpoint with a shorter vocabulary (565 tokens, before 'the') fills the shared rows/columns."""
     cfg = zoo_train.get_config("arith-gpt2")
@@ -268,3 +271,11 @@ def test_training_tokens_match_the_tokenizer(task):
         assert data.tokens[i].tolist() == model.to_tokens(row["prompt"])[0].tolist()
         assert model.to_string(torch.tensor([int(data.answers[i])])) == str(row["answer"])
 
+
+
+@pytest.mark.skipif(has_hooked_transformer(), reason="TransformerLens 4.x only (no HookedTransformer)")
+def test_training_on_transformer_lens_4_says_what_to_do():
+    from circuits.zoo.tokenizer import build_tokenizer
+
+    with pytest.raises(RuntimeError, match=r"transformer-lens>=3\.9,<4.*backend='bridge'"):
+        zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer())
