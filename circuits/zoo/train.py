@@ -52,7 +52,9 @@ STYLE_TASKS = [f"{s}_{op}" for s in ("verbal", "question", "instruction", "word_
 class Phase:
     """A continuation phase: starts from the previous phase's final weights with a fresh AdamW (same
     betas, weight decay and clipping as phase 1), ``batch_size`` prompts per step, a linear warmup of
-    ``warmup`` steps to ``lr`` and a cosine decay to ``min_lr_frac * lr`` at ``steps``."""
+    ``warmup`` steps to ``lr`` and a cosine decay to ``min_lr_frac * lr`` at ``steps``.
+    ``task_weights`` (task name -> relative sampling weight, missing tasks weigh 1) lets a phase spend more
+    of each batch on the tasks still below their bar; ``None`` samples tasks uniformly."""
 
     steps: int
     batch_size: int
@@ -61,6 +63,7 @@ class Phase:
     min_lr_frac: float = 0.05
     eval_every: int = 50
     ckpt_every: int = 50
+    task_weights: dict[str, float] | None = None
 
 
 @dataclass
@@ -70,6 +73,7 @@ class TrainConfig:
     ``arch`` is ``"gpt2"`` (LayerNorm, learned positions, GELU MLP) or ``"llama"`` (RMSNorm, rotary,
     grouped-query attention with ``n_key_value_heads``, gated SiLU MLP). ``steps`` is the maximum; training
     stops earlier once every task's held-out accuracy reaches ``stop_at`` at two evaluations in a row.
+    ``task_weights`` weighs how often each task is sampled (see :class:`Phase`).
     The fields describe phase 1; ``phases`` lists the continuation phases run after it (see
     :func:`phase_configs`). ``phase`` is the 1-indexed phase a config describes (set by
     :func:`phase_configs`, not in the registry).
@@ -102,6 +106,7 @@ class TrainConfig:
     init_from: str | None = None
     number_features: str = "fourier"
     description: str = ""
+    task_weights: dict[str, float] | None = None
     phases: list[Phase] = field(default_factory=list)
     phase: int = 1
 
@@ -126,24 +131,32 @@ class TrainConfig:
 PHASE2_STEPS = 400
 """Steps of the large-batch phase 2 of arith-gpt2 and arith-llama (sized to the CPU budget of the build)."""
 
+
+
+def _phase3(steps: int) -> Phase:
+    """Phase 3 of arith-gpt2 and arith-llama: after phase 2 their misses are almost all off-by-one sums of
+    ``A+B+C`` above ~150, so three-eighths of each batch goes to ``add_add`` at a low LR."""
+    return Phase(steps=steps, batch_size=512, lr=2e-4, warmup=20, task_weights={"add_add": 3.0})
+
+
 REGISTRY: dict[str, TrainConfig] = {
     "arith-gpt2": TrainConfig(
         name="arith-gpt2", arch="gpt2", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         seed=1, steps=4000, description="GPT-2-like: LayerNorm, learned positional embeddings, GELU MLP.",
-        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20)],
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20), _phase3(1000)],
     ),
     "arith-llama": TrainConfig(
         name="arith-llama", arch="llama", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         n_key_value_heads=2, seed=2, steps=2400,
-        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20)],
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20), _phase3(500)],
         description="Llama-like: RMSNorm, rotary positions, grouped-query attention (4 query heads, 2 "
                     "key/value heads), gated SiLU MLP.",
     ),
     "arith-styles": TrainConfig(
         name="arith-styles", arch="gpt2", tasks=ORIGINAL_TASKS + STYLE_TASKS,
         bars={**{t: 0.95 for t in ORIGINAL_TASKS}, **{t: 0.90 for t in STYLE_TASKS}}, seed=3,
-        steps=500, warmup=100, lr=1e-3, init_from="arith-gpt2",
-        phases=[Phase(steps=100, batch_size=512, lr=3e-4, warmup=20)],
+        steps=2000, warmup=100, lr=3e-4, init_from="arith-gpt2",
+        phases=[Phase(steps=400, batch_size=512, lr=1.5e-4, warmup=20)],
         description="GPT-2-like, fine-tuned from arith-gpt2 on the Original tasks plus the ten input-style "
                     "templates (same architecture and tokenizer).",
     ),
@@ -156,12 +169,17 @@ def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
     starts from phase ``k - 1``)."""
     import dataclasses
 
+    for k, w in enumerate([cfg.task_weights] + [p.task_weights for p in cfg.phases], start=1):
+        unknown = sorted(set(w or {}) - set(cfg.tasks))
+        if unknown:
+            raise ValueError(f"{cfg.name} phase {k}: task_weights names {unknown}, which the model is not "
+                             f"trained on; its tasks: {', '.join(cfg.tasks)}")
     out = [dataclasses.replace(cfg, phases=[], phase=1)]
     for k, p in enumerate(cfg.phases, start=2):
         out.append(dataclasses.replace(cfg, phases=[], phase=k, init_from=None, steps=p.steps,
                                        batch_size=p.batch_size, lr=p.lr, warmup=p.warmup,
                                        min_lr_frac=p.min_lr_frac, eval_every=p.eval_every,
-                                       ckpt_every=p.ckpt_every))
+                                       ckpt_every=p.ckpt_every, task_weights=p.task_weights))
     return out
 
 
@@ -260,11 +278,16 @@ def build_splits(cfg: TrainConfig, tokenizer) -> tuple[list[TaskData], list[Task
 
 
 def sample_batch(train: list[TaskData], step: int, cfg: TrainConfig, pad_id: int):
-    """Batch of step ``step`` (0-indexed within the phase): tasks uniform, tuples uniform within a task,
-    drawn from ``default_rng([seed, step])`` in phase 1 and ``default_rng([seed, phase, step])`` later.
+    """Batch of step ``step`` (0-indexed within the phase): tasks uniform (or in proportion to
+    ``cfg.task_weights``), tuples uniform within a task, drawn from ``default_rng([seed, step])`` in phase 1
+    and ``default_rng([seed, phase, step])`` later.
     Returns (tokens [B, L] right padded, last index [B], answer ids [B]) as numpy arrays."""
     rng = np.random.default_rng([cfg.seed, step] if cfg.phase == 1 else [cfg.seed, cfg.phase, step])
-    task_idx = rng.integers(0, len(train), size=cfg.batch_size)
+    if cfg.task_weights:
+        w = np.array([cfg.task_weights.get(d.name, 1.0) for d in train], dtype=np.float64)
+        task_idx = rng.choice(len(train), size=cfg.batch_size, p=w / w.sum())
+    else:
+        task_idx = rng.integers(0, len(train), size=cfg.batch_size)
     L = max(d.tokens.shape[1] for d in train)
     toks = np.full((cfg.batch_size, L), pad_id, dtype=np.int64)
     last = np.empty(cfg.batch_size, dtype=np.int64)
@@ -325,9 +348,19 @@ def _load_optimizer(opt, model, path: Path) -> None:
 
 
 def new_model(cfg: TrainConfig, tokenizer):
-    """An untrained :class:`HookedTransformer` for ``cfg`` with ``tokenizer`` attached."""
+    """An untrained :class:`HookedTransformer` for ``cfg`` with ``tokenizer`` attached.
+
+    Training builds a ``HookedTransformer`` (its initialisation defines the shipped models), so it needs
+    TransformerLens 3.x; the trained models load on either backend (``zoo.load(name, backend=...)``)."""
     import torch
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError as err:  # TransformerLens 4.x
+        raise RuntimeError(
+            "training a zoo model builds a HookedTransformer, which TransformerLens 4.0 removed: train in "
+            "an environment with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it); "
+            "the trained model then loads on 4.x with zoo.load(name, backend='bridge')") from err
 
     torch.manual_seed(cfg.seed)
     model = HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
