@@ -89,11 +89,14 @@ class Peek(Intervention):
 
             return [(hooks.pattern(layer), identity) for layer in self.layers]
 
-        masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+        # Masks are cached per shape and device, and apart for inference mode: a mask made under
+        # torch.inference_mode() cannot enter a pass that autograd records (permanent hooks, such as a
+        # planted mask, see both kinds of pass).
+        masks: dict[tuple[int, torch.device, bool], torch.Tensor] = {}
 
         def body(pattern: torch.Tensor, hook: Any = None) -> torch.Tensor:
             n_q, n_k = pattern.shape[-2:]
-            key = (n_q, pattern.device)
+            key = (n_q, pattern.device, torch.is_inference_mode_enabled())
             if key not in masks:
                 masks[key] = allowed_keys(n_q, self.mode, self.queries, self.keep_bos, pattern.device)
             kept = pattern * masks[key]

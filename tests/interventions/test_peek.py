@@ -101,3 +101,16 @@ def test_peek_rejects_bad_arguments(kwargs, match):
 def test_peek_layer_out_of_range_names_the_range(model):
     with pytest.raises(ValueError, match=r"layer=4 is out of range.*0\.\.3"):
         iv.run(model, random_tokens(2, 5), [iv.Peek([4])])
+
+
+def test_a_peek_reused_across_inference_mode_and_autograd(model):
+    """The same applied Peek first runs under ``torch.inference_mode()`` and then in a pass autograd
+    records (as a permanent planted mask does): no inference tensor may leak into the second pass."""
+    tokens = random_tokens(2, 6, seed=61)
+    with iv.apply(model, [iv.Peek([0, 1], mode="self", queries="all")]):
+        with torch.inference_mode():
+            first = model(tokens)
+        second = model(tokens)
+        second.sum().backward()
+    torch.testing.assert_close(second.detach(), first.clone())
+    model.zero_grad(set_to_none=True)
