@@ -22,7 +22,7 @@ from interventions.adapter import resolve_backend
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
-__all__ = ["available", "load", "card", "model_dir", "DEFAULT_MODEL", "MODELS_DIR"]
+__all__ = ["available", "load", "load_dir", "card", "model_dir", "DEFAULT_MODEL", "MODELS_DIR"]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL = "arith-gpt2"
@@ -62,13 +62,20 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
     prepends BOS, so ``model.to_tokens("42+20-15=")`` is ``[BOS, 42, +, 20, -, 15, =]`` and the answer
     is the argmax of the logits at the last position (decode it with ``model.to_string``).
     """
+    return load_dir(model_dir(name), device=device, backend=backend)
+
+
+def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None) -> Any:
+    """:func:`load` for a model folder anywhere (``model.safetensors``, ``config.json``,
+    ``tokenizer.json``), e.g. the ``--out`` folder of ``af1 zoo train``."""
     import torch
     from safetensors.torch import load_file
 
     from circuits.zoo.tokenizer import load_tokenizer
 
     backend = resolve_backend(backend)
-    folder = model_dir(name)
+    folder = Path(folder)
+    name = folder.name
     if backend == "bridge":
         from interventions import bridge_from_hooked_state
 

@@ -55,7 +55,7 @@ class PlantedConfig:
     name: str = NAME
     base: str = "arith-gpt2"
     planted: dict[str, list[int]] = field(default_factory=lambda: {"self_all": [0, 1, 2, 5], "last_full": [3, 4]})
-    steps: int = 1000
+    steps: int = 3000
     batch_size: int = 256
     lr: float = 3e-4
     min_lr_frac: float = 0.05
@@ -113,6 +113,18 @@ def attach_planted_mask(model: Any, spec: dict) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- training
+def train_config(cfg: PlantedConfig) -> "_train.TrainConfig":
+    """The :class:`circuits.zoo.train.TrainConfig` recorded for the planted model: the base model's
+    architecture and data with this fine-tuning's optimisation (one phase)."""
+    return dataclasses.replace(
+        _train.get_config(cfg.base), name=cfg.name, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+        min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+        seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n, stop_at=cfg.stop_at, init_from=cfg.base,
+        phases=[], task_weights=None,
+        description=(f"GPT-2-like ({cfg.base} architecture and tokenizer), fine-tuned from {cfg.base} with a "
+                     f"planted AF1 attention structure (attention restricted by construction: {cfg.planted})."))
+
+
 def _lr(step: int, cfg: PlantedConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -141,13 +153,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(cfg.threads)
     base_cfg = _train.get_config(cfg.base)
-    tcfg = dataclasses.replace(base_cfg, name=cfg.name, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                               min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup, weight_decay=cfg.weight_decay,
-                               grad_clip=cfg.grad_clip, seed=cfg.seed, eval_every=cfg.eval_every,
-                               eval_n=cfg.eval_n, stop_at=cfg.stop_at, init_from=cfg.base,
-                               description=(f"GPT-2-like ({cfg.base} architecture and tokenizer), fine-tuned from "
-                                            f"{cfg.base} with a planted AF1 attention structure (attention "
-                                            f"restricted by construction: {cfg.planted})."))
+    tcfg = train_config(cfg)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +166,9 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=base_cfg.betas)
     train_data, val_data = _train.build_splits(tcfg, tokenizer)
-    state: dict[str, Any] = {"step": 0, "wall_s": 0.0, "history": [], "threads": cfg.threads}
+    state: dict[str, Any] = {"step": 0, "wall_s": 0.0, "history": [], "threads": cfg.threads,
+                             "batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup,
+                             "min_lr_frac": cfg.min_lr_frac, "d_vocab": len(tokenizer)}
     if resume and (ckpt_dir / "state.json").exists():
         state = json.loads((ckpt_dir / "state.json").read_text())
         model.load_state_dict(load_file(str(ckpt_dir / "checkpoint.safetensors")), strict=False)
@@ -203,10 +211,12 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     return export(model, cfg, tcfg, out_dir, state)
 
 
-def export(model: Any, cfg: PlantedConfig, tcfg: "_train.TrainConfig", out_dir: Path, state: dict) -> dict:
-    """Write the model with :func:`circuits.zoo.train.export`, then record the planted mask in
-    ``config.json`` and the card. Returns the card dict."""
-    card = _train.export(model, tcfg, out_dir, state)
+def export(model: Any, cfg: PlantedConfig, tcfg: "_train.TrainConfig", out_dir: Path, state: dict,
+           search_prompts: int = 4000) -> dict:
+    """Write the model with :func:`circuits.zoo.train.export` (one phase: ``state``), then record the
+    planted mask in ``config.json`` and the card, and the AF1 search on the result (:func:`af1_check` on
+    the correct ones of ``search_prompts`` generated prompts). Returns the card dict."""
+    card = _train.export(model, tcfg, out_dir, [state])
     mcfg = json.loads((out_dir / "config.json").read_text())
     mcfg["planted"] = cfg.planted
     (out_dir / "config.json").write_text(json.dumps(mcfg, indent=1))
@@ -214,6 +224,7 @@ def export(model: Any, cfg: PlantedConfig, tcfg: "_train.TrainConfig", out_dir: 
                        "hooks attached by circuits.zoo.load (non-last rows: BOS + self in every block; last row: "
                        "BOS + self in self_all blocks, every earlier key in last_full blocks)"}
     card["planted_train"] = dataclasses.asdict(cfg)
+    card["af1_search"] = af1_check(out_dir, n_build=search_prompts)
     (out_dir / "card.json").write_text(json.dumps(card, indent=1))
     md = (out_dir / "card.md").read_text()
     md += ("\n## Planted structure (attention restricted by construction)\n\n"
@@ -225,6 +236,24 @@ def export(model: Any, cfg: PlantedConfig, tcfg: "_train.TrainConfig", out_dir: 
            "(wait=2, transfer=2), faithfulness ~1.\n")
     (out_dir / "card.md").write_text(md)
     return card
+
+
+def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, threshold: float = 0.9) -> dict:
+    """The full-grid AF1 search (CAMA) on the model saved in ``model_dir`` (loaded as ``zoo.load`` does,
+    mask attached), on every prompt of ``n_build`` generated ``task`` prompts (seed 0) it answers
+    correctly, in their largest layout. Returns the card entry: task, grid, ablation, threshold,
+    n_prompts, base_accuracy, per-configuration faithfulness (``"wait,transfer"`` keys), summary line."""
+    from circuits import zoo
+    from circuits.loading import prepare_prompts
+    from circuits.search import search_af1
+
+    model = zoo.load_dir(model_dir)
+    p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)
+    res = search_af1(model, p.tokens, p.answers, threshold=threshold, grid="full", progress=False)
+    return {"task": task, "grid": "full", "ablation": "cama", "threshold": threshold, "n_prompts": len(p),
+            "base_accuracy": round(p.base_accuracy, 4),
+            "faithfulness": {f"{r.wait},{r.transfer}": round(r.faithfulness, 4) for r in res.results},
+            "summary": res.summary_line()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -110,3 +110,23 @@ def test_frozen_accuracy_matches_card(af1_model):
     got = evaluate_frozen(af1_model, ORIGINAL_TASKS)
     for task in ORIGINAL_TASKS:
         assert got[task] >= record[task] - 0.03, (task, got[task], record[task])
+
+
+def test_export_writes_a_card_with_the_search(af1_model, tmp_path):
+    """``planted.export`` (what ``train`` ends with) writes a loadable model whose card records the
+    mask, the one-phase training and the AF1 search re-run on the written model."""
+    state = {"step": 7, "wall_s": 1.5, "history": [], "threads": 1, "batch_size": 256, "lr": 3e-4,
+             "warmup": 50, "min_lr_frac": 0.05, "d_vocab": af1_model.cfg.d_vocab}
+    card = planted.export(af1_model, planted.CONFIG, planted.train_config(planted.CONFIG), tmp_path, state,
+                          search_prompts=400)
+    assert card["planted"]["last_full"] == SPEC["last_full"]
+    assert card["phases"] == [{"phase": 1, "steps": 7, "batch_size": 256, "lr": 3e-4, "warmup": 50,
+                               "min_lr_frac": 0.05, "wall_time_s": 1.5, "threads": 1,
+                               "d_vocab": af1_model.cfg.d_vocab}]
+    assert card["train"]["phases"] == [] and card["train"]["init_from"] == "arith-gpt2"
+    search = card["af1_search"]
+    assert search["summary"].startswith("selected wait=2, transfer=2") and search["faithfulness"]["2,2"] == 1.0
+    reloaded = zoo.load_dir(tmp_path)
+    tokens = af1_model.to_tokens("42+20-15=")
+    torch.testing.assert_close(reloaded(tokens), af1_model(tokens))
+
