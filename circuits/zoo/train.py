@@ -14,7 +14,7 @@ Initialisation: random, except that the first 21 dimensions of every number toke
 unembedding column start as fixed Fourier features of its value (periods 10, 100, 1000) plus its
 magnitude (:func:`init_number_features`); everything stays trainable. Without this head start the
 number embeddings are learnt far more slowly than a CPU budget allows. ``arith-styles`` starts from the
-weights of ``arith-gpt2`` instead.
+weights of ``arith-llama`` instead.
 
 Phases: a model's recipe is phase 1 (its :class:`TrainConfig`) followed by the :class:`Phase` entries of
 ``TrainConfig.phases``; each later phase starts from the final weights of the phase before it with a fresh
@@ -153,11 +153,11 @@ REGISTRY: dict[str, TrainConfig] = {
                     "key/value heads), gated SiLU MLP.",
     ),
     "arith-styles": TrainConfig(
-        name="arith-styles", arch="gpt2", tasks=ORIGINAL_TASKS + STYLE_TASKS,
+        name="arith-styles", arch="llama", n_key_value_heads=2, tasks=ORIGINAL_TASKS + STYLE_TASKS,
         bars={**{t: 0.95 for t in ORIGINAL_TASKS}, **{t: 0.90 for t in STYLE_TASKS}}, seed=3,
-        steps=2000, warmup=100, lr=3e-4, init_from="arith-gpt2",
-        phases=[Phase(steps=400, batch_size=512, lr=1.5e-4, warmup=20)],
-        description="GPT-2-like, fine-tuned from arith-gpt2 on the Original tasks plus the ten input-style "
+        steps=3500, warmup=100, lr=4e-4, init_from="arith-llama",
+        phases=[Phase(steps=600, batch_size=256, lr=1.5e-4, warmup=20, task_weights={"add_add": 3.0})],
+        description="Llama-like, fine-tuned from arith-llama on the Original tasks plus the ten input-style "
                     "templates (same architecture and tokenizer).",
     ),
 }

@@ -67,7 +67,7 @@ def test_architecture_and_vocabulary(name):
     assert all(str(i) in vocab for i in range(521))
     assert all(len(model.tokenizer.tokenize(str(i))) == 1 for i in (0, 7, 99, 100, 297, 520))
     assert {"+", "-", "=", "<bos>", "<pad>", "<unk>", "sum", "print"} <= set(vocab)
-    if name == "arith-llama":
+    if name in ("arith-llama", "arith-styles"):  # arith-styles is fine-tuned from arith-llama
         assert cfg.normalization_type == "RMS" and cfg.positional_embedding_type == "rotary"
         assert cfg.n_key_value_heads == 2 and cfg.n_heads == 4 and cfg.gated_mlp and cfg.act_fn == "silu"
     else:
