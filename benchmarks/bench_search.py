@@ -17,7 +17,8 @@ and asserts that both methods give identical per-configuration correctness count
 logits within 1e-4. The methods take turns (best of ``--repeats``) so background load hits all alike.
 
 Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]
-[--threads 1]``
+[--threads 1] [--backend hooked|bridge] [--random]`` (``bridge``: the same model as a
+``TransformerBridge``; ``--random``: the random model even for gpt2).
 """
 
 from __future__ import annotations
@@ -31,14 +32,21 @@ import interventions as iv
 from circuits.search import FastEvaluator, NaiveEvaluator, configurations
 
 
-def build(arch: str, n_prompts: int):
-    """(name, model, tokens, answers)."""
-    if arch == "gpt2":
+def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = False):
+    """(name, model, tokens, answers); ``backend="bridge"`` wraps the model as a ``TransformerBridge``."""
+    name, model, tokens, answers = _build(arch, n_prompts, backend, random)
+    if backend == "bridge" and iv.adapt(model).backend != "bridge":
+        model = iv.bridge_from_hooked(model).eval()
+    return name + (" (TransformerBridge)" if backend == "bridge" else ""), model, tokens, answers
+
+
+def _build(arch: str, n_prompts: int, backend: str, random: bool):
+    if arch == "gpt2" and not random:
         try:
             from circuits import zoo
             from circuits.loading import prepare_prompts
 
-            model = zoo.load(zoo.DEFAULT_MODEL)
+            model = zoo.load(zoo.DEFAULT_MODEL, backend=backend)
             p = prepare_prompts(model, "add_sub", n_prompts, seed=0, min_prompts=min(50, n_prompts))
             return f"zoo:{zoo.DEFAULT_MODEL} on add_sub", model, p.tokens, p.answers
         except Exception as err:  # zoo or tasks not installed: an untrained model of the same shape
@@ -73,10 +81,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--backend", choices=("hooked", "bridge"), default="hooked",
+                        help="HookedTransformer (default) or the same weights as a TransformerBridge")
+    parser.add_argument("--random", action="store_true", help="a random 6-block model even for --arch gpt2")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    name, model, tokens, answers = build(args.arch, args.prompts)
+    name, model, tokens, answers = build(args.arch, args.prompts, args.backend, args.random)
     cache = iv.MeanCache.fit(model, tokens, batch_size=args.batch, progress=False)
 
     def run(method: str, batch: int):

@@ -522,7 +522,11 @@ def bridge_from_hooked(model: Any, tokenizer: Any = None) -> Any:
     """The ``TransformerBridge`` twin of a live 3.x ``HookedTransformer`` (same weights and logits).
 
     Uses ``model.tokenizer`` unless ``tokenizer`` is given (see :func:`bridge_from_hooked_state`).
+    Raises ``TypeError`` for anything else (a bridge already is one: use it as it is).
     """
+    if is_bridge(model) or not hasattr(model, "cfg") or not hasattr(model.cfg, "to_dict"):
+        raise TypeError(f"bridge_from_hooked needs a HookedTransformer, got {type(model).__name__}"
+                        + (": it already is a TransformerBridge, use it as it is" if is_bridge(model) else ""))
     return bridge_from_hooked_state(
         model.cfg.to_dict(), model.state_dict(), tokenizer if tokenizer is not None else model.tokenizer
     )

@@ -343,3 +343,11 @@ def test_a_model_the_probe_cannot_run_gets_a_warning_not_an_error(monkeypatch):
     with pytest.warns(RuntimeWarning, match="could not verify.*needs an attention mask"):
         assert iv.adapt(model).edit_problems == {}
     assert model.training is False
+
+
+def test_bridge_from_hooked_refuses_what_is_not_a_hooked_transformer():
+    bridge = build_bridge("gpt2")
+    with pytest.raises(TypeError, match="already is a TransformerBridge, use it as it is"):
+        iv.bridge_from_hooked(bridge)
+    with pytest.raises(TypeError, match="needs a HookedTransformer, got Linear"):
+        iv.bridge_from_hooked(torch.nn.Linear(2, 2))
