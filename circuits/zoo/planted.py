@@ -151,6 +151,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     from circuits import zoo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _train.require_hooked("training the planted model")
     torch.set_num_threads(cfg.threads)
     base_cfg = _train.get_config(cfg.base)
     tcfg = train_config(cfg)

@@ -347,6 +347,24 @@ def _load_optimizer(opt, model, path: Path) -> None:
         opt.state[params[pname]][k] = v
 
 
+def require_hooked(what: str, model: Any = None) -> None:
+    """``RuntimeError`` saying what to do unless ``HookedTransformer`` exists (TransformerLens 3.x) and
+    ``model`` (if given) is one: zoo training and export work on ``HookedTransformer`` weights."""
+    from interventions.adapter import resolve_backend
+
+    if resolve_backend(None) != "hooked" or (model is not None and _adapter_backend(model) != "hooked"):
+        raise RuntimeError(
+            f"{what} needs a HookedTransformer, which TransformerLens 4.0 removed: train in an environment "
+            f"with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it); the trained "
+            f"model then loads on 4.x with zoo.load(name, backend='bridge')")
+
+
+def _adapter_backend(model: Any) -> str:
+    import interventions as iv
+
+    return iv.adapt(model).backend
+
+
 def new_model(cfg: TrainConfig, tokenizer):
     """An untrained :class:`HookedTransformer` for ``cfg`` with ``tokenizer`` attached.
 
@@ -354,13 +372,8 @@ def new_model(cfg: TrainConfig, tokenizer):
     TransformerLens 3.x; the trained models load on either backend (``zoo.load(name, backend=...)``)."""
     import torch
 
-    try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-    except ImportError as err:  # TransformerLens 4.x
-        raise RuntimeError(
-            "training a zoo model builds a HookedTransformer, which TransformerLens 4.0 removed: train in "
-            "an environment with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it); "
-            "the trained model then loads on 4.x with zoo.load(name, backend='bridge')") from err
+    require_hooked("training a zoo model")
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     torch.manual_seed(cfg.seed)
     model = HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
@@ -587,6 +600,7 @@ def export(model, cfg: TrainConfig, out_dir: Path, states: list[dict]) -> dict:
     state dict per phase (as :func:`train` keeps them). Returns the card."""
     from safetensors.torch import save_file
 
+    require_hooked("exporting a zoo model", model)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().float().contiguous() for k, v in model.state_dict().items()
                if not k.endswith(("IGNORE", "mask"))}, str(out_dir / "model.safetensors"))

@@ -277,5 +277,13 @@ def test_training_tokens_match_the_tokenizer(task):
 def test_training_on_transformer_lens_4_says_what_to_do():
     from circuits.zoo.tokenizer import build_tokenizer
 
-    with pytest.raises(RuntimeError, match=r"transformer-lens>=3\.9,<4.*backend='bridge'"):
+    with pytest.raises(RuntimeError, match=r"training a zoo model needs a HookedTransformer.*transformer-lens>=3\.9,<4.*backend='bridge'"):
         zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer())
+
+
+def test_export_refuses_a_bridge(tmp_path):
+    """Export writes HookedTransformer parameter names; a bridge's state dict would not load back."""
+    bridge = zoo.load("arith-gpt2", backend="bridge")
+    with pytest.raises(RuntimeError, match="exporting a zoo model needs a HookedTransformer"):
+        zoo_train.export(bridge, zoo_train.get_config("arith-gpt2"), tmp_path, [{"step": 1, "wall_s": 0.0}])
+    assert not (tmp_path / "model.safetensors").exists()
