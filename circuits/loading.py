@@ -71,8 +71,11 @@ def zoo_names() -> list[str]:
     return list(zoo.available())
 
 
-def load_model(name: str, device: str = "cpu", backend: str | None = None) -> Any:
-    """The model called ``name`` on ``device``, in eval mode, on ``backend``.
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None) -> Any:
+    """The model called ``name`` on ``device``, in eval mode, on ``backend``, with weights in ``dtype``.
 
     ``backend``: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x) or ``"bridge"``
     (``TransformerBridge``); ``None`` picks ``"hooked"`` where it exists, else ``"bridge"`` (4.x).
@@ -84,26 +87,38 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None) -> An
     the weight processing of 3.9's ``from_pretrained`` (folded LayerNorm, centred weights) so that
     logits and residual activations match it. Either needs the weights in the local Hugging Face cache
     or network access, and raises ``ValueError`` with the reason otherwise.
+
+    ``dtype`` (one of :data:`DTYPES`, ``None``: the loader's default, float32) applies to pretrained
+    models, e.g. ``"bfloat16"`` for Llama-3-8B on a GPU; zoo models ship in float32 only.
     """
+    import torch
+
     import interventions as iv
 
     backend = iv.resolve_backend(backend)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not valid: choose one of {', '.join(DTYPES)}")
     names = zoo_names()
     if name in names:
         from circuits import zoo
 
+        if dtype not in (None, "float32"):
+            raise ValueError(f"zoo model {name!r} ships in float32; dtype={dtype!r} applies to pretrained models")
         return zoo.load(name, device=device, backend=backend).eval()
+    kwargs: dict[str, Any] = {"device": device}
+    if dtype is not None:
+        kwargs["dtype"] = getattr(torch, dtype)
     loader = ("HookedTransformer.from_pretrained" if backend == "hooked"
               else "TransformerBridge.boot_transformers")
     try:
         if backend == "hooked":
             from transformer_lens import HookedTransformer
 
-            model = HookedTransformer.from_pretrained(name, device=device)
+            model = HookedTransformer.from_pretrained(name, **kwargs)
         else:
             from transformer_lens.model_bridge import TransformerBridge
 
-            model = TransformerBridge.boot_transformers(name, device=device)
+            model = TransformerBridge.boot_transformers(name, **kwargs)
             model.enable_compatibility_mode()
     except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
         raise ValueError(f"cannot load {name!r} on backend {backend!r}: {err}") from err

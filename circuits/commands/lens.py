@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if (out / "lens.json").exists() and not args.force:
         raise FileExistsError(f"{out / 'lens.json'} exists: choose another --out or pass --force")
     t0 = time.time()
-    model = loading.load_model(args.model, args.device, backend=args.backend)
+    model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype)
     prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
     tokens, answers = _get(prep, "tokens"), _get(prep, "answers")
     prompts = list(_get(prep, "prompts"))

@@ -11,10 +11,12 @@ import argparse
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """``--backend hooked|bridge`` (default: hooked on TransformerLens 3.x, bridge on 4.x)."""
+    """``--backend hooked|bridge`` (default: hooked on TransformerLens 3.x, bridge on 4.x) and ``--dtype``."""
     parser.add_argument("--backend", choices=("hooked", "bridge"), default=None,
                         help="TransformerLens model class: hooked (HookedTransformer, 3.x) or bridge "
                              "(TransformerBridge); default hooked where it exists, else bridge")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                        help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
@@ -53,7 +55,7 @@ def prepare(args: argparse.Namespace):
     """Load the model and the prompts named by ``args``; prints what it uses."""
     from circuits.loading import load_model, prepare_prompts
 
-    model = load_model(args.model, device=args.device, backend=args.backend)
+    model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype)
     prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source)
     print(
         f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "

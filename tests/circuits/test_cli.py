@@ -16,7 +16,7 @@ def tiny_loading(monkeypatch):
     model = build_default("gpt2")
     tokens = random_tokens(24, 6, seed=4, values=5)
 
-    def load_model(name, device="cpu", backend=None):
+    def load_model(name, device="cpu", backend=None, dtype=None):
         assert name == "tiny" and backend in (None, "hooked", "bridge")
         return model
 

@@ -102,3 +102,37 @@ def test_prepare_prompts_on_zoo_model():
     assert p.tokens.shape[0] == 30 and 0 < p.base_accuracy <= 1
     with torch.inference_mode():
         assert torch.equal(model(p.tokens)[:, -1].argmax(-1), p.answers)
+
+
+def test_load_model_dtype_reaches_the_pretrained_loader(monkeypatch):
+    """``dtype`` is handed to the loader of the backend as a torch dtype; zoo models refuse other dtypes."""
+    import interventions as iv
+
+    seen = {}
+
+    class Loaded:
+        def eval(self):
+            return self
+
+        def enable_compatibility_mode(self):
+            seen["compat"] = True
+
+    def fake(name, **kwargs):
+        seen.update(name=name, **kwargs)
+        return Loaded()
+
+    if iv.resolve_backend(None) == "hooked":
+        import transformer_lens
+
+        monkeypatch.setattr(transformer_lens.HookedTransformer, "from_pretrained", staticmethod(fake))
+    else:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        monkeypatch.setattr(TransformerBridge, "boot_transformers", staticmethod(fake))
+    loading.load_model("some/pretrained-model", dtype="bfloat16")
+    assert seen["name"] == "some/pretrained-model" and seen["dtype"] is torch.bfloat16
+    assert seen.get("compat", False) == (iv.resolve_backend(None) == "bridge")
+    with pytest.raises(ValueError, match="dtype='int8' is not valid: choose one of float32, float16, bfloat16"):
+        loading.load_model("some/pretrained-model", dtype="int8")
+    with pytest.raises(ValueError, match="ships in float32; dtype='float16' applies to pretrained models"):
+        loading.load_model("arith-gpt2", dtype="float16")

@@ -340,7 +340,7 @@ def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys
         fits.append(1)
         return real_fit(*a, **k)
 
-    monkeypatch.setattr(loading, "load_model", lambda name, device="cpu", backend=None: model)
+    monkeypatch.setattr(loading, "load_model", lambda name, device="cpu", backend=None, dtype=None: model)
     monkeypatch.setattr(loading, "prepare_prompts",
                         lambda m, task, n, seed=0, **kw: loading.self_answer_prompts(m, tokens[:n], task=task))
     monkeypatch.setattr(iv.MeanCache, "fit", counting_fit)
