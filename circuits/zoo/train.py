@@ -148,7 +148,7 @@ REGISTRY: dict[str, TrainConfig] = {
     "arith-llama": TrainConfig(
         name="arith-llama", arch="llama", tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS},
         n_key_value_heads=2, seed=2, steps=2400,
-        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20), _phase3(500)],
+        phases=[Phase(steps=PHASE2_STEPS, batch_size=512, lr=3e-4, warmup=20), _phase3(1000)],
         description="Llama-like: RMSNorm, rotary positions, grouped-query attention (4 query heads, 2 "
                     "key/value heads), gated SiLU MLP.",
     ),
