@@ -48,6 +48,7 @@ grid's.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -450,11 +451,11 @@ class FastEvaluator(_Evaluator):
                 )
             x = resid[:, -1:]
         shift = self.n_pos - 2  # the last token sits at position 1 in these passes, truly at n_pos-1
-        if kv is None and (not self.rotary or shift == 0):
+        needs_shift = self.rotary and shift != 0
+        if kv is None and not needs_shift:
             return self.adapter.run_from(x, start)[:, -1].float()
-        if not self.rotary or shift == 0:
-            return self.model(x, start_at_layer=start, past_kv_cache=kv)[:, -1].float()
-        with _rotary_shift(self.model, layers, shift):
+        # HookedTransformer only (see __init__): a frozen BOS cache and/or the re-rotated last position
+        with _rotary_shift(self.model, layers, shift) if needs_shift else contextlib.nullcontext():
             return self.model(x, start_at_layer=start, past_kv_cache=kv)[:, -1].float()
 
 

@@ -27,6 +27,7 @@ every supported TransformerLens version and costs nothing until a bridge is used
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -134,12 +135,18 @@ class BridgeAdapter(ModelAdapter):
         return out
 
 
+@functools.lru_cache(maxsize=None)
+def transformer_lens_major() -> int:
+    """Major version of the installed TransformerLens (read once: ``run_from`` asks on every call)."""
+    import importlib.metadata
+
+    return int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
 def native_start_at_layer() -> bool:
     """Whether ``TransformerBridge.forward`` honours ``start_at_layer`` (TransformerLens 4.x; the 3.9
     preview raises ``NotImplementedError``)."""
-    import importlib.metadata
-
-    return int(importlib.metadata.version("transformer-lens").split(".")[0]) >= 4
+    return transformer_lens_major() >= 4
 
 
 def is_bridge(model: Any) -> bool:

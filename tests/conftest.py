@@ -32,12 +32,6 @@ def has_hooked_transformer() -> bool:
     return True
 
 
-def transformer_lens_major() -> int:
-    import importlib.metadata
-
-    return int(importlib.metadata.version("transformer-lens").split(".")[0])
-
-
 BACKENDS = ("hooked", "bridge") if has_hooked_transformer() else ("bridge",)
 needs_hooked = pytest.mark.skipif(
     not has_hooked_transformer(), reason="needs HookedTransformer (transformer-lens 3.x)"

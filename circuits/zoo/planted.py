@@ -153,7 +153,6 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _train.require_hooked("training the planted model")
     torch.set_num_threads(cfg.threads)
-    base_cfg = _train.get_config(cfg.base)
     tcfg = train_config(cfg)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
@@ -165,7 +164,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not n.startswith(("embed", "pos_embed"))]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and not n.startswith(("embed", "pos_embed")))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=base_cfg.betas)
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=tcfg.betas)
     train_data, val_data = _train.build_splits(tcfg, tokenizer)
     state: dict[str, Any] = {"step": 0, "wall_s": 0.0, "history": [], "threads": cfg.threads,
                              "batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup,

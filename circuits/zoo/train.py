@@ -352,17 +352,16 @@ def require_hooked(what: str, model: Any = None) -> None:
     ``model`` (if given) is one: zoo training and export work on ``HookedTransformer`` weights."""
     from interventions.adapter import resolve_backend
 
-    if resolve_backend(None) != "hooked" or (model is not None and _adapter_backend(model) != "hooked"):
+    hooked = resolve_backend(None) == "hooked"
+    if hooked and model is not None:
+        from transformer_lens import HookedTransformer
+
+        hooked = isinstance(model, HookedTransformer)
+    if not hooked:
         raise RuntimeError(
             f"{what} needs a HookedTransformer, which TransformerLens 4.0 removed: train in an environment "
             f"with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it); the trained "
             f"model then loads on 4.x with zoo.load(name, backend='bridge')")
-
-
-def _adapter_backend(model: Any) -> str:
-    import interventions as iv
-
-    return iv.adapt(model).backend
 
 
 def new_model(cfg: TrainConfig, tokenizer):

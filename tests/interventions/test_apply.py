@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import interventions as iv
-from tests.conftest import N_LAYERS, random_tokens, transformer_lens_major
+from interventions.bridge import transformer_lens_major
+from tests.conftest import N_LAYERS, random_tokens
 from tests.interventions.reference import cama_hook, conditional_means, peek_allowed, score_mask_hook
 
 VALUES = 6
