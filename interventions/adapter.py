@@ -27,7 +27,7 @@ import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from jaxtyping import Float, Int
@@ -113,6 +113,29 @@ def new_hook_level() -> int:
     return next(_levels)
 
 
+HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
+
+
+class HookScope:
+    """Forward hooks added through one adapter under one fresh level, removed together by
+    :meth:`remove` (which :meth:`ModelAdapter.hooks` calls on exit, also after an exception)."""
+
+    def __init__(self, adapter: "ModelAdapter"):
+        self.adapter = adapter
+        self.level = new_hook_level()
+        self.names: list[str] = []
+
+    def add(self, name: str, fn: HookFn) -> None:
+        """Add ``fn(activation, hook)`` at hook point ``name`` (see :meth:`ModelAdapter.add_hook`)."""
+        self.adapter.add_hook(name, fn, self.level)
+        self.names.append(name)
+
+    def remove(self) -> None:
+        """Remove every hook this scope added (and nothing else); idempotent."""
+        names, self.names = self.names, []
+        self.adapter.remove_hooks(names, self.level)
+
+
 class ModelAdapter:
     """Access to a TransformerLens ``HookedTransformer`` (3.x). Subclass for other backends.
 
@@ -170,6 +193,20 @@ class ModelAdapter:
     def remove_hooks(self, names: list[str], level: int) -> None:
         for name in set(names):
             self.hook_point(name).remove_hooks("fwd", level=level)
+
+    @contextmanager
+    def hooks(self, fwd_hooks: "Iterable[tuple[str, HookFn]]" = ()) -> Iterator[HookScope]:
+        """Scoped forward hooks, like TransformerLens's ``model.hooks(fwd_hooks=...)``: the hooks in
+        ``fwd_hooks`` (``(hook name, fn)`` pairs) and any added to the yielded :class:`HookScope` live
+        only inside the ``with`` block and are removed on exit, also after an exception. Other hooks on
+        the model are untouched."""
+        scope = HookScope(self)
+        try:
+            for name, fn in fwd_hooks:
+                scope.add(name, fn)
+            yield scope
+        finally:
+            scope.remove()
 
     def token_module(self) -> torch.nn.Module:
         """The module whose forward receives the token ids ``[batch, pos]`` of each forward pass."""

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from .adapter import ModelAdapter, adapt, new_hook_level
+from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
@@ -50,9 +50,7 @@ def apply(
         tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
 
     ctx = ForwardContext(tokens)
-    level = new_hook_level()
     fired: list[list[int]] = []  # per intervention: [times any of its hooks fired, hooks it added]
-    names: list[str] = []
     handles = []
 
     def count(body: Any, slot: list[int]) -> Any:
@@ -78,19 +76,18 @@ def apply(
             ctx.tokens = first
 
     try:
-        handles.append(ad.register_forward_pre_hook(on_forward))
-        if any(item.uses_tokens for item in items):
-            handles.append(ad.token_module().register_forward_pre_hook(on_embed, with_kwargs=True))
-        for item in items:
-            slot = [0, 0]
-            fired.append(slot)
-            for name, body in item.hooks(ctx, ad.info):
-                ad.add_hook(name, count(body, slot), level)
-                names.append(name)
-                slot[1] += 1
-        yield model
+        with ad.hooks() as scope:
+            handles.append(ad.register_forward_pre_hook(on_forward))
+            if any(item.uses_tokens for item in items):
+                handles.append(ad.token_module().register_forward_pre_hook(on_embed, with_kwargs=True))
+            for item in items:
+                slot = [0, 0]
+                fired.append(slot)
+                for name, body in item.hooks(ctx, ad.info):
+                    scope.add(name, count(body, slot))
+                    slot[1] += 1
+            yield model
     finally:
-        ad.remove_hooks(names, level)
         for handle in handles:
             handle.remove()
 

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from . import adapter as hooks
-from .adapter import ModelAdapter, adapt, new_hook_level
+from .adapter import ModelAdapter, adapt
 from .types import CacheMismatchError, InterventionError, Tokens
 from .validation import check_tokens
 
@@ -119,22 +119,16 @@ class MeanCache:
 
             return fn
 
-        level = new_hook_level()
-        names = []
-        for layer in range(info.n_layers):
-            for name, fn in ((hooks.resid_post(layer), resid_hook(layer)), (hooks.z(layer), z_hook(layer))):
-                ad.add_hook(name, fn, level)
-                names.append(name)
-        try:
-            with torch.inference_mode():
-                for start in tqdm(
-                    range(0, n, batch_size), desc="MeanCache.fit", unit="batch", disable=not progress
-                ):
-                    batch = tokens[start : start + batch_size].to(device)
-                    current["idx"] = inverse[start : start + batch_size]
-                    ad.run_to_resid(batch)
-        finally:
-            ad.remove_hooks(names, level)
+        fwd_hooks = [
+            pair
+            for layer in range(info.n_layers)
+            for pair in ((hooks.resid_post(layer), resid_hook(layer)), (hooks.z(layer), z_hook(layer)))
+        ]
+        with ad.hooks(fwd_hooks), torch.inference_mode():
+            for start in tqdm(range(0, n, batch_size), desc="MeanCache.fit", unit="batch", disable=not progress):
+                batch = tokens[start : start + batch_size].to(device)
+                current["idx"] = inverse[start : start + batch_size]
+                ad.run_to_resid(batch)
 
         counts = entry_count.to(device=device, dtype=f64)
         return cls(
