@@ -1,0 +1,61 @@
+"""AF1 search: the latest ``wait`` and the shortest ``transfer`` that keep the model faithful.
+
+A configuration ``(wait, transfer)`` of a model with ``n_layers`` blocks (0-indexed) is the subgraph
+``interventions.af1_subgraph(n_layers, wait, transfer, cache, ablation)``:
+
+* the residual after block ``wait`` (``blocks.{wait}.hook_resid_post``) is ablated at every position but
+  BOS (position 0): CAMA by default, or the plain-mean / zero baselines; ``wait=-1``: no ablation;
+* in blocks ``wait+1 .. wait+transfer`` the last token sees every earlier token (full peek) while every
+  other token sees only BOS and itself (self peek);
+* in every later block all tokens self-peek.
+
+``wait`` ranges over ``-1 .. n_layers-1`` and ``transfer`` over ``0 .. n_layers-1-wait``.
+
+Selection rule: among the configurations with faithfulness ``>= threshold``, the one with the largest
+``wait``; ties broken by the smallest ``transfer``. ``None`` when no configuration is sufficient.
+
+Two evaluation methods give the same numbers:
+
+* ``method="naive"``: one complete intervened forward pass per configuration (``faithfulness`` with
+  ``af1_subgraph``), the reference.
+* ``method="fast"``: exact shortcuts. (1) CAMA / mean / zero ablation make blocks ``0..wait`` unnecessary:
+  the residual after block ``wait`` is a table lookup of the cached means, with the model's own BOS
+  state at position 0 (BOS only attends to itself, so its state is the same in every prompt). (2) The
+  configurations of one ``wait`` share their transfer blocks: the residual after ``transfer = T`` blocks
+  is extended by one block for ``T + 1``. (3) After the transfer blocks every token self-peeks, so the
+  last position depends only on itself and BOS, and BOS's state (hence its key and value) is the same
+  in every prompt and configuration: the remaining blocks run on the last position alone, with BOS's
+  key and value supplied as a frozen key-value cache (``tail="last"``; ``tail="pair"`` runs ``[BOS,
+  last]``). That is exact for learned absolute positions (already in the residual) and for rotary
+  embeddings, whose last-position query and key are rotated to their true position ``n_pos-1``
+  (``hook_rot_q``/``hook_rot_k``); other position schemes (ALiBi, local attention, ...) keep every
+  position (``tail="full"``). Only the last position is unembedded. (4) With ``transfer = 0`` the answer depends only on
+  the last token (its ablated state is a cached mean, a constant or an embedding) and BOS: one prompt per
+  distinct last token is evaluated.
+
+Both backends run the fast method through ``interventions.adapt(model).run_from`` (blocks from a given
+residual). ``tail="last"`` and the rotary re-rotation of ``tail="pair"`` read HookedTransformer's
+key-value cache and rotary tables, so a ``TransformerBridge`` uses ``tail="pair"`` for learned absolute
+positions and ``tail="full"`` for rotary ones (same numbers, more work per tail).
+
+``grid="full"`` evaluates every configuration; ``grid="auto"`` scans waits from the largest down,
+each with transfers from 0 upward, stops a wait at its first sufficient transfer and stops descending
+after the first wait that has one. Faithfulness need not be monotone in ``transfer``, but the rule only
+needs (a) every configuration of the waits above the selected one (all evaluated, none sufficient) and
+(b) the transfers below the selected one in its wait (all evaluated): the selection equals the full
+grid's.
+"""
+
+from circuits.search.analysis import load_summary, search_af1, write_outputs
+from circuits.search.evaluators import Evaluator, FastEvaluator, NaiveEvaluator, PerPrompt, two_position_exact
+from circuits.search.results import ConfigResult, SearchResult
+from circuits.search.rule import (
+    ABLATIONS, GRIDS, METHODS, NOT_EVALUATED, Config, check_config, configurations, scan, select,
+    smallest_transfers,
+)
+
+__all__ = [
+    "ABLATIONS", "GRIDS", "METHODS", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator", "FastEvaluator",
+    "NaiveEvaluator", "PerPrompt", "SearchResult", "check_config", "configurations", "load_summary", "scan",
+    "search_af1", "select", "smallest_transfers", "two_position_exact", "write_outputs",
+]
