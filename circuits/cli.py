@@ -1,7 +1,12 @@
 """The ``af1`` command line.
 
-Each sub-command lives in its own module which exposes ``add_arguments(parser)`` and ``run(args) -> int``;
+Each sub-command lives in its own module which exposes ``add_arguments(parser)``, optionally
+``check(args)`` (model-independent checks, run before anything is loaded) and ``run(args) -> int``;
 modules are imported only when their command runs, so ``af1 --help`` stays fast.
+
+Every expected failure (see :func:`describe`) ends as one line on stderr, ``af1 COMMAND: error: ...``, and
+exit code 2; anything else as one line naming the exception and exit code 1. ``--debug`` (anywhere on
+the command line) prints the traceback too.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from typing import Sequence
 
 # name -> (module, one-line help). Add a command by adding a line here.
@@ -21,18 +27,60 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lens": ("circuits.commands.lens", "early decoding (logit lens) after every attention and MLP sub-layer"),
 }
 
+MAX_MESSAGE = 400
+"""Longest error message printed (characters); longer ones (e.g. a loader's list of every model name)
+are cut."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="af1",
         description="Circuit discovery for mental arithmetic (AF1: CAMA, attention peeking, head pruning).",
     )
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an error")
         p.set_defaults(_module=module)
     return parser
+
+
+def describe(err: BaseException) -> tuple[str, int] | None:
+    """``(one-line message, exit code 2)`` for an expected failure, ``None`` for anything else.
+
+    Expected: the project's errors (:mod:`circuits.errors`, :mod:`interventions.types`; ``ValueError``
+    subclasses), bad arguments, OS errors on files (permission, missing, not a directory, disk full), a
+    corrupt or foreign file (safetensors, JSON), running out of device memory, and Ctrl-C.
+    """
+    import json
+
+    from circuits.errors import AF1Error
+    from interventions.types import InterventionNotAppliedError
+
+    if isinstance(err, (AF1Error, InterventionNotAppliedError)):
+        return _one_line(err), 2
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted; finished results are saved: run the same command again to resume", 2
+    if isinstance(err, json.JSONDecodeError):
+        return f"a JSON file is malformed ({err}); move it away or use a new --out directory", 2
+    if isinstance(err, (ValueError, OSError, LookupError)) and not isinstance(err, (IndexError, KeyError)):
+        return _one_line(err), 2
+    name = type(err).__name__
+    if name == "SafetensorError":
+        return f"a .safetensors file is corrupt or truncated ({err}); move it away or use a new --out directory", 2
+    if name == "OutOfMemoryError":
+        return "out of device memory: lower --batch-size (or use a smaller --dtype)", 2
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
+        text = f"{text}: {err.filename}"
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,12 +89,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    debug = bool(getattr(args, "debug", False))
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        # User errors: one clear line, no stack trace.
-        print(f"af1 {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        module = importlib.import_module(args._module)
+        if hasattr(module, "check"):
+            module.check(args)
+        return int(module.run(args) or 0)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place errors become messages
+        if debug:
+            traceback.print_exc()
+        known = describe(err)
+        if known is not None:
+            print(f"af1 {args.command}: error: {known[0]}", file=sys.stderr)
+            return known[1]
+        print(f"af1 {args.command}: internal error: {type(err).__name__}: {_one_line(err)} (run with --debug for "
+              f"the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,9 +21,13 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 import interventions as iv
+from circuits import files
 from circuits.faithfulness import faithfulness
+from circuits.records import RecordSchema, faithfulness_fields, layer_field
+from circuits.runner import Analysis, RunContext, execute
+from circuits.runs import RunDir, tokens_sha256
+from circuits.search.config import check_int
 from interventions.types import Tokens
-from interventions.validation import check_tokens
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,31 @@ class NecessityResult:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class NecessityConfig:
+    """What determines a necessity sweep besides the model and the prompts: ``layers`` to test
+    (0-indexed; ``None`` = every block), bootstrap ``seed`` and ``n_boot``, ``batch_size`` (prompts per
+    forward pass)."""
+
+    layers: tuple[int, ...] | None = None
+    seed: int = 0
+    batch_size: int = 128
+    n_boot: int = 1000
+
+    def validate(self, info: Any = None) -> "NecessityConfig":
+        """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
+        check_int("seed", self.seed, -(2**63))
+        check_int("batch_size", self.batch_size, 1)
+        check_int("n_boot", self.n_boot, 1)
+        if info is not None:
+            for layer in self.layers or ():
+                info.check_layer(layer, "necessity layer")
+        return self
+
+    def blocks(self, n_layers: int) -> list[int]:
+        return list(range(n_layers)) if self.layers is None else [int(x) for x in self.layers]
+
+
 def necessity_sweep(
     model: Any,
     tokens: Tokens,
@@ -78,69 +107,83 @@ def necessity_sweep(
     wrong are dropped first. ``layers``: blocks to test (default all, 0-indexed). With ``out_dir``,
     results are appended to ``necessity.jsonl`` as they are known and an interrupted run resumes.
     """
+    config = NecessityConfig(layers=None if layers is None else tuple(int(x) for x in layers), seed=seed,
+                             batch_size=batch_size, n_boot=n_boot)
+    return execute(NECESSITY, model, tokens, answers, config, out_dir=out_dir, meta=meta, progress=progress)
+
+
+def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> NecessityResult:
+    """The sweep itself (pure): one faithfulness per block not already in ``ctx.store``."""
     t0 = time.perf_counter()
-    info = iv.adapt(model).info
-    tokens = check_tokens(tokens, d_vocab=info.d_vocab)
-    answers = torch.as_tensor(answers, dtype=torch.long)
-    layers = list(range(info.n_layers)) if layers is None else [int(x) for x in layers]
-    for layer in layers:
-        info.check_layer(layer, "necessity layer")
-    from circuits.faithfulness import base_correct
-
-    keep = base_correct(model, tokens, answers, batch_size=batch_size)
-    tokens, answers = tokens[keep], answers[keep]
-    if len(tokens) == 0:
-        raise ValueError("the unmodified model answers none of the prompts correctly: nothing to sweep")
-    meta = dict(meta or {})
-    known: dict[int, BlockNecessity] = {}
-    run_dir = None
-    if out_dir is not None:
-        from circuits.runs import RunDir
-        from circuits.runs import tokens_sha256
-
-        identity = {
-            **{k: v for k, v in meta.items() if k not in ("command", "base_accuracy", "n_checked")},
-            "analysis": "necessity",
-            "n_prompts": int(len(tokens)),
-            "prompts_sha256": tokens_sha256(tokens, answers),
-            "model_signature": {**info.signature(), "fingerprint": iv.adapt(model).fingerprint()},
-            "seed": int(seed),
-            "n_boot": int(n_boot),
-        }
-        run_dir = RunDir(out_dir, identity, results_name="necessity.jsonl").open()
-        for rec in run_dir.load_records():
-            known[int(rec["layer"])] = BlockNecessity(**{k: rec[k] for k in BlockNecessity.__dataclass_fields__})
+    known = {int(rec["layer"]): BlockNecessity(**{k: rec[k] for k in BlockNecessity.__dataclass_fields__})
+             for rec in ctx.store.records()}
     blocks = []
     n_resumed = 0
-    for layer in tqdm(layers, desc="necessity sweep", unit="block", disable=not progress):
+    for layer in tqdm(config.blocks(iv.adapt(model).info.n_layers), desc="necessity sweep", unit="block",
+                      disable=not ctx.progress):
         if layer in known:
             blocks.append(known[layer])
             n_resumed += 1
             continue
-        r = faithfulness(model, tokens, answers, [iv.Peek([layer], mode="self", queries="last")],
-                         assume_correct=True, batch_size=batch_size, n_boot=n_boot, seed=seed)
+        r = faithfulness(model, ctx.tokens, ctx.answers, [iv.Peek([layer], mode="self", queries="last")],
+                         assume_correct=True, batch_size=config.batch_size, n_boot=config.n_boot, seed=config.seed)
         b = BlockNecessity(layer=layer, **r.to_dict())
         blocks.append(b)
-        if run_dir is not None:
-            run_dir.append(b.to_dict())
-    result = NecessityResult(blocks=blocks, n_prompts=int(len(tokens)), seconds=time.perf_counter() - t0,
-                             n_resumed=n_resumed)
-    if run_dir is not None:
-        from circuits import report
+        ctx.store.append(b.to_dict())
+    return NecessityResult(blocks=blocks, n_prompts=int(len(ctx.tokens)), seconds=time.perf_counter() - t0,
+                           n_resumed=n_resumed)
 
-        run_dir.write_json("necessity.json", {
-            **{k: meta.get(k) for k in ("model", "task", "source", "base_accuracy", "n_checked", "command")},
-            "seed": int(seed),
-            "n_prompts": result.n_prompts,
-            "seconds": result.seconds,
-            "blocks": [b.to_dict() for b in blocks],
-            "identity": run_dir.identity,
-        })
-        title = f"Necessity sweep: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
-        report.necessity_report(
-            [b.layer for b in blocks], [b.faithfulness for b in blocks], Path(out_dir) / "report.html",
-            ci=[(b.ci_low, b.ci_high) for b in blocks], title=title,
-            notes=[f"Faithfulness when the last token attends only to BOS and itself in one block "
-                   f"(all other blocks unchanged); {result.n_prompts} prompts."],
-        )
-    return result
+
+def necessity_identity(config: NecessityConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+    """The run identity of a sweep (the keys of the first release, so that its directories resume)."""
+    ad = iv.adapt(model)
+    return {
+        **{k: v for k, v in ctx.meta.items() if k not in ("command", "base_accuracy", "n_checked")},
+        "analysis": "necessity",
+        "n_prompts": int(len(ctx.tokens)),
+        "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
+        "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
+        "seed": int(config.seed),
+        "n_boot": int(config.n_boot),
+    }
+
+
+def necessity_schema(config: NecessityConfig, info: Any, n_prompts: int) -> RecordSchema:
+    """The schema of a ``necessity.jsonl`` line (a block of this model, ``n`` = the run's prompts)."""
+    return RecordSchema(fields=(layer_field("layer", info.n_layers), *faithfulness_fields(n_prompts)), key=("layer",))
+
+
+def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunContext) -> None:
+    """``necessity.json`` and ``report.html`` of a finished sweep."""
+    from circuits import report
+
+    meta = ctx.meta
+    run_dir.write_json(files.NECESSITY_SUMMARY, {
+        **{k: meta.get(k) for k in ("model", "task", "source", "base_accuracy", "n_checked", "command")},
+        "seed": int(run_dir.identity.get("seed", 0)),
+        "n_prompts": result.n_prompts,
+        "seconds": result.seconds,
+        "blocks": [b.to_dict() for b in result.blocks],
+        "identity": run_dir.identity,
+    })
+    title = f"Necessity sweep: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
+    blocks = result.blocks
+    report.necessity_report(
+        [b.layer for b in blocks], [b.faithfulness for b in blocks], run_dir.path / files.REPORT,
+        ci=[(b.ci_low, b.ci_high) for b in blocks], title=title,
+        notes=[f"Faithfulness when the last token attends only to BOS and itself in one block "
+               f"(all other blocks unchanged); {result.n_prompts} prompts."],
+    )
+
+
+NECESSITY = Analysis(
+    name="necessity",
+    results_file=files.NECESSITY_RESULTS,
+    validate=lambda config, info: config.validate(info),
+    needs_means=lambda config: False,
+    identity=necessity_identity,
+    schema=necessity_schema,
+    run=run_necessity,
+    write=write_necessity_outputs,
+)
+"""The necessity sweep as the runner runs it."""

@@ -9,6 +9,12 @@ prompt count, threshold, ablation, ...), one append-only JSONL results file and 
 * Re-running the same command in the same directory resumes from the finished lines; a different
   command raises :class:`RunMismatchError` naming the differing parameters.
 * JSON files (``run.json``, summaries) are replaced atomically (write to a temporary file, then rename).
+* Files a resumed run reads back besides its results (the means cache) are named by their content hash
+  in ``artifacts.json`` when written, and checked against it when read (:meth:`RunDir.checked_artifact`).
+* Malformed files (a ``run.json`` that is not a JSON object, a results line that is not an object, deep
+  nesting) raise :class:`~circuits.errors.CorruptRunError` naming the file and the line.
+
+Locking is the runner's concern (:class:`circuits.lock.DirLock`, taken by :mod:`circuits.runner`).
 """
 
 from __future__ import annotations
@@ -23,11 +29,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 if TYPE_CHECKING:
     import torch
 
+from circuits.errors import CorruptRunError, RunMismatchError
+
 IDENTITY_FILE = "run.json"
+ARTIFACTS_FILE = "artifacts.json"
 
-
-class RunMismatchError(FileExistsError):
-    """The output directory holds results of a different command."""
+__all__ = [
+    "ARTIFACTS_FILE", "IDENTITY_FILE", "RunDir", "RunMismatchError", "append_line", "dist_version", "dumps_line",
+    "file_sha256", "identity_diff", "read_json_object", "read_jsonl", "tokens_sha256", "write_json",
+]
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,35 +83,45 @@ def append_line(path: str | Path, record: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
-def read_jsonl(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = False) -> list[Any]:
     """The complete records of a JSONL file (``[]`` if missing).
 
     A trailing line without newline or that does not parse (left by an interrupted write) is ignored;
     with ``repair=True`` it is also truncated from the file so that later appends start on a fresh
-    line. A bad line that is *not* the last raises ``ValueError`` (the file is corrupt).
+    line. A bad line that is *not* the last, or a complete line that is not a JSON object, raises
+    :class:`~circuits.errors.CorruptRunError` (a ``ValueError``: the file is corrupt).
+    ``with_lines=True`` returns ``(line number, record)`` pairs (1-based) instead of records.
     """
     path = Path(path)
     if not path.exists():
         return []
     raw = path.read_bytes()
-    records: list[dict[str, Any]] = []
+    records: list[Any] = []
     good_end = 0
     pos = 0
+    line_no = 0
     while pos < len(raw):
         nl = raw.find(b"\n", pos)
         if nl < 0:  # partial last line
             break
         line = raw[pos:nl]
+        line_no += 1
         if line.strip():
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 if raw[nl + 1 :].strip():
-                    raise ValueError(
-                        f"{path} is corrupt: line {len(records) + 1} is not valid JSON and is not the last "
+                    raise CorruptRunError(
+                        f"{path} is corrupt: line {line_no} is not valid JSON and is not the last "
                         f"line; move the file away or use a new --out directory"
                     ) from None
                 break
+            if not isinstance(record, dict):
+                raise CorruptRunError(
+                    f"{path}, line {line_no}: expected a JSON object, found {type(record).__name__}; the file "
+                    f"was not written by af1: move it away or use a new --out directory"
+                )
+            records.append((line_no, record) if with_lines else record)
         pos = nl + 1
         good_end = pos
     if repair and good_end < len(raw):
@@ -110,6 +130,34 @@ def read_jsonl(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]
             f.flush()
             os.fsync(f.fileno())
     return records
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`~circuits.errors.CorruptRunError` if it is not valid JSON
+    or not an object (``[]``, a number, nesting too deep to parse)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CorruptRunError(
+            f"{path} is not valid JSON: cannot tell which command wrote {path.parent}; use a new --out "
+            f"directory"
+        ) from None
+    if not isinstance(obj, dict):
+        raise CorruptRunError(
+            f"{path} holds a JSON {type(obj).__name__}, not an object: it was not written by af1; use a new "
+            f"--out directory"
+        )
+    return obj
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class RunDir:
@@ -134,12 +182,9 @@ class RunDir:
         ident_path = self.path / IDENTITY_FILE
         if ident_path.exists():
             try:
-                theirs = json.loads(ident_path.read_text())
-            except json.JSONDecodeError:
-                raise RunMismatchError(
-                    f"{ident_path} is not valid JSON: cannot tell which command wrote {self.path}; "
-                    f"use a new --out directory"
-                ) from None
+                theirs = read_json_object(ident_path)
+            except CorruptRunError as err:
+                raise RunMismatchError(str(err)) from None
             diff = identity_diff(theirs, self.identity)
             if diff:
                 raise RunMismatchError(
@@ -159,6 +204,49 @@ class RunDir:
     def load_records(self) -> list[dict[str, Any]]:
         """Finished result records (a partial last line is cut off the file)."""
         return read_jsonl(self.results_path, repair=True)
+
+    def load_numbered_records(self) -> list[tuple[int, dict[str, Any]]]:
+        """:meth:`load_records` as ``(line number, record)`` pairs, for messages that name the line."""
+        return read_jsonl(self.results_path, repair=True, with_lines=True)
+
+    # --- artifacts: files read back on resume, named by content hash ---------------------------
+    def record_artifact(self, name: str) -> str:
+        """Record the SHA-256 of ``<dir>/name`` in ``artifacts.json`` (after writing the file)."""
+        digest = file_sha256(self.path / name)
+        self.write_json(ARTIFACTS_FILE, {**self.artifacts(), name: digest})
+        return digest
+
+    def artifacts(self) -> dict[str, str]:
+        """``{file name: sha256}`` recorded so far (empty when there is no ``artifacts.json``)."""
+        path = self.path / ARTIFACTS_FILE
+        if not path.exists():
+            return {}
+        obj = read_json_object(path)
+        if not all(isinstance(v, str) for v in obj.values()):
+            raise CorruptRunError(f"{path}: every value must be a SHA-256 string; use a new --out directory")
+        return obj
+
+    def checked_artifact(self, name: str) -> Path | None:
+        """``<dir>/name`` if it exists and its content hash is the one recorded when it was written
+        (``None`` if it does not exist). A file whose hash differs, or that exists without a record,
+        raises :class:`~circuits.errors.CorruptRunError`: it is not the file this run wrote."""
+        path = self.path / name
+        if not path.exists():
+            return None
+        recorded = self.artifacts().get(name)
+        if recorded is None:
+            raise CorruptRunError(
+                f"{path} was not written by this run (no content hash recorded in {ARTIFACTS_FILE}): move it "
+                f"away to recompute it, or use a new --out directory"
+            )
+        actual = file_sha256(path)
+        if actual != recorded:
+            raise CorruptRunError(
+                f"{path} changed since this run wrote it (SHA-256 {actual[:12]}..., recorded "
+                f"{recorded[:12]}...): results resumed with it would mix two caches; restore the file, move "
+                f"it away to recompute it, or use a new --out directory"
+            )
+        return path
 
     def append(self, record: Mapping[str, Any]) -> None:
         append_line(self.results_path, record)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from circuits.commands.search import add_backend_argument
+from circuits.commands.common import add_backend_argument
+from circuits.errors import ArgumentError
+from circuits.runner import Analysis, RunContext
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,12 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
 
 
 def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
@@ -58,39 +55,120 @@ def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[in
     return sets
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class LensConfig:
+    """What determines an ``af1 lens`` run besides the model and the prompts: ``decode``
+    (``"final_norm"`` or ``"raw"``), ``top_k`` of the visibility test, ``interchange`` (run the check),
+    ``seed`` (counterfactual pairs), ``batch_size`` (prompts per forward pass)."""
+
+    decode: str = "final_norm"
+    top_k: int = 10
+    interchange: bool = True
+    seed: int = 0
+    batch_size: int = 64
+    n_boot: int = 1000
+
+    def validate(self, info: Any = None) -> "LensConfig":
+        if self.decode not in ("final_norm", "raw"):
+            raise ArgumentError(f"decode={self.decode!r} is not valid: choose 'final_norm' or 'raw'")
+        if self.top_k < 1:
+            raise ArgumentError(f"--top-k {self.top_k} is out of range: give an integer >= 1")
+        if self.batch_size < 1:
+            raise ArgumentError(f"--batch-size {self.batch_size} is out of range: give an integer >= 1")
+        return self
+
+
+def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list[Any]]:
+    """Early decoding of the kept prompts, and the interchange checks (pure)."""
     import torch
 
-    from circuits import lens, loading
+    from circuits import lens
+
+    records = ctx.kept_prompts or []
+    prompts = [r["prompt"] for r in records]
+    values = [int(r["answer"]) for r in records] if records else None
+    result = lens.early_decode(model, ctx.tokens, answers=torch.as_tensor(ctx.answers), answer_values=values,
+                               prompts=prompts or None, decode=config.decode, top_k=config.top_k,
+                               batch_size=config.batch_size)
+    inter = []
+    if config.interchange and values is not None:
+        for cf in interchange_sets(model, ctx.meta["task"], prompts, values, config.seed):
+            inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
+                                          counter_answers=cf.counter_answers, batch_size=config.batch_size,
+                                          label=cf.label))
+    return result, inter
+
+
+def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+    """The run identity of ``af1 lens``."""
+    import interventions as iv
+    from circuits.runs import tokens_sha256
+
+    ad = iv.adapt(model)
+    return {
+        **{k: v for k, v in ctx.meta.items() if k in ("model", "task", "seed", "n_requested")},
+        "analysis": "lens",
+        "n_prompts": int(ctx.tokens.shape[0]),
+        "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
+        "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
+        "decode": config.decode,
+        "top_k": int(config.top_k),
+        "interchange": bool(config.interchange),
+    }
+
+
+def write_lens(result: tuple[Any, list[Any]], run_dir: Any, ctx: RunContext) -> None:
     from circuits.lens_report import write_lens_outputs
 
-    if args.n_prompts < 1:
-        raise ValueError(f"--n-prompts={args.n_prompts} must be >= 1")
-    out = Path(args.out)
-    if (out / "lens.json").exists() and not args.force:
-        raise FileExistsError(f"{out / 'lens.json'} exists: choose another --out or pass --force")
+    meta = {k: ctx.meta.get(k) for k in ("model", "task", "seed", "n_requested", "base_accuracy")}
+    meta["runtime_s"] = round(time.time() - ctx.meta["t0"], 1)
+    write_lens_outputs(run_dir.path, result[0], interchanges=result[1], meta=meta, seed=int(ctx.meta["seed"]))
+
+
+LENS = Analysis(
+    name="lens",
+    results_file=None,
+    validate=lambda config, info: config.validate(info),
+    needs_means=lambda config: False,
+    identity=lens_identity,
+    schema=lambda config, info, n: None,
+    run=lens_run,
+    write=write_lens,
+)
+"""``af1 lens`` as the runner runs it."""
+
+
+def check(args: argparse.Namespace) -> None:
+    """Model-independent checks, before anything is loaded."""
+    from circuits.commands.common import check_device, check_out, check_positive, check_task
+
+    check_positive("--n-prompts", args.n_prompts)
+    check_positive("--batch-size", args.batch_size)
+    check_positive("--top-k", args.top_k)
+    check_task(args.task, args.n_prompts)
+    check_device(args.device)
+    check_out(args.out)
+    if (Path(args.out) / "lens.json").exists() and not args.force:
+        raise FileExistsError(f"{Path(args.out) / 'lens.json'} exists: choose another --out or pass --force")
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuits import loading
+    from circuits.runner import Run, execute
+
+    check(args)
+    config = LensConfig(decode=args.decode, top_k=args.top_k, interchange=not args.no_interchange, seed=args.seed,
+                        batch_size=args.batch_size).validate()
     t0 = time.time()
-    model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype)
-    prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
-    tokens, answers = _get(prep, "tokens"), _get(prep, "answers")
-    prompts = list(_get(prep, "prompts"))
-    values = _get(prep, "answer_values")
-    values = [int(v) for v in values] if values is not None else None
-    result = lens.early_decode(model, tokens, answers=torch.as_tensor(answers), answer_values=values,
-                               prompts=prompts, decode=args.decode, top_k=args.top_k,
-                               batch_size=args.batch_size)
-    inter = []
-    if not args.no_interchange and values is not None:
-        for cf in interchange_sets(model, args.task, prompts, values or [], args.seed):
-            res = lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
-                                   counter_answers=cf.counter_answers, batch_size=args.batch_size, label=cf.label)
-            inter.append(res)
-    meta = {
-        "model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
-        "base_accuracy": _get(prep, "base_accuracy"), "runtime_s": None,
-    }
-    meta["runtime_s"] = round(time.time() - t0, 1)
-    json_path, html_path = write_lens_outputs(out, result, interchanges=inter, meta=meta, seed=args.seed)
+    with Run(args.out, "lens") as held:
+        model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype)
+        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
+        meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
+                "base_accuracy": prep.base_accuracy, "t0": t0}
+        records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
+        result, inter = execute(LENS, model, prep.tokens, prep.answers, config, out_dir=args.out, held=held,
+                                meta=meta, prompts=records, progress=False)
+    out = Path(args.out)
     rows = result.rows(n_boot=200)
     first = next((r for r in rows if r["answer_top1"] >= 0.5), None)
     print(f"af1 lens: {result.n_prompts} prompts, {len(rows)} sub-layers; answer top-1 for most prompts from "
@@ -98,5 +176,5 @@ def run(args: argparse.Namespace) -> int:
     for r in inter:
         best = max(r.rows(), key=lambda x: x["drop"])
         print(f"af1 lens: interchange {r.label}: largest drop {best['drop']:.3f} at block {best['layer']} (n={len(r.clean_prob)})")
-    print(f"af1 lens: wrote {json_path} and {html_path}")
+    print(f"af1 lens: wrote {out / 'lens.json'} and {out / 'report.html'}")
     return 0

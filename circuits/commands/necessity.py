@@ -7,24 +7,27 @@ from __future__ import annotations
 
 import argparse
 
-from circuits.commands.search import add_common_arguments, command_line, prepare
+from circuits.commands.common import add_common_arguments, check_common, meta_of, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    from circuits.necessity import necessity_sweep
+def check(args: argparse.Namespace) -> None:
+    """Model-independent checks, before anything is loaded."""
+    check_common(args)
 
-    model, prompts = prepare(args)
-    result = necessity_sweep(
-        model, prompts.tokens, prompts.answers, out_dir=args.out, seed=args.seed, batch_size=args.batch_size,
-        progress=not args.no_progress,
-        meta={"model": args.model, "task": args.task, "source": args.source,
-              "base_accuracy": prompts.base_accuracy, "n_checked": prompts.n_checked,
-              "command": command_line(args)},
-    )
+
+def run(args: argparse.Namespace) -> int:
+    from circuits.necessity import NECESSITY, NecessityConfig
+    from circuits.runner import Run, execute
+
+    config = NecessityConfig(seed=args.seed, batch_size=args.batch_size).validate()
+    with Run(args.out, "necessity") as held:
+        model, prompts = prepare(args)
+        result = execute(NECESSITY, model, prompts.tokens, prompts.answers, config, out_dir=args.out, held=held,
+                         meta=meta_of(args, prompts), progress=not args.no_progress)
     print(result.table())
     print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {args.out}/report.html")
     return 0

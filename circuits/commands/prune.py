@@ -8,7 +8,6 @@ and runs :func:`circuits.prune.prune_heads`. Re-running the same command continu
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,55 +29,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded (``ValueError`` naming the bad value)."""
+    from circuits.commands.common import check_common, check_fraction
+
     if args.transfer < 1:
         raise ValueError(f"--transfer {args.transfer}: head pruning needs transfer heads, give --transfer >= 1")
     if args.wait < -1:
         raise ValueError(f"--wait {args.wait} is out of range: -1 (no ablation) or a 0-indexed block")
-    if not 0.0 <= args.target <= 1.0:
-        raise ValueError(f"--target {args.target} is out of range: a faithfulness fraction in [0, 1]")
-    if args.n_prompts < 1:
-        raise ValueError(f"--n-prompts {args.n_prompts} must be >= 1")
+    check_fraction("--target", args.target)
     if args.confirm_top is not None and args.confirm_top < 1:
         raise ValueError(f"--confirm-top {args.confirm_top} must be >= 1")
     if args.confirm_top is not None and args.rank != "attribution":
         raise ValueError("--confirm-top needs --rank attribution (--rank none confirms every candidate)")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
+    check_common(args)
+
+
+check = check_arguments
 
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
-    import interventions as iv
-    from circuits.commands.search import meta_of, prepare
-    from circuits.prune import prune_heads
+    from circuits.commands.common import meta_of, prepare
+    from circuits.prune import PRUNE, PruneConfig
+    from circuits.runner import Run, execute
 
-    model, data = prepare(args)
-    cache = None
-    if args.ablation in ("cama", "mean") or args.method == "mean":
-        saved = Path(args.out) / "means.safetensors"
-        if saved.exists():
-            cache = iv.MeanCache.load(saved)
-        else:
-            cache = iv.MeanCache.fit(model, data.tokens, batch_size=args.batch_size, progress=not args.no_progress)
-    result = prune_heads(
-        model,
-        data.tokens,
-        data.answers,
-        wait=args.wait,
-        transfer=args.transfer,
-        cache=cache,
-        ablation=args.ablation,
-        method=args.method,
-        target=args.target,
-        rank=args.rank,
-        confirm_top=args.confirm_top,
-        out_dir=args.out,
-        progress=not args.no_progress,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        meta=meta_of(args, data),
-        prompts=data.records(),
-    )
+    config = PruneConfig(args.wait, args.transfer, args.ablation, args.method, float(args.target), args.rank,
+                         args.confirm_top, args.batch_size, 1000, args.seed)
+    with Run(args.out, "prune") as held:
+        model, data = prepare(args)
+        result = execute(PRUNE, model, data.tokens, data.answers, config, out_dir=args.out, held=held,
+                         meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress)
     n_all = len(result.transfer_heads)
     if result.smallest_head_set is None:
         found = f"no head set reaches faithfulness {args.target} (unpruned: {result.curve[0].faithfulness:.3f})"

@@ -9,33 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-
-def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """``--backend hooked|bridge`` (default: hooked on TransformerLens 3.x, bridge on 4.x) and ``--dtype``."""
-    parser.add_argument("--backend", choices=("hooked", "bridge"), default=None,
-                        help="TransformerLens model class: hooked (HookedTransformer, 3.x) or bridge "
-                             "(TransformerBridge); default hooked where it exists, else bridge")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
-                        help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
-
-
-def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
-    """Model / task / prompt / device options shared by the search-like commands."""
-    parser.add_argument("--model", required=True,
-                        help="zoo model name (see circuits.zoo), or a HuggingFace/TransformerLens name "
-                             "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
-                             "(needs local weights or network)")
-    parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
-    parser.add_argument("--n-prompts", type=int, default=n_prompts,
-                        help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
-    parser.add_argument("--source", choices=("build", "frozen"), default="build",
-                        help="prompts generated with --seed (build, default) or the task's frozen set")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap CIs (default 0)")
-    parser.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass (default 128)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    add_backend_argument(parser)
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+from circuits.commands.common import (  # noqa: F401 - re-exported: other commands and scripts import them here
+    add_backend_argument, add_common_arguments, check_common, check_fraction, command_line, meta_of, prepare,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,52 +27,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fast (default, exact shortcuts) or naive (one full forward per configuration)")
 
 
-def prepare(args: argparse.Namespace):
-    """Load the model and the prompts named by ``args``; prints what it uses."""
-    from circuits.loading import load_model, prepare_prompts
-
-    model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype)
-    prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source)
-    print(
-        f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
-        f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
-        f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))"
-    )
-    return model, prompts
-
-
-def meta_of(args: argparse.Namespace, prompts) -> dict:
-    return {
-        "model": args.model,
-        "task": args.task,
-        "source": args.source,
-        "base_accuracy": prompts.base_accuracy,
-        "n_checked": prompts.n_checked,
-        "command": command_line(args),
-    }
-
-
-def command_line(args: argparse.Namespace) -> list[str]:
-    """The command as an argv list (``af1 <command> --option value ...``), rebuilt from ``args``."""
-    out = ["af1", str(args.command)]
-    for key, value in vars(args).items():
-        if key.startswith("_") or key == "command" or value is None or value is False:
-            continue
-        flag = "--" + key.replace("_", "-")
-        out += [flag] if value is True else [flag, str(value)]
-    return out
+def check(args: argparse.Namespace) -> None:
+    """Model-independent checks, before anything is loaded."""
+    check_common(args)
+    check_fraction("--threshold", args.threshold)
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuits.search import search_af1
+    from circuits.runner import Run
+    from circuits.search import SEARCH, SearchConfig
+    from circuits.runner import execute
 
-    model, prompts = prepare(args)
-    result = search_af1(
-        model, prompts.tokens, prompts.answers,
-        threshold=args.threshold, grid=args.grid, ablation=args.ablation, out_dir=args.out, seed=args.seed,
-        batch_size=args.batch_size, progress=not args.no_progress, method=args.method,
-        meta=meta_of(args, prompts), prompts=prompts.records(),
-    )
+    config = SearchConfig(threshold=args.threshold, grid=args.grid, ablation=args.ablation, method=args.method,
+                          seed=args.seed, batch_size=args.batch_size).validate()
+    with Run(args.out, "search") as held:
+        model, prompts = prepare(args)
+        result = execute(SEARCH, model, prompts.tokens, prompts.answers, config, out_dir=args.out, held=held,
+                         meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress)
     print(result.table())
     print(result.summary_line())
     if result.n_resumed:

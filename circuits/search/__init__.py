@@ -46,7 +46,8 @@ needs (a) every configuration of the waits above the selected one (all evaluated
 grid's.
 """
 
-from circuits.search.analysis import load_summary, search_af1, write_outputs
+from circuits.search.analysis import SEARCH, load_summary, run_search, search_af1, write_outputs
+from circuits.search.config import SearchConfig
 from circuits.search.evaluators import Evaluator, FastEvaluator, NaiveEvaluator, PerPrompt, two_position_exact
 from circuits.search.results import ConfigResult, SearchResult
 from circuits.search.rule import (
@@ -56,6 +57,6 @@ from circuits.search.rule import (
 
 __all__ = [
     "ABLATIONS", "GRIDS", "METHODS", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator", "FastEvaluator",
-    "NaiveEvaluator", "PerPrompt", "SearchResult", "check_config", "configurations", "load_summary", "scan",
+    "NaiveEvaluator", "PerPrompt", "SEARCH", "SearchConfig", "SearchResult", "run_search", "check_config", "configurations", "load_summary", "scan",
     "search_af1", "select", "smallest_transfers", "two_position_exact", "write_outputs",
 ]

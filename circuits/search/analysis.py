@@ -12,15 +12,20 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 import interventions as iv
-from circuits.faithfulness import last_token_metrics, summarize
-from circuits.runs import dist_version, tokens_sha256
+from circuits import files
+from circuits.faithfulness import summarize
+from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
+from circuits.runner import Analysis, RunContext, execute
+from circuits.runs import RunDir, dist_version, tokens_sha256
+from circuits.search.config import SearchConfig
 from circuits.search.evaluators import FastEvaluator, NaiveEvaluator
 from circuits.search.results import ConfigResult, SearchResult
-from circuits.search.rule import (
-    ABLATIONS, GRIDS, METHODS, Config, configurations, scan, select, smallest_transfers,
-)
+from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
 from interventions.types import Tokens
-from interventions.validation import check_choice, check_tokens
+
+
+NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
+"""Keys of ``meta`` that describe a run rather than determine its results."""
 
 
 def search_af1(
@@ -66,133 +71,131 @@ def search_af1(
         prompts: ``{"prompt", "answer"}`` records aligned with ``tokens`` for ``prompts.jsonl``
             (default: token ids and answer token ids).
     """
+    config = SearchConfig(threshold=threshold, grid=grid, ablation=ablation, method=method, seed=seed,
+                          batch_size=batch_size, n_boot=n_boot)
+    result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache, meta=meta,
+                     prompts=prompts, progress=progress)
+    result.out_dir = Path(out_dir) if out_dir is not None else None
+    return result
+
+
+def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResult:
+    """The search itself (pure): evaluate what ``config.grid`` needs on ``ctx``'s base-correct prompts,
+    skipping configurations already in ``ctx.store`` and appending each new one to it, then apply the
+    selection rule."""
     t0 = time.perf_counter()
-    check_choice("grid", grid, GRIDS)
-    check_choice("ablation", ablation, ABLATIONS)
-    check_choice("method", method, METHODS)
-    if not isinstance(threshold, (int, float)) or not 0.0 <= float(threshold) <= 1.0:
-        raise ValueError(f"threshold={threshold!r} must be a fraction in [0, 1]")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
-    info = iv.adapt(model).info
-    tokens = check_tokens(tokens, d_vocab=info.d_vocab)
-    answers = torch.as_tensor(answers, dtype=torch.long)
-    if answers.shape != (tokens.shape[0],):
-        raise ValueError(
-            f"answers must hold one token id per prompt: got shape {tuple(answers.shape)} for {tokens.shape[0]} prompts"
-        )
-    meta = dict(meta or {})
-    n_layers = info.n_layers
-
-    # Base check: keep the prompts the unmodified model answers correctly.
-    with torch.inference_mode():
-        base_logits = torch.cat([model(tokens[s : s + batch_size])[:, -1].float() for s in range(0, len(tokens), batch_size)])
-    keep = last_token_metrics(base_logits, answers)[0].cpu()
-    n_given = int(tokens.shape[0])
-    tokens, answers = tokens[keep], answers[keep]
-    if prompts is not None:
-        prompts = [p for p, k in zip(prompts, keep.tolist()) if k]
-    if len(tokens) == 0:
-        raise ValueError(f"the unmodified model answers none of the {n_given} prompts correctly: nothing to search")
-    base_accuracy = float(meta.pop("base_accuracy", keep.float().mean().item()))
-    n_checked = int(meta.pop("n_checked", n_given))
-
-    identity = {
-        **{k: v for k, v in meta.items() if k != "command"},
-        "n_prompts": int(tokens.shape[0]),
-        "prompts_sha256": tokens_sha256(tokens, answers),
-        "model_signature": {**info.signature(), "fingerprint": iv.adapt(model).fingerprint()},
-        "threshold": float(threshold),
-        "ablation": ablation,
-        "seed": int(seed),
-        "n_boot": int(n_boot),
-        # A cache fitted here is a function of the model and prompts above; a given one is named by hash.
-        "means": None if ablation == "zero" else (cache.sha256 if cache is not None else "fitted on the prompts"),
-    }
-    run_dir = None
+    n_layers = iv.adapt(model).info.n_layers
     known: dict[Config, ConfigResult] = {}
-    if out_dir is not None:
-        from circuits.runs import RunDir
-
-        run_dir = RunDir(out_dir, identity).open()
-        for rec in run_dir.load_records():
-            r = ConfigResult.from_dict(rec)
-            known[r.config] = r
-        if prompts is None:
-            prompts = [
-                {"prompt": " ".join(map(str, row)), "answer": int(a)}
-                for row, a in zip(tokens.tolist(), answers.tolist())
-            ]
-        run_dir.write_jsonl("prompts.jsonl", prompts)
-
-    if ablation in ("cama", "mean") and cache is None:
-        saved = Path(out_dir) / "means.safetensors" if out_dir is not None else None
-        if saved is not None and saved.exists():
-            cache = iv.MeanCache.load(saved)
-            cache.check_model(model)
-        else:
-            cache = iv.MeanCache.fit(model, tokens, batch_size=batch_size, progress=progress)
-    if cache is not None:
-        cache.check_model(model)
-        if out_dir is not None:
-            target = Path(out_dir) / "means.safetensors"
-            if not target.exists() or iv.MeanCache.load(target).sha256 != cache.sha256:
-                cache.save(target)
-            else:
-                cache.source = str(target)
-
-    evaluator_cls = FastEvaluator if method == "fast" else NaiveEvaluator
-    evaluator = evaluator_cls(model, tokens, answers, cache, ablation, batch_size)
+    for rec in ctx.store.records():
+        r = ConfigResult.from_dict(rec)
+        known[r.config] = r
+    evaluator_cls = FastEvaluator if config.method == "fast" else NaiveEvaluator
+    evaluator = evaluator_cls(model, ctx.tokens, ctx.answers, ctx.cache, config.ablation, config.batch_size)
     counts = {"evaluated": 0, "resumed": 0}
 
     def evaluate(w: int, t: int) -> ConfigResult:
         if (w, t) in known:
             counts["resumed"] += 1
             return known[(w, t)]
-        res = summarize(*evaluator.evaluate(w, t), n_boot=n_boot, seed=seed)
-        r = ConfigResult.from_faithfulness(w, t, res, ablation)
+        res = summarize(*evaluator.evaluate(w, t), n_boot=config.n_boot, seed=config.seed)
+        r = ConfigResult.from_faithfulness(w, t, res, config.ablation)
         counts["evaluated"] += 1
-        if run_dir is not None:
-            run_dir.append(r.to_dict())
+        ctx.store.append(r.to_dict())
         return r
 
-    bar = tqdm(total=len(configurations(n_layers)), desc=f"AF1 search ({grid} grid)", unit="config", disable=not progress)
+    bar = tqdm(total=len(configurations(n_layers)), desc=f"AF1 search ({config.grid} grid)", unit="config",
+               disable=not ctx.progress)
     try:
-        results = scan(n_layers, threshold, grid, evaluate, bar=bar)
+        results = scan(n_layers, config.threshold, config.grid, evaluate, bar=bar)
     finally:
         bar.close()
-    n_evaluated, n_resumed = counts["evaluated"], counts["resumed"]
     # Results resumed from an earlier (e.g. full-grid) run count too: they can only add information.
     for c, r in known.items():
         results.setdefault(c, r)
     faith = {c: r.faithfulness for c, r in results.items()}
-    chosen = select(faith, threshold)
+    chosen = select(faith, config.threshold)
     selected = results[chosen] if chosen is not None else None
     specs: list[dict[str, Any]] = []
     if selected is not None:
-        specs = [x.to_dict() for x in iv.af1_subgraph(n_layers, selected.wait, selected.transfer, cache, ablation)]
-    seconds = time.perf_counter() - t0
-    result = SearchResult(
+        specs = [x.to_dict() for x in iv.af1_subgraph(n_layers, selected.wait, selected.transfer, ctx.cache,
+                                                      config.ablation)]
+    return SearchResult(
         n_layers=n_layers,
-        threshold=float(threshold),
-        ablation=ablation,
-        grid=grid,
-        method=method,
+        threshold=float(config.threshold),
+        ablation=config.ablation,
+        grid=config.grid,
+        method=config.method,
         results=sorted(results.values(), key=lambda r: (-r.wait, r.transfer)),
         selected=selected,
-        smallest_transfer=smallest_transfers(faith, n_layers, threshold),
-        n_evaluated=n_evaluated,
-        n_resumed=n_resumed,
+        smallest_transfer=smallest_transfers(faith, n_layers, config.threshold),
+        n_evaluated=counts["evaluated"],
+        n_resumed=counts["resumed"],
         passes=evaluator.passes,
-        seconds=seconds,
-        base_accuracy=base_accuracy,
-        n_prompts=int(tokens.shape[0]),
-        out_dir=Path(out_dir) if out_dir is not None else None,
+        seconds=time.perf_counter() - t0,
+        base_accuracy=float(ctx.meta.get("base_accuracy", ctx.keep.float().mean().item())),
+        n_prompts=int(ctx.tokens.shape[0]),
         interventions=specs,
     )
-    if run_dir is not None:
-        write_outputs(result, run_dir.path, meta=meta, seed=seed, n_checked=n_checked, identity=identity)
-    return result
+
+
+def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+    """The run identity of a search (the keys of the first release, so that its directories resume)."""
+    ad = iv.adapt(model)
+    return {
+        **{k: v for k, v in ctx.meta.items() if k not in NOT_IDENTITY},
+        "n_prompts": int(ctx.tokens.shape[0]),
+        "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
+        "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
+        **config.identity(),
+        # A cache fitted by the run is a function of the model and prompts above; a given one is named by hash.
+        "means": None if not config.needs_means else (ctx.cache.sha256 if ctx.cache_given else "fitted on the prompts"),
+    }
+
+
+def search_schema(config: SearchConfig, info: Any, n_prompts: int) -> RecordSchema:
+    """The schema of a ``results.jsonl`` line of this run (ranges of this model and prompt count)."""
+    n = info.n_layers
+
+    def transfer_fits(rec: dict[str, Any]) -> tuple[str, str] | None:
+        limit = n - 1 - rec["wait"]
+        return None if rec["transfer"] <= limit else ("transfer", f"= {rec['transfer']} exceeds {limit} for wait={rec['wait']}")
+
+    return RecordSchema(
+        fields=(layer_field("wait", n, lo=-1), Field("transfer", "int", 0, n), *faithfulness_fields(n_prompts),
+                Field("ablation", "str", choices=(config.ablation,), required=False)),
+        key=("wait", "transfer"),
+        check=transfer_fits,
+    )
+
+
+def search_prompt_records(ctx: RunContext) -> list[dict[str, Any]]:
+    """``prompts.jsonl``: the caller's records of the kept prompts, or their token ids and answer ids."""
+    kept = ctx.kept_prompts
+    if kept is not None:
+        return kept
+    return [{"prompt": " ".join(map(str, row)), "answer": int(a)}
+            for row, a in zip(ctx.tokens.tolist(), ctx.answers.tolist())]
+
+
+def write_search_outputs(result: SearchResult, run_dir: RunDir, ctx: RunContext) -> None:
+    """``summary.json`` and ``report.html`` of a finished search (the runner's ``write`` step)."""
+    meta = {k: v for k, v in ctx.meta.items() if k not in ("base_accuracy", "n_checked")}
+    write_outputs(result, run_dir.path, meta=meta, seed=int(run_dir.identity.get("seed", 0)),
+                  n_checked=int(ctx.meta.get("n_checked", ctx.n_given)), identity=run_dir.identity)
+
+
+SEARCH = Analysis(
+    name="search",
+    results_file=files.SEARCH_RESULTS,
+    validate=lambda config, info: config.validate(info),
+    needs_means=lambda config: config.needs_means,
+    identity=search_identity,
+    schema=search_schema,
+    run=run_search,
+    write=write_search_outputs,
+    prompt_records=search_prompt_records,
+)
+"""The AF1 search as the runner runs it."""
 
 
 def write_outputs(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .prune import PruneResult
+    from circuits.prune.result import PruneResult
 
 
 def curve_figure(result: "PruneResult") -> Any:
@@ -106,7 +106,7 @@ def attention_figure(result: "PruneResult") -> Any:
 
 def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any]) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
-    from .report import page, write_text
+    from circuits.report import page, write_text
 
     figs = [curve_figure(result)]
     if result.smallest_head_set is not None:

@@ -1,0 +1,170 @@
+"""What the search-like commands share: their options, the checks made before anything is loaded, and
+model + prompt loading.
+
+Every check here runs before the model loads (``--threshold 2`` costs nothing), and every failure is an
+:class:`~circuits.errors.ArgumentError` naming the flag, the value and the valid range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from circuits.errors import ArgumentError
+
+MAX_PROMPTS = 100_000
+"""Upper bound of ``--n-prompts`` (prompts of one layout evaluated per configuration)."""
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend hooked|bridge`` (default: hooked on TransformerLens 3.x, bridge on 4.x) and ``--dtype``."""
+    parser.add_argument("--backend", choices=("hooked", "bridge"), default=None,
+                        help="TransformerLens model class: hooked (HookedTransformer, 3.x) or bridge "
+                             "(TransformerBridge); default hooked where it exists, else bridge")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                        help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
+    """Model / task / prompt / device options shared by the search-like commands."""
+    parser.add_argument("--model", required=True,
+                        help="zoo model name (see circuits.zoo), or a HuggingFace/TransformerLens name "
+                             "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
+                             "(needs local weights or network)")
+    parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
+    parser.add_argument("--n-prompts", type=int, default=n_prompts,
+                        help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
+    parser.add_argument("--source", choices=("build", "frozen"), default="build",
+                        help="prompts generated with --seed (build, default) or the task's frozen set")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap CIs (default 0)")
+    parser.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass (default 128)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_backend_argument(parser)
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+
+
+# --- checks before loading ---------------------------------------------------------------------------
+def check_positive(flag: str, value: int, *, maximum: int | None = None) -> None:
+    """``ArgumentError`` unless ``1 <= value (<= maximum)``."""
+    if value < 1 or (maximum is not None and value > maximum):
+        bound = f"1..{maximum}" if maximum is not None else ">= 1"
+        raise ArgumentError(f"{flag} {value} is out of range: give an integer {bound}")
+
+
+def check_fraction(flag: str, value: float) -> None:
+    """``ArgumentError`` unless ``value`` is a fraction in [0, 1]."""
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise ArgumentError(f"{flag} {value} is out of range: a faithfulness fraction in [0, 1], e.g. 0.9")
+
+
+def check_device(device: str) -> None:
+    """``ArgumentError`` unless ``device`` names a torch device that exists on this machine."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ArgumentError(f"--device {device!r} is not a torch device: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"--device {device}: no CUDA GPU is available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ArgumentError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                f"cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ArgumentError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ArgumentError(f"--device {device!r}: af1 runs on cpu, cuda or mps")
+
+
+def check_out(out: str) -> None:
+    """``ArgumentError`` unless ``--out`` is (or can become) a writable directory."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ArgumentError(f"--out {out} exists and is not a directory; choose a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ArgumentError(f"--out {out}: {parent} is not a directory; choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArgumentError(f"--out {out}: {parent} is not writable; choose another --out")
+
+
+def task_size(task: str) -> int:
+    """Number of distinct prompts (operand tuples with an answer in range) of ``task``."""
+    from circuits import tasks
+
+    spec = tasks.get_task(task)
+    total = 1
+    for lo, hi in spec.operand_ranges:
+        total *= max(0, hi - lo + 1)
+    if total <= 2_000_000:
+        return int(len(tasks.task_operands(spec)))
+    return total  # an upper bound; enumerating would cost more than it tells
+
+
+def check_task(task: str, n_prompts: int | None = None, source: str = "build") -> None:
+    """``ArgumentError`` for an unknown task, or more prompts than the task has."""
+    from circuits import tasks
+
+    if task not in tasks.list_tasks():
+        raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}")
+    if n_prompts is not None and source == "build":
+        size = task_size(task)
+        if n_prompts > size:
+            raise ArgumentError(
+                f"--n-prompts {n_prompts} exceeds the {size} distinct prompts of task {task!r}; give at most {size}"
+            )
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """The checks every search-like command makes before loading anything."""
+    check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
+    check_positive("--batch-size", args.batch_size)
+    check_task(args.task, args.n_prompts, getattr(args, "source", "build"))
+    check_device(args.device)
+    check_out(args.out)
+
+
+# --- loading -----------------------------------------------------------------------------------------
+def prepare(args: argparse.Namespace):
+    """Load the model and the prompts named by ``args``; prints what it uses."""
+    from circuits.loading import load_model, prepare_prompts
+
+    model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype)
+    prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source)
+    print(
+        f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
+        f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
+        f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))"
+    )
+    return model, prompts
+
+
+def meta_of(args: argparse.Namespace, prompts: Any) -> dict:
+    """The run's description: model, task, source, base accuracy, prompts checked and the command."""
+    return {
+        "model": args.model,
+        "task": args.task,
+        "source": args.source,
+        "base_accuracy": prompts.base_accuracy,
+        "n_checked": prompts.n_checked,
+        "command": command_line(args),
+    }
+
+
+def command_line(args: argparse.Namespace) -> list[str]:
+    """The command as an argv list (``af1 <command> --option value ...``), rebuilt from ``args``."""
+    out = ["af1", str(args.command)]
+    for key, value in vars(args).items():
+        if key.startswith("_") or key in ("command", "debug") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        out += [flag] if value is True else [flag, str(value)]
+    return out

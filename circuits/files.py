@@ -1,0 +1,22 @@
+"""File names of run directories, in one place (every command writes ``run.json`` first)."""
+
+IDENTITY = "run.json"
+ARTIFACTS = "artifacts.json"
+LOCK = ".lock"
+PROMPTS = "prompts.jsonl"
+MEANS = "means.safetensors"
+SUMMARY = "summary.json"
+REPORT = "report.html"
+
+SEARCH_RESULTS = "results.jsonl"
+NECESSITY_RESULTS = "necessity.jsonl"
+NECESSITY_SUMMARY = "necessity.json"
+PRUNE_CURVE = "curve.jsonl"
+LENS = "lens.json"
+NO_RESULTS = ".no-results.jsonl"
+"""Placeholder results name of analyses without resumable records (never written)."""
+
+RESULT_FILES = frozenset({
+    PROMPTS, MEANS, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS,
+})
+"""Files only af1 writes: a directory holding any of them without ``run.json`` is refused."""

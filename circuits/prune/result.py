@@ -1,0 +1,150 @@
+"""Result records of head pruning: the curve points (lines of ``curve.jsonl``; field names and order
+are part of the file format), the :class:`PruneResult` and its ``summary.json``."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from circuits.prune.config import PruneConfig
+from circuits.runs import dist_version
+from interventions.types import Head
+
+CURVE_FIELDS = (
+    "step", "removed", "heads_kept", "n_heads_kept", "faithfulness", "ci_low", "ci_high", "n",
+    "mean_answer_prob", "mean_logit_diff", "passes", "attribution_passes", "seconds", "candidates",
+)
+
+
+@dataclass
+class CurvePoint:
+    """One point of the pruning curve: the state after step ``step`` (step 0: nothing removed).
+
+    ``removed``: the head removed at this step (None at step 0); ``heads_kept``: transfer heads still
+    present; metrics as in :class:`circuits.faithfulness.FaithfulnessResult`; ``passes``: confirmed
+    forward passes spent on this step; ``attribution_passes``: forward+backward passes (0 or 1);
+    ``candidates``: per remaining head before the removal, its attribution ``estimate`` (None without
+    attribution) and, if confirmed, its ``faithfulness`` and ``mean_logit_diff`` after removal.
+    """
+
+    step: int
+    removed: Head | None
+    heads_kept: list[Head]
+    n_heads_kept: int
+    faithfulness: float
+    ci_low: float
+    ci_high: float
+    n: int
+    mean_answer_prob: float
+    mean_logit_diff: float
+    passes: int
+    attribution_passes: int
+    seconds: float
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["removed"] = list(self.removed) if self.removed is not None else None
+        out["heads_kept"] = [list(h) for h in self.heads_kept]
+        return out
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> "CurvePoint":
+        data = {k: row[k] for k in CURVE_FIELDS}
+        data["removed"] = tuple(row["removed"]) if row["removed"] is not None else None
+        data["heads_kept"] = [tuple(h) for h in row["heads_kept"]]
+        return cls(**data)
+
+
+@dataclass
+class PruneResult:
+    """Outcome of :func:`prune_heads`.
+
+    ``curve`` has ``len(transfer_heads) + 1`` points (0 heads removed .. all removed).
+    ``smallest_head_set``: the heads kept at the last curve point whose faithfulness is >= ``target``
+    (fewest heads kept), None if even the unpruned subgraph is below target. ``auc``: trapezoid area
+    under faithfulness vs fraction of transfer heads removed, in [0, 1]. ``passes_total``: confirmed
+    forward passes of the whole curve; ``passes_run``: of them, those spent by this call (0 when it
+    only replayed a finished run). ``attention``: per head of the smallest set, the last position's
+    mean attention over key positions under the pruned subgraph (:func:`head_attention`).
+    """
+
+    config: PruneConfig
+    transfer_heads: list[Head]
+    curve: list[CurvePoint]
+    smallest_head_set: list[Head] | None
+    smallest_step: int | None
+    smallest_faithfulness: float | None
+    auc: float
+    passes_total: int
+    attribution_passes_total: int
+    passes_run: int
+    seconds: float
+    seconds_run: float
+    n_prompts: int
+    n_dropped: int
+    attention: dict[Head, list[float]]
+    key_labels: list[str]
+
+    @property
+    def removal_order(self) -> list[Head]:
+        return [p.removed for p in self.curve[1:] if p.removed is not None]
+
+
+def area_under_curve(faithfulness: Sequence[float]) -> float:
+    """Trapezoid area under faithfulness (y) vs fraction of heads removed (x = step / n_steps)."""
+    n = len(faithfulness) - 1
+    if n < 1:
+        raise ValueError("the curve needs at least two points")
+    return float(sum((a + b) / 2 for a, b in zip(faithfulness[:-1], faithfulness[1:])) / n)
+
+
+def versions() -> dict[str, str | None]:
+    import circuits
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformer_lens": dist_version("transformer-lens"),
+        "circuits": circuits.__version__,
+    }
+
+
+def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON object written to ``summary.json``."""
+    cfg = result.config
+    smallest = result.curve[result.smallest_step] if result.smallest_step is not None else None
+    return {
+        **{k: v for k, v in meta.items()},
+        "wait": cfg.wait,
+        "transfer": cfg.transfer,
+        "ablation": cfg.ablation,
+        "method": cfg.method,
+        "rank": cfg.rank,
+        "confirm_top": cfg.confirm_top,
+        "target": cfg.target,
+        "n_prompts": result.n_prompts,
+        "n_dropped": result.n_dropped,
+        "n_transfer_heads": len(result.transfer_heads),
+        "smallest_head_set": [list(h) for h in result.smallest_head_set] if result.smallest_head_set is not None else None,
+        "smallest_n_heads": len(result.smallest_head_set) if result.smallest_head_set is not None else None,
+        "smallest_step": result.smallest_step,
+        "smallest_faithfulness": result.smallest_faithfulness,
+        "smallest_ci": [smallest.ci_low, smallest.ci_high] if smallest is not None else None,
+        "unpruned_faithfulness": result.curve[0].faithfulness,
+        "removal_order": [list(h) for h in result.removal_order],
+        "auc": result.auc,
+        "passes_total": result.passes_total,
+        "attribution_passes_total": result.attribution_passes_total,
+        "passes_run": result.passes_run,
+        "seconds": result.seconds,
+        "seconds_run": result.seconds_run,
+        "attention": {
+            "key_labels": result.key_labels,
+            "heads": {f"{layer}.{head}": v for (layer, head), v in sorted(result.attention.items())},
+        },
+        "versions": versions(),
+    }

@@ -1,0 +1,308 @@
+"""One runner for every analysis: prompts -> model -> analysis -> store -> summary -> report.
+
+An analysis is pure: :attr:`Analysis.run` takes the model, the base-correct prompts, a frozen config and
+a :class:`RunContext` (means cache, result store, progress) and returns a result; it opens no file. The
+runner does everything around it, the same way for every command:
+
+1. validate the config against the model and the inputs (``n_boot``, batch size, answers, BOS, padding);
+2. keep the prompts the unmodified model answers correctly (once);
+3. with an output directory: take its lock (:class:`circuits.lock.DirLock`), refuse a directory of
+   another command early, build the run identity (:attr:`Analysis.identity`), check or write
+   ``run.json``, load the means cache only if its content hash is the one this run recorded (else fit
+   and record it), validate resumed records against the analysis's schema;
+4. run the analysis with a :class:`ResultStore` (appends are crash-safe and fsynced);
+5. write the summary and the report (:attr:`Analysis.write`).
+
+File names live in :mod:`circuits.files`. A new analysis is one module that defines an :class:`Analysis`
+plus one command module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+
+import interventions as iv
+from circuits import files
+from circuits.errors import CorruptRunError, PromptError, RunMismatchError
+from circuits.faithfulness import base_correct
+from circuits.lock import DirLock
+from circuits.records import RecordSchema
+from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
+from interventions.validation import check_answers, check_layout, check_positive, check_tokens, special_token_ids
+
+
+class ResultStore(Protocol):
+    """Where an analysis keeps the records it has finished, so that a rerun resumes.
+
+    ``records()`` returns the finished records (validated); ``append(record)`` persists one at once.
+    """
+
+    def records(self) -> list[dict[str, Any]]: ...
+
+    def append(self, record: Mapping[str, Any]) -> None: ...
+
+
+class MemoryStore:
+    """A :class:`ResultStore` in memory (no output directory)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.rows)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        self.rows.append(dict(record))
+
+
+class DirStore:
+    """A :class:`ResultStore` backed by a run directory's JSONL results file, validated on read."""
+
+    def __init__(self, run_dir: RunDir, schema: RecordSchema | None):
+        self.run_dir = run_dir
+        numbered = run_dir.load_numbered_records()
+        self.loaded = schema.validate(run_dir.results_path, numbered) if schema else [r for _, r in numbered]
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.loaded)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        self.run_dir.append(record)
+
+
+@dataclass
+class RunContext:
+    """What the runner hands an analysis besides the prompts and the config.
+
+    ``tokens``/``answers``: the base-correct prompts (``[n, pos]`` / ``[n]``); ``n_given``: prompts before
+    that filter; ``prompts``: caller records aligned with the *given* prompts (or ``None``); ``keep``:
+    ``[n_given]`` bool, which were kept; ``cache``: the means cache (or ``None``); ``store``: finished
+    records; ``progress``: show bars; ``meta``: the caller's description (model, task, source, command).
+    """
+
+    tokens: torch.Tensor
+    answers: torch.Tensor
+    n_given: int
+    keep: torch.Tensor
+    given_tokens: torch.Tensor
+    given_answers: torch.Tensor
+    cache: iv.MeanCache | None
+    store: ResultStore
+    progress: bool
+    meta: dict[str, Any] = field(default_factory=dict)
+    prompts: Sequence[Mapping[str, Any]] | None = None
+    cache_given: bool = False
+
+    @property
+    def kept_prompts(self) -> list[dict[str, Any]] | None:
+        """The caller's prompt records of the kept prompts (``None`` without records)."""
+        if self.prompts is None:
+            return None
+        return [dict(p) for p, k in zip(self.prompts, self.keep.tolist()) if k]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """An analysis as the runner sees it.
+
+    ``name``: the command (``"search"``); ``results_file``: its JSONL results (``None``: no resumable
+    records); ``validate(config, info)``: raise on a config that does not fit the model;
+    ``needs_means(config)``: whether it needs a :class:`~interventions.MeanCache`; ``identity(config,
+    ctx, model)``: the run identity (what determines the results); ``schema(config, info, n_prompts)``:
+    the records' schema; ``run(model, config, ctx)``: the pure analysis; ``write(result, run_dir,
+    ctx)``: summary and report; ``prompt_records(ctx)``: the ``prompts.jsonl`` records (``None``: none).
+    """
+
+    name: str
+    results_file: str | None
+    validate: Callable[[Any, Any], None]
+    needs_means: Callable[[Any], bool]
+    identity: Callable[[Any, RunContext, Any], dict[str, Any]]
+    schema: Callable[[Any, Any, int], RecordSchema | None]
+    run: Callable[[Any, Any, RunContext], Any]
+    write: Callable[[Any, RunDir, RunContext], None]
+    prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = lambda ctx: None
+    batch_size: Callable[[Any], int] = lambda config: int(getattr(config, "batch_size", 128))
+    n_boot: Callable[[Any], int] = lambda config: int(getattr(config, "n_boot", 1000))
+
+
+def check_inputs(model: Any, tokens: Any, answers: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and answers checked as the analyses need them: a ``[batch, pos]`` id tensor of one layout
+    with BOS at position 0 and no padding, and one answer token id per prompt."""
+    info = iv.adapt(model).info
+    tokens = check_tokens(tokens, d_vocab=info.d_vocab)
+    answers = check_answers(answers, int(tokens.shape[0]), info.d_vocab)
+    bos_id, pad_id = special_token_ids(model)
+    check_layout(tokens, bos_id=bos_id, pad_id=pad_id)
+    return tokens, answers
+
+
+def command_of(identity: Mapping[str, Any]) -> str:
+    """Which command wrote a ``run.json`` (identities of the first releases carry no ``analysis`` key:
+    prune's has ``command: "prune"``, the search's neither)."""
+    if isinstance(identity.get("analysis"), str):
+        return identity["analysis"]
+    if identity.get("command") == "prune":
+        return "prune"
+    return "search"
+
+
+class Run:
+    """An output directory held for one command: ``with Run(out, "search") as run:`` creates the directory
+    if needed, takes its lock, and refuses at once a directory that holds another command's results (so
+    a model is not loaded in vain). On exit the lock is released; a directory this run created and left
+    empty is removed again."""
+
+    def __init__(self, out: str | Path, command: str):
+        self.path = Path(out)
+        self.command = command
+        self.created = False
+        self.lock: DirLock | None = None
+
+    def __enter__(self) -> "Run":
+        if self.path.exists() and not self.path.is_dir():
+            raise RunMismatchError(f"--out {self.path} exists and is not a directory; choose a directory")
+        self.created = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock = DirLock(self.path).acquire()
+        try:
+            ident = self.path / IDENTITY_FILE
+            if ident.exists():
+                try:
+                    theirs = command_of(read_json_object(ident))
+                except CorruptRunError as err:
+                    raise RunMismatchError(str(err)) from None
+                if theirs != self.command:
+                    raise RunMismatchError(
+                        f"output directory {self.path} holds results of a different command (`af1 {theirs}`, not "
+                        f"`af1 {self.command}`); "
+                        f"use a new --out directory"
+                    )
+            elif any(p.name in files.RESULT_FILES for p in self.path.iterdir()):
+                raise RunMismatchError(
+                    f"{self.path} holds af1 results but no {IDENTITY_FILE}: cannot tell which command wrote them; "
+                    f"use a new --out directory"
+                )
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        if self.created and self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()
+
+
+def means_cache(model: Any, tokens: torch.Tensor, run_dir: RunDir | None, *, batch_size: int,
+                progress: bool) -> iv.MeanCache:
+    """The means cache of a run, without writing anything: the one this run wrote to ``run_dir``
+    (checked against its recorded content hash), else fitted on ``tokens``. A cache file written before
+    hashes were recorded is accepted only if it equals the fresh fit. :func:`keep_means` saves it."""
+    recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
+    path = run_dir.checked_artifact(files.MEANS) if recorded else None
+    if path is not None:
+        cache = iv.MeanCache.load(path)
+    else:
+        cache = iv.MeanCache.fit(model, tokens, batch_size=batch_size, progress=progress)
+        target = run_dir.path / files.MEANS if run_dir is not None else None
+        if target is not None and target.exists() and iv.MeanCache.load(target).sha256 != cache.sha256:
+            raise CorruptRunError(
+                f"{target} is not the cache fitted on this run's prompts: results resumed with it would mix "
+                f"two caches; move it away to recompute it, or use a new --out directory"
+            )
+    cache.check_model(model)
+    return cache
+
+
+def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
+    """Save ``cache`` as the run's means file (unless that file already holds it) and record its hash."""
+    target = run_dir.path / files.MEANS
+    if not target.exists() or iv.MeanCache.load(target).sha256 != cache.sha256:
+        cache.save(target)
+    run_dir.record_artifact(files.MEANS)
+
+
+def execute(
+    analysis: Analysis,
+    model: Any,
+    tokens: Any,
+    answers: Any,
+    config: Any,
+    *,
+    out_dir: str | Path | None = None,
+    cache: iv.MeanCache | None = None,
+    meta: Mapping[str, Any] | None = None,
+    prompts: Sequence[Mapping[str, Any]] | None = None,
+    progress: bool = True,
+    held: Run | None = None,
+) -> Any:
+    """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (see the module docstring).
+
+    ``out_dir``: the run directory (``None``: nothing is written, records are kept in memory).
+    ``cache``: a means cache to use instead of fitting one (named by its hash in the identity).
+    ``meta``: the caller's description, copied into the identity (except ``command``, ``base_accuracy``
+    and ``n_checked``, which describe a run rather than determine it) and the summary. ``prompts``:
+    records aligned with ``tokens`` for ``prompts.jsonl``. ``held``: a :class:`Run` the caller already
+    holds for ``out_dir`` (commands take the lock before loading the model).
+    """
+    info = iv.adapt(model).info
+    analysis.validate(config, info)
+    batch_size = check_positive("batch_size", analysis.batch_size(config))
+    check_positive("n_boot", analysis.n_boot(config))
+    tokens, answers = check_inputs(model, tokens, answers)
+    if prompts is not None and len(prompts) != tokens.shape[0]:
+        raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
+    keep = base_correct(model, tokens, answers, batch_size=batch_size)
+    if not bool(keep.any()):
+        raise PromptError(
+            f"the unmodified model answers none of the {tokens.shape[0]} prompts correctly: nothing to "
+            f"{analysis.name}; check that the answers are the model's answer token ids and that the prompts "
+            f"start with BOS"
+        )
+    ctx = RunContext(
+        tokens=tokens[keep], answers=answers[keep], n_given=int(tokens.shape[0]), keep=keep,
+        given_tokens=tokens, given_answers=answers, cache=cache, store=MemoryStore(), progress=progress,
+        meta=dict(meta or {}), prompts=prompts, cache_given=cache is not None,
+    )
+    if out_dir is None:
+        if cache is None and analysis.needs_means(config):
+            ctx.cache = means_cache(model, ctx.tokens, None, batch_size=batch_size, progress=progress)
+        if ctx.cache is not None:
+            ctx.cache.check_model(model)
+        return analysis.run(model, config, ctx)
+    run = held if held is not None else Run(out_dir, analysis.name)
+    with (run if held is None else _Held()):
+        results_name = analysis.results_file or files.NO_RESULTS
+        if cache is None and analysis.needs_means(config):
+            ctx.cache = means_cache(model, ctx.tokens, RunDir(run.path, {}, results_name=results_name),
+                                    batch_size=batch_size, progress=progress)
+        elif cache is not None:
+            cache.check_model(model)
+        run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name).open()
+        if ctx.cache is not None:
+            keep_means(run_dir, ctx.cache)
+        if analysis.results_file is not None:
+            ctx.store = DirStore(run_dir, analysis.schema(config, info, int(ctx.tokens.shape[0])))
+        records = analysis.prompt_records(ctx)
+        if records is not None:
+            run_dir.write_jsonl(files.PROMPTS, records)
+        result = analysis.run(model, config, ctx)
+        analysis.write(result, run_dir, ctx)
+        return result
+
+
+class _Held:
+    """A no-op context for a :class:`Run` the caller already holds."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
