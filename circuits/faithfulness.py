@@ -17,7 +17,7 @@ from jaxtyping import Bool, Float, Int
 
 import interventions as iv
 from interventions.types import InterventionError, Tokens
-from interventions.validation import check_tokens
+from interventions.validation import check_answers, check_positive, check_tokens
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ def summarize(
     correct: torch.Tensor, prob: torch.Tensor, logit_diff: torch.Tensor, *, n_boot: int = 1000, seed: int = 0
 ) -> FaithfulnessResult:
     """Aggregate per-prompt metrics (of base-correct prompts) into a :class:`FaithfulnessResult`."""
+    check_positive("n_boot", n_boot)
     c = correct.detach().cpu().numpy().astype(np.float64)
     if len(c) == 0:
         raise InterventionError("no prompts to evaluate: the base model answered none of them correctly")
@@ -119,13 +120,11 @@ def faithfulness(
     ``assume_correct=True`` when the caller already filtered). ``n`` in the result counts the kept
     prompts.
     """
-    tokens = check_tokens(tokens)
-    answers = torch.as_tensor(answers, dtype=torch.long)
-    if answers.shape != (tokens.shape[0],):
-        raise InterventionError(
-            f"answers must hold one token id per prompt: got shape {tuple(answers.shape)} for "
-            f"{tokens.shape[0]} prompts"
-        )
+    d_vocab = iv.adapt(model).info.d_vocab
+    tokens = check_tokens(tokens, d_vocab=d_vocab)
+    answers = check_answers(answers, int(tokens.shape[0]), d_vocab)
+    check_positive("batch_size", batch_size)
+    check_positive("n_boot", n_boot)
     if not assume_correct:
         keep = base_correct(model, tokens, answers, batch_size=batch_size)
         tokens, answers = tokens[keep], answers[keep]

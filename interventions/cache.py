@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from . import adapter as hooks
 from .adapter import ModelAdapter, adapt
 from .types import CacheMismatchError, InterventionError, Tokens
-from .validation import check_tokens
+from .validation import check_layout, check_positive, check_tokens, special_token_ids
 
 FORMAT_VERSION = 1
 
@@ -88,8 +88,9 @@ class MeanCache:
         ad = adapt(model)
         info = ad.info
         tokens = check_tokens(tokens, d_vocab=info.d_vocab)
-        if batch_size < 1:
-            raise InterventionError(f"batch_size={batch_size} must be >= 1")
+        check_positive("batch_size", batch_size)
+        bos_id, pad_id = special_token_ids(ad.model)
+        check_layout(tokens, bos_id=bos_id, pad_id=pad_id)
         n, n_pos = tokens.shape
         # Entries: the distinct (position, token) pairs of the fit set, sorted by position then token.
         key = torch.arange(n_pos).unsqueeze(0) * info.d_vocab + tokens.cpu()

@@ -44,3 +44,68 @@ def check_index(name: str, value: Any, minimum: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InterventionError(f"{name}={value!r} must be an integer >= {minimum}")
     return value
+
+
+def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> torch.Tensor:
+    """``answers`` as a ``[n_prompts]`` long tensor of token ids in ``0..d_vocab-1``, else raise."""
+    try:
+        answers = torch.as_tensor(answers)
+    except (TypeError, ValueError, RuntimeError):
+        raise InterventionError(f"answers must be token ids, one per prompt; got {type(answers).__name__}") from None
+    if answers.is_floating_point() or answers.is_complex() or answers.dtype == torch.bool:
+        raise InterventionError(f"answers must hold integer token ids, got dtype {answers.dtype}")
+    if answers.shape != (n_prompts,):
+        raise InterventionError(
+            f"answers must hold one token id per prompt: got shape {tuple(answers.shape)} for {n_prompts} prompts"
+        )
+    if d_vocab is not None and answers.numel():
+        lo, hi = int(answers.min()), int(answers.max())
+        if lo < 0 or hi >= d_vocab:
+            raise InterventionError(
+                f"answer token id {lo if lo < 0 else hi} is out of range: valid ids are 0..{d_vocab - 1} "
+                f"(answers are token ids, not numbers: use tasks.answer_token_ids(model, values))"
+            )
+    return answers.long()
+
+
+def check_positive(name: str, value: Any) -> int:
+    """``value`` if it is an integer ``>= 1`` (``n_boot``, batch sizes, counts), else raise."""
+    return check_index(name, value, minimum=1)
+
+
+def special_token_ids(model: Any) -> tuple[int | None, int | None]:
+    """``(bos_id, pad_id)`` of the model's tokenizer (``None`` where it has none or no tokenizer)."""
+    tok = getattr(model, "tokenizer", None)
+    bos = getattr(tok, "bos_token_id", None)
+    pad = getattr(tok, "pad_token_id", None)
+    return (int(bos) if bos is not None else None, int(pad) if pad is not None else None)
+
+
+def check_layout(tokens: torch.Tensor, *, bos_id: int | None = None, pad_id: int | None = None) -> None:
+    """Prompts of one layout: BOS at position 0 of every prompt, and no padding.
+
+    With ``bos_id`` every prompt must start with it; without, position 0 must hold the same token in every
+    prompt. A position ``>= 1`` holding ``pad_id`` (when it differs from ``bos_id`` or follows a
+    non-pad token) marks a padded batch of mixed-length prompts, whose per-position means would be wrong.
+    """
+    first = tokens[:, 0]
+    if bos_id is not None and bool((first != bos_id).any()):
+        row = int((first != bos_id).nonzero()[0, 0])
+        raise InterventionError(
+            f"prompt {row} does not start with the BOS token (id {bos_id}) at position 0 (found id "
+            f"{int(first[row])}): prepend BOS (model.to_tokens(text, prepend_bos=True), or --prepend-bos)"
+        )
+    if bos_id is None and bool((first != first[0]).any()):
+        raise InterventionError(
+            "position 0 must hold the same token (BOS) in every prompt: prepend BOS to every prompt"
+        )
+    if pad_id is not None and tokens.shape[1] > 1:
+        rest = tokens[:, 1:]
+        padded = (rest == pad_id).any(dim=1) if pad_id != bos_id else (rest[:, -1] == pad_id)
+        if bool(padded.any()):
+            row = int(padded.nonzero()[0, 0])
+            raise InterventionError(
+                f"prompt {row} holds the pad token (id {pad_id}) after position 0: a padded batch of prompts of "
+                f"different lengths; group prompts by token length (circuits.tasks.to_layouts) and run each "
+                f"layout on its own"
+            )
