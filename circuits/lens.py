@@ -51,7 +51,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 
 import interventions as iv
-from interventions.adapter import ModelAdapter, attn_out, new_hook_level, resid_mid, resid_post, resid_pre
+from interventions.adapter import ModelAdapter, attn_out, resid_mid, resid_post, resid_pre
 from interventions.validation import check_tokens
 
 __all__ = [
@@ -181,13 +181,8 @@ def capture_last(ad: ModelAdapter, names: Sequence[str], forward: Any) -> dict[s
 
         return grab
 
-    level = new_hook_level()
-    try:
-        for name in names:
-            ad.add_hook(name, grabber(name), level)
+    with ad.hooks([(name, grabber(name)) for name in names]):
         forward()
-    finally:
-        ad.remove_hooks(list(names), level)
     return store
 
 
@@ -757,12 +752,8 @@ def interchange(
                 act[:, -1] = src.to(act.dtype)
                 return act
 
-            level = new_hook_level()
-            try:
-                ad.add_hook(n, patch, level)
+            with ad.hooks([(n, patch)]):
                 out = model(toks)[:, -1].float()
-            finally:
-                ad.remove_hooks([n], level)
             probs = out.softmax(-1)
             bp.append(probs.gather(-1, ans[:, None])[:, 0].cpu())
             bt.append((out.argmax(-1) == ans).cpu())
