@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from circuits import lens, loading
-    from circuits.lens_report import write_lens_outputs
+    from circuits.lens.report import write_lens_outputs
 
     if args.n_prompts < 1:
         raise ValueError(f"--n-prompts={args.n_prompts} must be >= 1")
