@@ -1,11 +1,14 @@
 """Counterfactual prompts for the interchange check: one operand or one operator symbol changed.
 
-Pairs are kept for :func:`circuits.lens.interchange` only when both prompts have the same token layout
-and both answers are single tokens (:func:`counterfactual_set`).
+The arithmetic (answers, prompt texts) is the task's own: :class:`circuits.tasks.TaskSpec` ``answers``,
+``answer`` and ``prompt``. An operator flip is the same task with the ``index``-th ``+``/``-`` of its
+template and expression flipped. Pairs are kept for :func:`circuits.lens.interchange` only when both
+prompts have the same token layout and both answers are single tokens (:func:`counterfactual_set`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -14,13 +17,29 @@ import numpy as np
 import torch
 from jaxtyping import Int
 
+from circuits import tasks
+from circuits.tasks import TaskSpec
+
 from .inputs import answer_token_id
 
 __all__ = ["parse_operands", "counterfactual_rows", "CounterfactualSet", "counterfactual_set"]
 
+_SPEC_FIELDS = ("template", "expression", "operand_names", "operand_ranges", "answer_min", "answer_max")
 
-def _flip_template(template: str, expression: str, index: int) -> tuple[str, str]:
-    """Flip the ``index``-th ``+``/``-`` of ``template`` (outside placeholders) and of ``expression``."""
+
+def _as_task_spec(spec: Any) -> TaskSpec:
+    """``spec`` itself if it is a :class:`TaskSpec`, else a TaskSpec holding its ``_SPEC_FIELDS``."""
+    if isinstance(spec, TaskSpec):
+        return spec
+    fields = {k: getattr(spec, k) for k in _SPEC_FIELDS}
+    fields["operand_names"] = tuple(fields["operand_names"])
+    fields["operand_ranges"] = tuple(tuple(r) for r in fields["operand_ranges"])
+    return TaskSpec(name=str(getattr(spec, "name", "")), default_n=0, group="", style="", card="", **fields)
+
+
+def _flip_operator(spec: TaskSpec, index: int) -> TaskSpec:
+    """``spec`` with the ``index``-th ``+``/``-`` of its template (outside placeholders) and of its
+    expression flipped."""
     def flip_nth(text: str, skip_braces: bool) -> str | None:
         count, depth = 0, 0
         for i, ch in enumerate(text):
@@ -34,13 +53,13 @@ def _flip_template(template: str, expression: str, index: int) -> tuple[str, str
                 count += 1
         return None
 
-    t, e = flip_nth(template, True), flip_nth(expression, False)
+    t, e = flip_nth(spec.template, True), flip_nth(spec.expression, False)
     if t is None or e is None:
         raise ValueError(
-            f"cannot flip operator {index}: template {template!r} / expression {expression!r} has no "
-            f"operator symbol at that index (only templates with '+'/'-' symbols can be flipped)"
+            f"cannot flip operator {index}: template {spec.template!r} / expression {spec.expression!r} has "
+            f"no operator symbol at that index (only templates with '+'/'-' symbols can be flipped)"
         )
-    return t, e
+    return dataclasses.replace(spec, template=t, expression=e)
 
 
 def parse_operands(template: str, operand_names: Sequence[str], prompt: str) -> list[int] | None:
@@ -56,12 +75,16 @@ def parse_operands(template: str, operand_names: Sequence[str], prompt: str) -> 
     return [int(match.group(n)) for n in operand_names]
 
 
-def _eval_expression(expression: str, names: Sequence[str], operands: Sequence[int]) -> int:
-    idx = {k: i for i, k in enumerate(names)}
-    total = 0
-    for sign, var in re.findall(r"([+-]?)\s*([A-Z])", expression):
-        total = total - operands[idx[var]] if sign == "-" else total + operands[idx[var]]
-    return int(total)
+def _operand_candidates(spec: TaskSpec, ops: list[int], index: int) -> list[tuple[int, list[int], int]]:
+    """Every ``(value, operands, answer)`` with operand ``index`` set to another value of its range and
+    the answer within ``[answer_min, answer_max]``, values ascending."""
+    lo, hi = spec.operand_ranges[index]
+    values = np.array([v for v in range(int(lo), int(hi) + 1) if v != ops[index]], dtype=np.int64)
+    grid = np.tile(np.asarray(ops, dtype=np.int64), (len(values), 1))
+    grid[:, index] = values
+    ans = spec.answers(grid)
+    keep = (ans >= spec.answer_min) & (ans <= spec.answer_max)
+    return [(int(v), [int(x) for x in row], int(a)) for v, row, a in zip(values[keep], grid[keep], ans[keep])]
 
 
 def counterfactual_rows(
@@ -76,62 +99,51 @@ def counterfactual_rows(
     ``change="operator"``: the ``index``-th ``+``/``-`` symbol of the template is flipped; rows whose new
     answer is negative or above the task's maximum are dropped.
 
-    ``spec`` (a ``tasks.TaskSpec``: template, expression, operand_names, operand_ranges, answer_min,
-    answer_max) defaults to ``tasks.get_task(row["task"])``. Returns dicts with ``prompt``, ``answer``,
-    ``operands``, ``counter_prompt``, ``counter_answer``, ``counter_operands``, ``row`` (input index).
+    ``spec`` (a ``tasks.TaskSpec``, or any object with its fields template, expression, operand_names,
+    operand_ranges, answer_min, answer_max) defaults to ``tasks.get_task(row["task"])``. Returns dicts
+    with ``prompt``, ``answer``, ``operands``, ``counter_prompt``, ``counter_answer``,
+    ``counter_operands``, ``row`` (input index).
     """
     if change not in ("operand", "operator"):
         raise ValueError(f"change={change!r} is not valid: choose 'operand' or 'operator'")
     rows = ds.to_list() if hasattr(ds, "to_list") else list(ds)
     rng = np.random.default_rng(seed)
-    specs: dict[str, Any] = {}
+    given = None if spec is None else _as_task_spec(spec)
+    specs: dict[str, TaskSpec] = {}
     out = []
     for i, r in enumerate(rows):
-        sp = spec
+        sp = given
         if sp is None:
-            name = r["task"]
-            if name not in specs:
-                from circuits import tasks
-
-                specs[name] = tasks.get_task(name)
-            sp = specs[name]
+            if r["task"] not in specs:
+                specs[r["task"]] = tasks.get_task(r["task"])
+            sp = specs[r["task"]]
         ops = [int(x) for x in r["operands"]]
-        names = tuple(sp.operand_names)
+        pair = {"prompt": r["prompt"], "answer": int(r["answer"]), "operands": ops}
         if change == "operand":
             if not 0 <= index < len(ops):
                 raise ValueError(f"index={index} is out of range: the task has operands 0..{len(ops) - 1}")
-            lo, hi = sp.operand_ranges[index]
-            cands = []
-            for v in range(int(lo), int(hi) + 1):
-                if v == ops[index]:
-                    continue
-                new = ops.copy()
-                new[index] = v
-                a = _eval_expression(sp.expression, names, new)
-                if sp.answer_min <= a <= sp.answer_max:
-                    cands.append((v, new, a))
+            cands = _operand_candidates(sp, ops, index)
             same = [c for c in cands if len(str(c[0])) == len(str(ops[index]))]
             pool = same or cands
             if not pool:
                 continue
-            v, new, a = pool[int(rng.integers(len(pool)))]
-            counter_prompt = sp.template.format(**dict(zip(names, new)))
-            out.append({"prompt": r["prompt"], "answer": int(r["answer"]), "operands": ops,
-                        "counter_prompt": counter_prompt, "counter_answer": a, "counter_operands": new, "row": i})
+            _, new, a = pool[int(rng.integers(len(pool)))]
+            out.append({**pair, "counter_prompt": sp.prompt(new), "counter_answer": a,
+                        "counter_operands": new, "row": i})
         else:
-            template, expression = _flip_template(sp.template, sp.expression, index)
-            a = _eval_expression(expression, names, ops)
+            flipped = _flip_operator(sp, index)
+            a = flipped.answer(ops)
             if not 0 <= a <= sp.answer_max:
                 continue
-            out.append({"prompt": r["prompt"], "answer": int(r["answer"]), "operands": ops,
-                        "counter_prompt": template.format(**dict(zip(names, ops))), "counter_answer": a,
+            out.append({**pair, "counter_prompt": flipped.prompt(ops), "counter_answer": a,
                         "counter_operands": ops, "row": i})
     return out
 
 
 @dataclass
 class CounterfactualSet:
-    """Pairs of prompts of one layout for :func:`interchange` (tokens with BOS at position 0)."""
+    """Pairs of prompts of one layout for :func:`circuits.lens.interchange` (tokens with BOS at
+    position 0; answers are token ids)."""
 
     tokens: Int[torch.Tensor, "batch pos"]
     answers: Int[torch.Tensor, "batch"]
@@ -146,7 +158,8 @@ class CounterfactualSet:
 def counterfactual_set(model: Any, pairs: Iterable[Mapping[str, Any]], *, label: str = "") -> CounterfactualSet:
     """Tokenise counterfactual pairs (:func:`counterfactual_rows`) and keep only same-layout pairs:
     both prompts have the same token length, both answers are single tokens, and the pair belongs to the
-    most common layout. ``n_dropped`` counts the rest. ``ValueError`` if no pair is left."""
+    most common layout (ties: the shorter). ``n_dropped`` counts the rest. ``ValueError`` if no pair is
+    left."""
     kept: dict[int, list[tuple]] = {}
     n_in = 0
     for p in pairs:
