@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 
 import interventions as iv
 from interventions import adapter as hooks
-from interventions.adapter import adapt, new_hook_level
+from interventions.adapter import adapt
 from interventions.types import Head, InterventionError, Tokens
 from interventions.validation import check_choice
 
@@ -101,15 +101,10 @@ def head_attribution_per_prompt(
 
                 return fn
 
-            level = new_hook_level()
-            names = [hooks.z(layer) for layer in layers]
-            with iv.apply(model, list(interventions)):
-                try:
-                    for layer, name in zip(layers, names):
-                        ad.add_hook(name, make(layer), level)
-                    logits = model(batch)
-                finally:
-                    ad.remove_hooks(names, level)
+            # The leaf hooks go in after the interventions' hooks, so they see the intervened z.
+            leaf_hooks = [(hooks.z(layer), make(layer)) for layer in layers]
+            with iv.apply(model, list(interventions)), ad.hooks(leaf_hooks):
+                logits = model(batch)
             _, _, diff = last_token_metrics(logits[:, -1], ans)
             grads = torch.autograd.grad(diff.sum(), [leaves[layer] for layer in layers])
             grad = dict(zip(layers, grads))

@@ -1,142 +1,15 @@
-"""Offline HTML report and JSON output of early decoding (:mod:`circuits.lens`).
-
-``write_lens_outputs(out_dir, result, ...)`` writes ``lens.json`` (schema in ``docs/lens.md``) and
-``report.html``: one plotly line chart per metric over depth (post-attention and post-MLP as separate
-traces on the ordered axis ``L0 attn, L0 mlp, L1 attn, ...``, 95% bootstrap intervals as error bars),
-the visibility of operands and operators, a heatmap of the answer rank per sub-layer over prompts, and
-the interchange drops per block. The page is built by the shared offline writer of :mod:`circuits.report`
-(plotly.js embedded once), so the file works offline.
-"""
+"""Deprecated: the lens report lives in :mod:`circuits.lens.report`; this module only re-exports it."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+import warnings
 
-import numpy as np
+from circuits.lens.report import MAX_HEATMAP_PROMPTS, TITLES, lens_json, write_lens_outputs
 
-from circuits.lens import METRICS, InterchangeResult, LensResult, json_ready
-from circuits.report import page, write_text
+__all__ = ["MAX_HEATMAP_PROMPTS", "TITLES", "lens_json", "write_lens_outputs"]
 
-TITLES = {
-    "answer_prob": "Probability of the correct answer",
-    "answer_rank": "Rank of the correct answer (0 = top-1)",
-    "numeric_mass": "Probability mass on numeric tokens",
-    "top1_numeric": "Share of prompts whose top-1 token is numeric",
-    "top10_numeric": "Share of numeric tokens among the top-10",
-    "abs_error": "|top numeric prediction - answer|",
-}
-MAX_HEATMAP_PROMPTS = 200
-
-
-def lens_json(
-    result: LensResult,
-    *,
-    interchanges: Sequence[InterchangeResult] = (),
-    meta: Mapping[str, Any] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """The ``lens.json`` document: ``meta`` keys first, then :meth:`LensResult.to_dict` (``prompts``,
-    ``rows``, settings) and ``interchange`` (label -> :meth:`InterchangeResult.to_dict`)."""
-    doc: dict[str, Any] = dict(meta or {})
-    doc.update(result.to_dict(n_boot=n_boot, seed=seed))
-    doc["interchange"] = {r.label or f"interchange{i}": r.to_dict() for i, r in enumerate(interchanges)}
-    return json_ready(doc)
-
-
-def _figures(doc: Mapping[str, Any], result: LensResult, interchanges: Sequence[InterchangeResult]) -> list[Any]:
-    import plotly.graph_objects as go
-
-    labels = result.labels()
-    rows = doc["rows"]
-    figs = []
-
-    def line_chart(title: str, keys: Sequence[tuple[str, str]], yaxis: str, log: bool = False) -> Any:
-        fig = go.Figure()
-        for key, name in keys:
-            for sub in result.sublayers:
-                sel = [r for r in rows if r["sublayer"] == sub]
-                y = [r.get(key) for r in sel]
-                if all(v is None for v in y):
-                    continue
-                err = None
-                if f"{key}_ci_high" in sel[0]:
-                    err = dict(type="data", symmetric=False,
-                               array=[_sub(r.get(f"{key}_ci_high"), r.get(key)) for r in sel],
-                               arrayminus=[_sub(r.get(key), r.get(f"{key}_ci_low")) for r in sel])
-                fig.add_trace(go.Scatter(
-                    x=[r["label"] for r in sel], y=y, mode="lines+markers", error_y=err,
-                    name=f"{name} (post-{'attention' if sub == 'attn' else 'MLP'})" if name else
-                    f"post-{'attention' if sub == 'attn' else 'MLP'}",
-                    line=dict(dash="solid" if sub == "mlp" else "dot"),
-                ))
-        fig.update_layout(title=title, height=380, margin=dict(l=60, r=20, t=50, b=60), yaxis_title=yaxis,
-                          xaxis=dict(type="category", categoryorder="array", categoryarray=labels,
-                                     title="block, sub-layer (0-indexed)"))
-        if log:
-            fig.update_yaxes(type="log")
-        return fig
-
-    for m in METRICS:
-        figs.append(line_chart(TITLES[m] + " (mean over prompts, 95% bootstrap interval)", [(m, "")], m,
-                               log=False))
-    if result.tracked:
-        figs.append(line_chart(f"Tracked prompt tokens in the top-{result.top_k} (share of prompts)",
-                               [(f"visible_{t}", t) for t in result.tracked], "share of prompts"))
-
-    n = min(result.n_prompts, MAX_HEATMAP_PROMPTS)
-    rank = result.flat("answer_rank")[:n]
-    fig = go.Figure(go.Heatmap(
-        z=np.log10(rank + 1.0), x=labels, y=[f"{i}: {p}" for i, p in enumerate(result.prompts[:n])],
-        customdata=rank, colorscale="Viridis_r", colorbar=dict(title="log10(rank+1)"),
-        hovertemplate="%{y}<br>%{x}<br>rank %{customdata}<extra></extra>",
-    ))
-    fig.update_layout(title=f"Rank of the correct answer per sub-layer ({n} of {result.n_prompts} prompts; 0 = top-1)",
-                      height=max(400, 12 * n + 120), margin=dict(l=160, r=20, t=50, b=60),
-                      xaxis=dict(type="category", categoryorder="array", categoryarray=labels),
-                      yaxis=dict(autorange="reversed"))
-    figs.append(fig)
-
-    if interchanges:
-        fig = go.Figure()
-        for r in interchanges:
-            rr = r.rows()
-            fig.add_trace(go.Scatter(
-                x=[f"L{x['layer']}" for x in rr], y=[x["drop"] for x in rr], mode="lines+markers",
-                name=f"{r.label} (n={len(r.clean_prob)})",
-                error_y=dict(type="data", symmetric=False, array=[x["drop_ci_high"] - x["drop"] for x in rr],
-                             arrayminus=[x["drop"] - x["drop_ci_low"] for x in rr]),
-            ))
-        fig.update_layout(title="Interchange of the last-position attention output: drop of the answer probability",
-                          height=380, margin=dict(l=60, r=20, t=50, b=60), yaxis_title="clean - patched probability",
-                          xaxis=dict(type="category", title="patched block (0-indexed)"))
-        figs.append(fig)
-    return figs
-
-
-def _sub(a: Any, b: Any) -> float | None:
-    return None if a is None or b is None else float(a) - float(b)
-
-
-def write_lens_outputs(
-    out_dir: str | Path,
-    result: LensResult,
-    *,
-    interchanges: Sequence[InterchangeResult] = (),
-    meta: Mapping[str, Any] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-) -> tuple[Path, Path]:
-    """Write ``lens.json`` and ``report.html`` into ``out_dir`` (created); returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = lens_json(result, interchanges=interchanges, meta=meta, n_boot=n_boot, seed=seed)
-    json_path = write_text(out / "lens.json", json.dumps(doc, indent=1))
-    figs = _figures(doc, result, interchanges)
-    notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items()),
-             f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
-             f"post-MLP residual states of every block (0-indexed)."]
-    html_path = write_text(out / "report.html", page("Early decoding (logit lens)", figs, notes))
-    return json_path, html_path
+warnings.warn(
+    "circuits.lens_report is deprecated: import from circuits.lens.report instead",
+    DeprecationWarning,
+    stacklevel=2,
+)

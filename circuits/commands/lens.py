@@ -118,7 +118,7 @@ def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, 
 
 
 def write_lens(result: tuple[Any, list[Any]], run_dir: Any, ctx: RunContext) -> None:
-    from circuits.lens_report import write_lens_outputs
+    from circuits.lens.report import write_lens_outputs
 
     meta = {k: ctx.meta.get(k) for k in ("model", "task", "seed", "n_requested", "base_accuracy")}
     meta["runtime_s"] = round(time.time() - ctx.meta["t0"], 1)

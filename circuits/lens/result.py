@@ -1,0 +1,134 @@
+"""The early-decoding result (:class:`LensResult`), its per-sub-layer summary rows and strict JSON.
+
+Summary statistics over prompts: mean (NaN-skipping), population std and a 95% percentile bootstrap
+interval of the mean (one shared resampling of prompts per call, ``numpy.random.default_rng(seed)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["METRICS", "LensResult", "json_ready"]
+
+METRICS = ("answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error")
+
+
+@dataclass
+class LensResult:
+    """Per-prompt early-decoding metrics.
+
+    Arrays are numpy, shaped ``[n_prompts, n_layers, n_sublayers]`` (``visible``:
+    ``[n_prompts, n_layers, n_sublayers, n_tracked]``), in the order of ``prompts``/``answers``.
+    ``layers`` are 0-indexed block indices; ``sublayers`` is ``("attn", "mlp")`` (post-attention,
+    post-MLP). Probabilities and shares in [0, 1]; ranks 0 = top-1; ``abs_error`` in answer units (NaN
+    where the answer value is unknown); ``visible`` is NaN where a prompt lacks that tracked token.
+    """
+
+    layers: list[int]
+    sublayers: tuple[str, ...]
+    decode: str
+    top_k: int
+    answers: np.ndarray
+    answer_values: np.ndarray
+    prompts: list[str]
+    layout_lengths: np.ndarray
+    answer_prob: np.ndarray
+    answer_rank: np.ndarray
+    numeric_mass: np.ndarray
+    top1_numeric: np.ndarray
+    top10_numeric: np.ndarray
+    abs_error: np.ndarray
+    top1_token: np.ndarray
+    tracked: list[str]
+    visible: np.ndarray
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.answer_prob.shape[0])
+
+    def labels(self) -> list[str]:
+        """Depth labels in forward order: ``["L0 attn", "L0 mlp", "L1 attn", ...]``."""
+        return [f"L{layer} {sub}" for layer in self.layers for sub in self.sublayers]
+
+    def flat(self, metric: str) -> np.ndarray:
+        """``[n_prompts, n_layers * n_sublayers]`` view of a metric, columns in :meth:`labels` order."""
+        arr = getattr(self, metric)
+        return arr.reshape(arr.shape[0], -1, *arr.shape[3:])
+
+    def rows(self, *, n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+        """One summary row per (block, sub-layer), in forward order.
+
+        Keys: ``layer``, ``sublayer``, ``label``, each metric of :data:`METRICS` (mean over prompts,
+        NaN-skipping) with ``<metric>_std`` (population std) and ``<metric>_ci_low`` / ``_ci_high`` (95%
+        percentile bootstrap over prompts, one shared resampling), ``answer_top1`` (share of prompts
+        with rank 0), ``answer_rank_median``, ``visible_<name>`` (share of prompts with that tracked
+        token in the top-k) and ``n``.
+        """
+        n = self.n_prompts
+        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n)) if n else None
+        rows = []
+        for li, layer in enumerate(self.layers):
+            for si, sub in enumerate(self.sublayers):
+                row: dict[str, Any] = {"layer": int(layer), "sublayer": sub, "label": f"L{layer} {sub}", "n": n}
+                for m in METRICS:
+                    v = getattr(self, m)[:, li, si].astype(np.float64)
+                    row.update(_summary(m, v, idx))
+                rank = self.answer_rank[:, li, si]
+                row["answer_top1"] = float(np.mean(rank == 0)) if n else float("nan")
+                row["answer_rank_median"] = float(np.median(rank)) if n else float("nan")
+                for ti, name in enumerate(self.tracked):
+                    v = self.visible[:, li, si, ti]
+                    row[f"visible_{name}"] = float(np.nanmean(v)) if np.isfinite(v).any() else None
+                rows.append(row)
+        return rows
+
+    def to_dict(self, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+        """JSON-ready summary: ``prompts`` (``[{"prompt", "answer"}]``, answer = integer value or None),
+        ``answer_tokens`` (answer token ids, same order), ``rows`` (:meth:`rows`) and the settings."""
+        prompts = [{"prompt": p, "answer": _json_num(a)} for p, a in zip(self.prompts, self.answer_values)]
+        return {
+            "decode": self.decode, "top_k": self.top_k, "layers": list(map(int, self.layers)),
+            "sublayers": list(self.sublayers), "tracked": list(self.tracked), "n_prompts": self.n_prompts,
+            "prompts": prompts, "answer_tokens": [int(t) for t in self.answers],
+            "rows": json_ready(self.rows(n_boot=n_boot, seed=seed)),
+        }
+
+
+def _json_num(x: float) -> int | float | None:
+    x = float(x)
+    if math.isnan(x):
+        return None
+    return int(x) if x.is_integer() else x
+
+
+def json_ready(obj: Any) -> Any:
+    """NaN/inf -> None, recursively, so ``json.dumps`` writes strict JSON."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else obj
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [json_ready(v) for v in obj]
+    return obj
+
+
+def _summary(name: str, v: np.ndarray, idx: np.ndarray | None) -> dict[str, float]:
+    ok = np.isfinite(v)
+    if idx is None or not ok.any():
+        nan = float("nan")
+        return {name: nan, f"{name}_std": nan, f"{name}_ci_low": nan, f"{name}_ci_high": nan}
+    if ok.all():
+        means = v[idx].mean(1)
+    else:  # NaN-skipping bootstrap: resample prompts, average the finite ones
+        vals, w = np.where(ok, v, 0.0)[idx], ok[idx]
+        with np.errstate(invalid="ignore"):
+            means = vals.sum(1) / w.sum(1)
+        means = means[np.isfinite(means)]
+    return {
+        name: float(v[ok].mean()), f"{name}_std": float(v[ok].std()),
+        f"{name}_ci_low": float(np.quantile(means, 0.025)), f"{name}_ci_high": float(np.quantile(means, 0.975)),
+    }
