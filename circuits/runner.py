@@ -114,7 +114,8 @@ class Analysis:
     ``needs_means(config)``: whether it needs a :class:`~interventions.MeanCache`; ``identity(config,
     ctx, model)``: the run identity (what determines the results); ``schema(config, info, n_prompts)``:
     the records' schema; ``run(model, config, ctx)``: the pure analysis; ``write(result, run_dir,
-    ctx)``: summary and report; ``prompt_records(ctx)``: the ``prompts.jsonl`` records (``None``: none).
+    ctx)``: summary and report; ``prompt_records(ctx)``: the ``prompts.jsonl`` records (``None``: none);
+    ``base_correct_only``: run on the prompts the unmodified model answers correctly (``False``: on all).
     """
 
     name: str
@@ -126,6 +127,7 @@ class Analysis:
     run: Callable[[Any, Any, RunContext], Any]
     write: Callable[[Any, RunDir, RunContext], None]
     prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = lambda ctx: None
+    base_correct_only: bool = True
     batch_size: Callable[[Any], int] = lambda config: int(getattr(config, "batch_size", 128))
     n_boot: Callable[[Any], int] = lambda config: int(getattr(config, "n_boot", 1000))
 
@@ -259,7 +261,10 @@ def execute(
     tokens, answers = check_inputs(model, tokens, answers)
     if prompts is not None and len(prompts) != tokens.shape[0]:
         raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
-    keep = base_correct(model, tokens, answers, batch_size=batch_size)
+    if analysis.base_correct_only:
+        keep = base_correct(model, tokens, answers, batch_size=batch_size)
+    else:
+        keep = torch.ones(tokens.shape[0], dtype=torch.bool)
     if not bool(keep.any()):
         raise PromptError(
             f"the unmodified model answers none of the {tokens.shape[0]} prompts correctly: nothing to "

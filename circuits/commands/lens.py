@@ -134,6 +134,7 @@ LENS = Analysis(
     schema=lambda config, info, n: None,
     run=lens_run,
     write=write_lens,
+    base_correct_only=False,
 )
 """``af1 lens`` as the runner runs it."""
 
