@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "necessity": ("circuits.commands.necessity", "per block, cut the last token's attention to earlier tokens"),
     "prune": ("circuits.commands.prune", "greedy head pruning of the transfer blocks inside an AF1 subgraph"),
     "lens": ("circuits.commands.lens", "early decoding (logit lens) after every attention and MLP sub-layer"),
+    "sweep": ("circuits.commands.sweep", "models x tasks x ablations x seeds: the comparison tables, resumable"),
 }
 
 MAX_MESSAGE = 400
@@ -61,13 +62,13 @@ def describe(err: BaseException) -> tuple[str, int] | None:
     from interventions.types import InterventionNotAppliedError
 
     if isinstance(err, (AF1Error, InterventionNotAppliedError)):
-        return _one_line(err), 2
+        return one_line(err), 2
     if isinstance(err, KeyboardInterrupt):
         return "interrupted; finished results are saved: run the same command again to resume", 2
     if isinstance(err, json.JSONDecodeError):
         return f"a JSON file is malformed ({err}); move it away or use a new --out directory", 2
     if isinstance(err, (ValueError, OSError, LookupError)) and not isinstance(err, (IndexError, KeyError)):
-        return _one_line(err), 2
+        return one_line(err), 2
     name = type(err).__name__
     if name == "SafetensorError":
         return f"a .safetensors file is corrupt or truncated ({err}); move it away or use a new --out directory", 2
@@ -76,7 +77,7 @@ def describe(err: BaseException) -> tuple[str, int] | None:
     return None
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
         text = f"{text}: {err.filename}"
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known is not None:
             print(f"af1 {args.command}: error: {known[0]}", file=sys.stderr)
             return known[1]
-        print(f"af1 {args.command}: internal error: {type(err).__name__}: {_one_line(err)} (run with --debug for "
+        print(f"af1 {args.command}: internal error: {type(err).__name__}: {one_line(err)} (run with --debug for "
               f"the traceback)", file=sys.stderr)
         return 1
 

@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def page(title: str, figures: Sequence[Any], notes: Sequence[str] = ()) -> str:
-    """A self-contained HTML page holding ``figures`` (plotly.js embedded once, so it opens offline)."""
+def page(title: str, figures: Sequence[Any], notes: Sequence[str] = (), links: Sequence[tuple[str, str]] = ()) -> str:
+    """A self-contained HTML page holding ``figures`` (plotly.js embedded once, so it opens offline);
+    ``notes`` are paragraphs of text, ``links`` ``(label, relative href)`` pairs listed after them."""
     parts = []
     for i, fig in enumerate(figures):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"fig{i}"))
     body = "\n".join(f"<p>{html.escape(n)}</p>" for n in notes)
+    if links:
+        items = "".join(f'<li><a href="{html.escape(href)}">{html.escape(label)}</a></li>' for label, href in links)
+        body += f"\n<ul>{items}</ul>"
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title></head>\n<body style='font-family:sans-serif'>\n"

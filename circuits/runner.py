@@ -203,16 +203,18 @@ class Run:
 
 
 def means_cache(model: Any, tokens: torch.Tensor, run_dir: RunDir | None, *, batch_size: int,
-                progress: bool) -> iv.MeanCache:
+                progress: bool, fitted: iv.MeanCache | None = None) -> iv.MeanCache:
     """The means cache of a run, without writing anything: the one this run wrote to ``run_dir``
     (checked against its recorded content hash), else fitted on ``tokens``. A cache file written before
-    hashes were recorded is accepted only if it equals the fresh fit. :func:`keep_means` saves it."""
+    hashes were recorded is accepted only if it equals the fresh fit (``fitted``: that fit, when the
+    caller already has it). :func:`keep_means` saves it."""
     recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
     path = run_dir.checked_artifact(files.MEANS) if recorded else None
     if path is not None:
         cache = iv.MeanCache.load(path)
     else:
-        cache = iv.MeanCache.fit(model, tokens, batch_size=batch_size, progress=progress)
+        cache = fitted if fitted is not None else iv.MeanCache.fit(model, tokens, batch_size=batch_size,
+                                                                     progress=progress)
         target = run_dir.path / files.MEANS if run_dir is not None else None
         if target is not None and target.exists() and iv.MeanCache.load(target).sha256 != cache.sha256:
             raise CorruptRunError(
@@ -244,6 +246,7 @@ def execute(
     prompts: Sequence[Mapping[str, Any]] | None = None,
     progress: bool = True,
     held: Run | None = None,
+    cache_is_fit: bool = False,
 ) -> Any:
     """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (see the module docstring).
 
@@ -252,7 +255,9 @@ def execute(
     ``meta``: the caller's description, copied into the identity (except ``command``, ``base_accuracy``
     and ``n_checked``, which describe a run rather than determine it) and the summary. ``prompts``:
     records aligned with ``tokens`` for ``prompts.jsonl``. ``held``: a :class:`Run` the caller already
-    holds for ``out_dir`` (commands take the lock before loading the model).
+    holds for ``out_dir`` (commands take the lock before loading the model). ``cache_is_fit``: ``cache``
+    is ``MeanCache.fit`` on exactly these (base-correct) prompts, fitted once for several analyses; the run
+    identity then reads as if the runner had fitted it, so the directory can be reopened by a single command.
     """
     info = iv.adapt(model).info
     analysis.validate(config, info)
@@ -274,7 +279,7 @@ def execute(
     ctx = RunContext(
         tokens=tokens[keep], answers=answers[keep], n_given=int(tokens.shape[0]), keep=keep,
         given_tokens=tokens, given_answers=answers, cache=cache, store=MemoryStore(), progress=progress,
-        meta=dict(meta or {}), prompts=prompts, cache_given=cache is not None,
+        meta=dict(meta or {}), prompts=prompts, cache_given=cache is not None and not cache_is_fit,
     )
     if out_dir is None:
         if cache is None and analysis.needs_means(config):
@@ -290,6 +295,14 @@ def execute(
                                     batch_size=batch_size, progress=progress)
         elif cache is not None:
             cache.check_model(model)
+            if cache_is_fit:  # must be the cache this run wrote, like one the runner fitted itself
+                on_disk = means_cache(model, ctx.tokens, RunDir(run.path, {}, results_name=results_name),
+                                      batch_size=batch_size, progress=progress, fitted=cache)
+                if on_disk.sha256 != cache.sha256:
+                    raise CorruptRunError(
+                        f"{run.path / files.MEANS} is not the cache fitted on this run's prompts; move it away to "
+                        f"recompute it, or use a new --out directory"
+                    )
         run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name).open()
         if ctx.cache is not None:
             keep_means(run_dir, ctx.cache)

@@ -4,15 +4,11 @@ check of the last-position attention output; writes ``lens.json`` and ``report.h
 from __future__ import annotations
 
 import argparse
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from circuits.commands.common import add_backend_argument
-from circuits.errors import ArgumentError
-from circuits.runner import Analysis, RunContext
+from circuits.lens.analysis import LENS, LensConfig, interchange_sets  # noqa: F401 - interchange_sets: public here before
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,113 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
-
-
-def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
-    """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template."""
-    from circuits import lens, tasks
-
-    spec = tasks.get_task(task)
-    rows = []
-    for p, a in zip(prompts, answers):
-        ops = lens.parse_operands(spec.template, spec.operand_names, p)
-        if ops is not None:
-            rows.append({"prompt": p, "answer": int(a), "operands": ops, "task": task})
-    changes = [("operand", i, f"operand {name}") for i, name in enumerate(spec.operand_names)]
-    n_ops = sum(re.sub(r"\{[^}]*\}", "", spec.template).count(c) for c in "+-")
-    changes += [("operator", i, f"operator {i + 1}") for i in range(n_ops)]
-    sets = []
-    for change, index, label in changes:
-        pairs = lens.counterfactual_rows(rows, change=change, index=index, seed=seed, spec=spec)
-        try:
-            sets.append(lens.counterfactual_set(model, pairs, label=label))
-        except ValueError as err:
-            print(f"af1 lens: skipping interchange '{label}': {err}")
-    return sets
-
-
-@dataclass(frozen=True)
-class LensConfig:
-    """What determines an ``af1 lens`` run besides the model and the prompts: ``decode``
-    (``"final_norm"`` or ``"raw"``), ``top_k`` of the visibility test, ``interchange`` (run the check),
-    ``seed`` (counterfactual pairs), ``batch_size`` (prompts per forward pass)."""
-
-    decode: str = "final_norm"
-    top_k: int = 10
-    interchange: bool = True
-    seed: int = 0
-    batch_size: int = 64
-    n_boot: int = 1000
-
-    def validate(self, info: Any = None) -> "LensConfig":
-        if self.decode not in ("final_norm", "raw"):
-            raise ArgumentError(f"decode={self.decode!r} is not valid: choose 'final_norm' or 'raw'")
-        if self.top_k < 1:
-            raise ArgumentError(f"--top-k {self.top_k} is out of range: give an integer >= 1")
-        if self.batch_size < 1:
-            raise ArgumentError(f"--batch-size {self.batch_size} is out of range: give an integer >= 1")
-        return self
-
-
-def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list[Any]]:
-    """Early decoding of the kept prompts, and the interchange checks (pure)."""
-    import torch
-
-    from circuits import lens
-
-    records = ctx.kept_prompts or []
-    prompts = [r["prompt"] for r in records]
-    values = [int(r["answer"]) for r in records] if records else None
-    result = lens.early_decode(model, ctx.tokens, answers=torch.as_tensor(ctx.answers), answer_values=values,
-                               prompts=prompts or None, decode=config.decode, top_k=config.top_k,
-                               batch_size=config.batch_size)
-    inter = []
-    if config.interchange and values is not None:
-        for cf in interchange_sets(model, ctx.meta["task"], prompts, values, config.seed):
-            inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
-                                          counter_answers=cf.counter_answers, batch_size=config.batch_size,
-                                          label=cf.label))
-    return result, inter
-
-
-def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
-    """The run identity of ``af1 lens``."""
-    import interventions as iv
-    from circuits.runs import tokens_sha256
-
-    ad = iv.adapt(model)
-    return {
-        **{k: v for k, v in ctx.meta.items() if k in ("model", "task", "seed", "n_requested")},
-        "analysis": "lens",
-        "n_prompts": int(ctx.tokens.shape[0]),
-        "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
-        "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
-        "decode": config.decode,
-        "top_k": int(config.top_k),
-        "interchange": bool(config.interchange),
-    }
-
-
-def write_lens(result: tuple[Any, list[Any]], run_dir: Any, ctx: RunContext) -> None:
-    from circuits.lens.report import write_lens_outputs
-
-    meta = {k: ctx.meta.get(k) for k in ("model", "task", "seed", "n_requested", "base_accuracy")}
-    meta["runtime_s"] = round(time.time() - ctx.meta["t0"], 1)
-    write_lens_outputs(run_dir.path, result[0], interchanges=result[1], meta=meta, seed=int(ctx.meta["seed"]))
-
-
-LENS = Analysis(
-    name="lens",
-    results_file=None,
-    validate=lambda config, info: config.validate(info),
-    needs_means=lambda config: False,
-    identity=lens_identity,
-    schema=lambda config, info, n: None,
-    run=lens_run,
-    write=write_lens,
-    base_correct_only=False,
-)
-"""``af1 lens`` as the runner runs it."""
 
 
 def check(args: argparse.Namespace) -> None:

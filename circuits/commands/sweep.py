@@ -1,0 +1,88 @@
+"""``af1 sweep``: models x tasks x ablations x seeds in one resumable command, with the tables.
+
+``--config sweep.toml`` (see :mod:`circuits.sweep.config`) or the same as flags. Writes ``cells/`` (one
+run directory per cell), ``table.csv``, ``table.md``, ``summary.json`` and ``report.html`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from circuits.commands.common import add_backend_argument
+
+    parser.add_argument("--config", default=None, help="TOML file with a [sweep] table (flags below override it)")
+    parser.add_argument("--models", default=None, help="comma-separated model names")
+    parser.add_argument("--tasks", default=None, help="comma-separated tasks or groups (original, style)")
+    parser.add_argument("--ablations", default=None, help="comma-separated: cama, mean, zero (default cama)")
+    parser.add_argument("--seeds", default=None, help="comma-separated integer seeds (default 0)")
+    parser.add_argument("--n-prompts", type=int, default=None, help="prompts per cell (default 200)")
+    parser.add_argument("--wait", type=int, default=None, help="fixed configuration: last waiting block")
+    parser.add_argument("--transfer", type=int, default=None, help="fixed configuration: transfer blocks")
+    parser.add_argument("--threshold", type=float, default=None, help="search: faithfulness needed (default 0.9)")
+    parser.add_argument("--necessity", action="store_true", help="also run the necessity sweep per cell")
+    parser.add_argument("--lens", action="store_true", help="also run early decoding per cell")
+    parser.add_argument("--batch-size", type=int, default=None, help="prompts per forward pass (default 128)")
+    parser.add_argument("--device", default=None, help="torch device (default cpu)")
+    add_backend_argument(parser)
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+
+
+def config_of(args: argparse.Namespace):
+    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top."""
+    import tomllib
+    from pathlib import Path
+
+    from circuits.errors import ArgumentError
+    from circuits.sweep import SweepConfig
+
+    raw: dict = {}
+    if args.config is not None:
+        path = Path(args.config)
+        if not path.is_file():
+            raise ArgumentError(f"--config {args.config}: no such file")
+        try:
+            raw = dict(tomllib.loads(path.read_text()).get("sweep") or {})
+        except tomllib.TOMLDecodeError as err:
+            raise ArgumentError(f"--config {args.config} is not valid TOML: {err}") from None
+    for key in ("models", "tasks", "ablations"):
+        if getattr(args, key) is not None:
+            raw[key] = [x.strip() for x in getattr(args, key).split(",") if x.strip()]
+    if args.seeds is not None:
+        try:
+            raw["seeds"] = [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            raise ArgumentError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 42,123,999") from None
+    for key in ("n_prompts", "wait", "transfer", "threshold", "batch_size", "device", "backend", "dtype"):
+        if getattr(args, key) is not None:
+            raw[key] = getattr(args, key)
+    if args.wait is not None or args.transfer is not None:
+        raw["mode"] = "fixed"
+    for key in ("necessity", "lens"):
+        if getattr(args, key):
+            raw[key] = True
+    return SweepConfig.from_mapping(raw)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Model-independent checks, before anything is loaded."""
+    from circuits.commands.common import check_device, check_out
+
+    config = config_of(args)
+    check_device(config.device)
+    check_out(args.out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuits.commands.common import command_line
+    from circuits.sweep import run_sweep
+
+    config = config_of(args)
+    rows = run_sweep(config, args.out, progress=not args.no_progress, command=command_line(args))
+    print(Path(args.out, "table.md").read_text())
+    failed = [r for r in rows if r.status != "ok"]
+    print(f"{len(rows)} cells, {len(failed)} failed; table: {args.out}/table.md, report: {args.out}/report.html")
+    return 0

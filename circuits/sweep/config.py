@@ -1,0 +1,164 @@
+"""The grid of an ``af1 sweep``: models x tasks x ablations x seeds, read from TOML or flags.
+
+A sweep config is a TOML file with one ``[sweep]`` table::
+
+    [sweep]
+    models = ["arith-styles"]          # zoo names or pretrained names
+    tasks = ["add", "sub", "style"]    # task names, or a group: "original", "style", "early_decoding"
+    ablations = ["cama"]               # cama, mean, zero
+    seeds = [42, 123, 999]
+    n_prompts = 200
+    mode = "fixed"                     # "search" (full search per cell) or "fixed" (one configuration)
+    wait = 2                           # fixed mode: the configuration
+    transfer = 1
+    necessity = false                  # also run the necessity sweep per (model, task, seed)
+    lens = false                       # also run early decoding per (model, task, seed)
+
+Optional keys: ``threshold`` (0.9), ``grid`` (``"full"``), ``source`` (``"build"``), ``batch_size``
+(128), ``device`` (``"cpu"``), ``backend``, ``dtype``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from circuits.errors import ArgumentError
+
+MODES = ("search", "fixed")
+GROUPS = ("original", "style", "early_decoding")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the grid: ``ablation`` is ``"necessity"`` or ``"lens"`` for those analyses."""
+
+    model: str
+    task: str
+    ablation: str
+    seed: int
+
+    @property
+    def kind(self) -> str:
+        return self.ablation if self.ablation in ("necessity", "lens") else "search"
+
+    def folder(self) -> Path:
+        """The cell's run directory below the sweep's ``cells/``."""
+        return Path(slug(self.model)) / self.task / f"{self.ablation}-seed{self.seed}"
+
+
+def slug(name: str) -> str:
+    """A model name as one folder name (``meta-llama/Meta-Llama-3-8B`` -> ``meta-llama__Meta-Llama-3-8B``)."""
+    return name.replace("/", "__")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The sweep's grid and settings (see the module docstring for every field)."""
+
+    models: tuple[str, ...]
+    tasks: tuple[str, ...]
+    ablations: tuple[str, ...] = ("cama",)
+    seeds: tuple[int, ...] = (0,)
+    n_prompts: int = 200
+    mode: str = "search"
+    wait: int | None = None
+    transfer: int | None = None
+    threshold: float = 0.9
+    grid: str = "full"
+    source: str = "build"
+    necessity: bool = False
+    lens: bool = False
+    batch_size: int = 128
+    device: str = "cpu"
+    backend: str | None = None
+    dtype: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> "SweepConfig":
+        """A config from the ``[sweep]`` table (task groups expanded); unknown keys are refused."""
+        from circuits import tasks as catalogue
+
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        unknown = sorted(set(raw) - names)
+        if unknown:
+            raise ArgumentError(f"unknown sweep key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        for key in ("models", "tasks"):
+            if key not in raw:
+                raise ArgumentError(f"the sweep config needs `{key} = [...]`")
+        values = dict(raw)
+        for key in ("models", "tasks", "ablations", "seeds"):
+            if key in values:
+                if isinstance(values[key], (str, int)):
+                    values[key] = [values[key]]
+                if not isinstance(values[key], (list, tuple)) or not values[key]:
+                    raise ArgumentError(f"sweep key `{key}` must be a non-empty list")
+                values[key] = tuple(values[key])
+        expanded: list[str] = []
+        for t in values["tasks"]:
+            group = [n for n in catalogue.list_tasks() if catalogue.get_task(n).group == t] if t in GROUPS else [t]
+            expanded += [n for n in group if n not in expanded]
+        values["tasks"] = tuple(expanded)
+        return cls(**values).validate()
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "SweepConfig":
+        """Read ``path`` (a TOML file with a ``[sweep]`` table)."""
+        import tomllib
+
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ArgumentError(f"--config {path} is not valid TOML: {err}") from None
+        if "sweep" not in raw or not isinstance(raw["sweep"], dict):
+            raise ArgumentError(f"--config {path} has no [sweep] table")
+        return cls.from_mapping(raw["sweep"])
+
+    def validate(self) -> "SweepConfig":
+        """Raise :class:`ArgumentError` naming the first bad field (checks that need no model)."""
+        from circuits import tasks as catalogue
+
+        if self.mode not in MODES:
+            raise ArgumentError(f"mode={self.mode!r} is not valid: choose 'search' or 'fixed'")
+        if self.mode == "fixed" and (self.wait is None or self.transfer is None):
+            raise ArgumentError("mode='fixed' needs wait and transfer (the configuration to apply to every cell)")
+        if self.mode == "search" and (self.wait is not None or self.transfer is not None):
+            raise ArgumentError("wait/transfer apply to mode='fixed' only; mode='search' selects them per cell")
+        for task in self.tasks:
+            if task not in catalogue.list_tasks():
+                raise ArgumentError(f"task {task!r} is unknown; known: {', '.join(catalogue.list_tasks())} "
+                                    f"or a group ({', '.join(GROUPS)})")
+        for ablation in self.ablations:
+            if ablation not in ("cama", "mean", "zero"):
+                raise ArgumentError(f"ablation {ablation!r} is not valid: choose cama, mean or zero")
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
+            raise ArgumentError(f"seeds must be integers, got {list(self.seeds)}")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ArgumentError(f"threshold={self.threshold} must be a fraction in [0, 1]")
+        if self.n_prompts < 1 or self.batch_size < 1:
+            raise ArgumentError("n_prompts and batch_size must be integers >= 1")
+        if len(set(self.models)) != len(self.models) or len(set(self.seeds)) != len(self.seeds):
+            raise ArgumentError("models and seeds must not repeat")
+        return self
+
+    def cells(self) -> Iterator[Cell]:
+        """Every cell, model by model (so that each model is loaded once)."""
+        for model in self.models:
+            for task in self.tasks:
+                for seed in self.seeds:
+                    for ablation in self.ablations:
+                        yield Cell(model, task, ablation, seed)
+                    if self.necessity:
+                        yield Cell(model, task, "necessity", seed)
+                    if self.lens:
+                        yield Cell(model, task, "lens", seed)
+
+    def identity(self) -> dict[str, Any]:
+        """What determines the sweep's table (everything but the device and the batch size)."""
+        d = dataclasses.asdict(self)
+        for key in ("extra", "device", "batch_size"):
+            d.pop(key)
+        return d

@@ -1,0 +1,201 @@
+"""Running a sweep: every cell an ordinary run directory, each model loaded once, prompts and means
+fitted once per (model, task, seed), a failing cell recorded and the others run on."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from circuits import files
+from circuits.sweep.config import Cell, SweepConfig
+
+CELLS_DIR = "cells"
+SWEEP_RESULTS = "cells.jsonl"
+
+
+@dataclass
+class CellResult:
+    """One row of the sweep's table.
+
+    ``status``: ``"ok"`` or ``"error"`` (then ``error`` says why). ``faithfulness``/``ci_low``/``ci_high``:
+    of the selected configuration (search; ``selected`` is ``False`` when none reaches the threshold and
+    the row shows the most faithful one), of the fixed configuration (fixed), the smallest per-block
+    faithfulness (necessity, ``wait`` = that block) or the final answer probability (lens); ``faith_by_wait``: per wait, the best faithfulness evaluated (search);
+    ``path``: the cell's run directory relative to the sweep's ``--out``.
+    """
+
+    model: str
+    task: str
+    ablation: str
+    seed: int
+    status: str = "ok"
+    error: str | None = None
+    base_accuracy: float | None = None
+    n_prompts: int | None = None
+    wait: int | None = None
+    transfer: int | None = None
+    faithfulness: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    faith_by_wait: dict[str, float] = field(default_factory=dict)
+    path: str = ""
+    selected: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
+              command: list[str] | None = None) -> list[CellResult]:
+    """Run every cell of ``config`` under ``out/cells/`` and return the table rows (also written as
+    ``table.csv``, ``table.md`` and ``report.html`` in ``out``). Re-running resumes cell by cell and,
+    inside a cell, configuration by configuration."""
+    from circuits.runner import Run
+    from circuits.runs import RunDir
+    from circuits.sweep.table import write_outputs
+
+    out = Path(out)
+    t0 = time.perf_counter()
+    with Run(out, "sweep"):
+        RunDir(out, {"analysis": "sweep", **config.identity()}, results_name=files.NO_RESULTS).open()
+        rows = []
+        cells = list(config.cells())
+        bar = tqdm(cells, desc="sweep", unit="cell", disable=not progress)
+        state = _State(config, command or ["af1", "sweep"])
+        try:
+            for cell in bar:
+                bar.set_postfix(model=cell.model, task=cell.task, ablation=cell.ablation, seed=cell.seed)
+                rows.append(state.run(cell, out / CELLS_DIR / cell.folder(), progress))
+        finally:
+            bar.close()
+        write_outputs(config, rows, out, seconds=time.perf_counter() - t0)
+    return rows
+
+
+class _State:
+    """The model, prompts and means of the current (model, task, seed), reused across its cells."""
+
+    def __init__(self, config: SweepConfig, command: list[str]):
+        self.config = config
+        self.command = command
+        self.model_name: str | None = None
+        self.model: Any = None
+        self.model_error: str | None = None
+        self.key: tuple | None = None
+        self.prompts: Any = None
+        self.means: Any = None
+        self.prompt_error: str | None = None
+        self.progress = True
+
+    def load(self, cell: Cell) -> None:
+        from circuits.loading import load_model, prepare_prompts
+
+        cfg = self.config
+        if cell.model != self.model_name:
+            self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
+            try:
+                self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype)
+            except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
+                self.model_error = message(err)
+        key = (cell.model, cell.task, cell.seed)
+        if self.model is not None and key != self.key:
+            self.key, self.prompts, self.means, self.prompt_error = key, None, None, None
+            try:
+                self.prompts = prepare_prompts(self.model, cell.task, cfg.n_prompts, cell.seed, source=cfg.source)
+            except Exception as err:  # noqa: BLE001
+                self.prompt_error = message(err)
+
+    def cache(self) -> Any:
+        """``MeanCache.fit`` on the current prompts (once per (model, task, seed))."""
+        import interventions as iv
+
+        if self.means is None:
+            self.means = iv.MeanCache.fit(self.model, self.prompts.tokens, batch_size=self.config.batch_size,
+                                          progress=self.progress)
+        return self.means
+
+    def run(self, cell: Cell, folder: Path, progress: bool) -> CellResult:
+        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed, path=str(Path(CELLS_DIR) / cell.folder()))
+        self.progress = progress
+        self.load(cell)
+        error = self.model_error or self.prompt_error
+        if error is not None:
+            row.status, row.error = "error", error
+            return row
+        try:
+            fill(row, self.run_cell(cell, folder, progress), self.prompts)
+        except Exception as err:  # noqa: BLE001
+            row.status, row.error = "error", message(err)
+        return row
+
+    def run_cell(self, cell: Cell, folder: Path, progress: bool) -> Any:
+        from circuits.runner import execute
+
+        cfg, p = self.config, self.prompts
+        meta = {"model": cell.model, "task": cell.task, "source": cfg.source, "base_accuracy": p.base_accuracy,
+                "n_checked": p.n_checked, "command": self.command}
+        common = dict(out_dir=folder, meta=meta, progress=progress)
+        if cell.kind == "necessity":
+            from circuits.necessity import NECESSITY, NecessityConfig
+
+            return execute(NECESSITY, self.model, p.tokens, p.answers,
+                           NecessityConfig(seed=cell.seed, batch_size=cfg.batch_size), **common)
+        if cell.kind == "lens":
+            from circuits.lens.analysis import LENS, LensConfig
+
+            records = [{"prompt": s, "answer": int(v)} for s, v in zip(p.prompts, p.answer_values)]
+            meta = {**meta, "seed": cell.seed, "n_requested": cfg.n_prompts, "t0": time.time()}
+            result, _ = execute(LENS, self.model, p.tokens, p.answers, LensConfig(seed=cell.seed), out_dir=folder,
+                                meta=meta, prompts=records, progress=False)
+            return result
+        cache = self.cache() if cell.ablation in ("cama", "mean") else None
+        if cfg.mode == "fixed":
+            from circuits.search.fixed import FIXED, FixedConfig
+
+            config = FixedConfig(cfg.wait, cfg.transfer, cell.ablation, cell.seed, cfg.batch_size)
+            return execute(FIXED, self.model, p.tokens, p.answers, config, cache=cache, cache_is_fit=True,
+                           prompts=p.records(), **common)
+        from circuits.search import SEARCH, SearchConfig
+
+        config = SearchConfig(threshold=cfg.threshold, grid=cfg.grid, ablation=cell.ablation, seed=cell.seed,
+                              batch_size=cfg.batch_size)
+        return execute(SEARCH, self.model, p.tokens, p.answers, config, cache=cache, cache_is_fit=True,
+                       prompts=p.records(), **common)
+
+
+def fill(row: CellResult, result: Any, prompts: Any) -> None:
+    """Copy what the table shows from a cell's result into ``row``."""
+    row.base_accuracy, row.n_prompts = float(prompts.base_accuracy), int(len(prompts))
+    if hasattr(result, "selected"):  # a search
+        best: dict[str, float] = {}
+        for r in result.results:
+            best[str(r.wait)] = max(best.get(str(r.wait), 0.0), r.faithfulness)
+        row.faith_by_wait = dict(sorted(best.items(), key=lambda kv: -int(kv[0])))
+        row.selected = result.selected is not None
+        pick = result.selected or max(result.results, key=lambda r: (r.faithfulness, r.wait, -r.transfer))
+    elif hasattr(result, "blocks"):  # necessity: the most necessary block
+        pick = min(result.blocks, key=lambda b: b.faithfulness)
+        row.wait = pick.layer
+        row.faithfulness, row.ci_low, row.ci_high = pick.faithfulness, pick.ci_low, pick.ci_high
+        return
+    elif hasattr(result, "rows"):  # lens: the final answer probability
+        final = result.rows(n_boot=200)[-1]
+        row.faithfulness = float(final["answer_prob"])
+        return
+    else:
+        pick = result
+    if pick is not None:
+        row.wait, row.transfer = pick.wait, pick.transfer
+        row.faithfulness, row.ci_low, row.ci_high = pick.faithfulness, pick.ci_low, pick.ci_high
+
+
+def message(err: BaseException) -> str:
+    """The one-line message the command line would print for ``err``."""
+    from circuits.cli import describe, one_line
+
+    known = describe(err)
+    return known[0] if known is not None else f"{type(err).__name__}: {one_line(err)}"

@@ -1,0 +1,119 @@
+"""The sweep's outputs: ``table.csv`` (one row per cell), ``table.md`` (min/avg/max over seeds) and
+``report.html`` (a heatmap per model, links to every cell's own report)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from circuits import files
+from circuits.sweep.config import SweepConfig
+
+COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_prompts", "selected", "wait",
+           "transfer", "faithfulness", "ci_low", "ci_high", "error", "path")
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return ""
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def csv_text(rows: Sequence[Any]) -> str:
+    """One line per cell, the columns :data:`COLUMNS` (empty where a value does not apply)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for r in rows:
+        d = r.to_dict()
+        writer.writerow([fmt(d[c], 6) for c in COLUMNS])
+    return buf.getvalue()
+
+
+def groups(rows: Sequence[Any]) -> dict[tuple[str, str, str], list[Any]]:
+    """Rows grouped by (model, task, ablation), seeds together, in the order of the sweep."""
+    out: dict[tuple[str, str, str], list[Any]] = {}
+    for r in rows:
+        out.setdefault((r.model, r.task, r.ablation), []).append(r)
+    return out
+
+
+def label(config: SweepConfig, row: Any) -> str:
+    """What a row's ``wait``/``transfer`` mean: the selection (search; ``none, best (w, t)`` when nothing
+    reaches the threshold, and the faithfulness shown is that best one), the fixed configuration, or the
+    most necessary block (necessity)."""
+    if row.ablation == "necessity":
+        return f"block {row.wait}"
+    if row.ablation == "lens" or row.transfer is None:
+        return "-"
+    pair = f"({row.wait}, {row.transfer})"
+    return pair if config.mode == "fixed" or row.selected else f"none, best {pair}"
+
+
+def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
+    """The aggregated table: per (model, task, ablation), faithfulness min / avg / max over the seeds, the
+    95% interval of each seed's value averaged, base accuracy and the (wait, transfer) per seed."""
+    what = (f"faithfulness at wait={config.wait}, transfer={config.transfer}" if config.mode == "fixed"
+            else f"faithfulness of the selected configuration (threshold {config.threshold:g})")
+    lines = [f"Sweep: {what}; {len(config.seeds)} seed(s) ({', '.join(map(str, config.seeds))}), "
+             f"{config.n_prompts} prompts per cell.", "",
+             "| model | task | ablation | base acc. | faithfulness min / avg / max | 95% CI (avg) | (wait, transfer) | failed |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (model, task, ablation), rs in groups(rows).items():
+        ok = [r for r in rs if r.status == "ok"]
+        vals = [r.faithfulness for r in ok if r.faithfulness is not None]
+        faith = f"{min(vals):.3f} / {np.mean(vals):.3f} / {max(vals):.3f}" if vals else "-"
+        lo = [r.ci_low for r in ok if r.ci_low is not None]
+        hi = [r.ci_high for r in ok if r.ci_high is not None]
+        ci = f"[{np.mean(lo):.3f}, {np.mean(hi):.3f}]" if lo and hi else "-"
+        acc = f"{np.mean([r.base_accuracy for r in ok]):.3f}" if ok else "-"
+        sel = ", ".join(sorted({label(config, r) for r in ok})) or "-"
+        failed = "; ".join(f"seed {r.seed}: {r.error}" for r in rs if r.status != "ok")
+        lines.append(f"| {model} | {task} | {ablation} | {acc} | {faith} | {ci} | {sel} | {failed} |")
+    return "\n".join(lines) + "\n"
+
+
+def heatmap(config: SweepConfig, model: str, rows: Sequence[Any]) -> Any:
+    """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds) or tasks x
+    ablations (fixed: the configuration's faithfulness averaged over seeds)."""
+    import plotly.graph_objects as go
+
+    mine = [r for r in rows if r.model == model and r.status == "ok" and r.ablation not in ("necessity", "lens")]
+    tasks = list(dict.fromkeys(r.task for r in mine))
+    if config.mode == "fixed":
+        cols = list(dict.fromkeys(r.ablation for r in mine))
+        value = lambda rs, c: [r.faithfulness for r in rs if r.ablation == c]  # noqa: E731
+        xtitle = "ablation"
+    else:
+        cols = sorted({w for r in mine for w in r.faith_by_wait}, key=int, reverse=True)
+        value = lambda rs, c: [r.faith_by_wait[c] for r in rs if c in r.faith_by_wait]  # noqa: E731
+        xtitle = "wait (best faithfulness over transfers)"
+    z = [[float(np.mean(v)) if (v := value([r for r in mine if r.task == t], c)) else None for c in cols]
+         for t in tasks]
+    fig = go.Figure(go.Heatmap(z=z, x=[str(c) for c in cols], y=tasks, zmin=0, zmax=1, colorscale="Viridis",
+                               texttemplate="%{z:.2f}", colorbar={"title": "faithfulness"}))
+    fig.update_layout(title=f"{model}", xaxis_title=xtitle, yaxis_title="task", height=120 + 28 * len(tasks))
+    return fig
+
+
+def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, seconds: float) -> None:
+    """``table.csv``, ``table.md``, ``summary.json`` and ``report.html`` of the sweep in ``out``."""
+    from circuits import report
+    from circuits.runs import write_json
+
+    report.write_text(out / "table.csv", csv_text(rows))
+    md = markdown(config, rows)
+    report.write_text(out / "table.md", md)
+    write_json(out / files.SUMMARY, {"config": config.identity(), "seconds": seconds,
+                                     "n_cells": len(rows), "n_failed": sum(r.status != "ok" for r in rows),
+                                     "cells": [r.to_dict() for r in rows]})
+    links = [(f"{r.model} / {r.task} / {r.ablation} / seed {r.seed}", (Path(r.path) / files.REPORT).as_posix())
+             for r in rows if (out / r.path / files.REPORT).exists()]
+    notes = [f"{len(rows)} cells in {seconds:.0f} s; table.csv has one row per cell, table.md the aggregate; "
+             f"the reports of the cells:"]
+    figures = [heatmap(config, m, rows) for m in config.models]
+    report.write_text(out / files.REPORT, report.page("AF1 sweep", figures, notes=notes, links=links))
