@@ -104,9 +104,9 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
 
 
 def _with_planted_mask(model: Any, planted: dict | None) -> Any:
-    """Attach the planted attention mask recorded in a model's config (``circuits.zoo.planted``)."""
+    """Attach the planted attention mask recorded for a model (:mod:`circuits.zoo.mask`)."""
     if planted is not None:
-        from circuits.zoo.planted import attach_planted_mask
+        from circuits.zoo.mask import attach_planted_mask
 
         attach_planted_mask(model, planted)
     return model

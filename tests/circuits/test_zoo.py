@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from circuits import tasks, zoo
+from circuits.zoo import export as zoo_export
 from circuits.zoo import train as zoo_train
 from tests.conftest import has_hooked_transformer, needs_hooked
 
@@ -194,7 +195,7 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
                                phases=[zoo_train.Phase(steps=2, batch_size=24, lr=1e-3, warmup=1,
                                                        eval_every=1, ckpt_every=1)])
     monkeypatch.setitem(zoo_train.REGISTRY, "tiny", tiny)
-    monkeypatch.setattr(zoo_train, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
+    monkeypatch.setattr(zoo_export, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
     p1 = zoo_train.phase_configs(tiny)
     assert [(c.phase, c.steps, c.batch_size, c.lr) for c in p1] == [(1, 3, 16, tiny.lr), (2, 2, 24, 1e-3)]
     out, ck = tmp_path / "models" / "tiny", tmp_path / "ck"
@@ -252,11 +253,11 @@ def test_grown_vocabulary_keeps_shared_rows():
     model = zoo_train.new_model(small, tok)
     own = {k: v.clone() for k, v in model.state_dict().items()}
     old = {"embed.W_E": torch.randn(len(tok) - 1, 32), "unembed.W_U": torch.randn(32, len(tok) - 1)}
-    zoo_train._load_weights(model, old, "test")
+    zoo_train.load_weights(model, old, "test")
     assert torch.equal(model.embed.W_E[:-1], old["embed.W_E"]) and torch.equal(model.embed.W_E[-1], own["embed.W_E"][-1])
     assert torch.equal(model.unembed.W_U[:, :-1], old["unembed.W_U"])
     with pytest.raises(ValueError, match="embed.W_E has shape"):
-        zoo_train._load_weights(model, {"embed.W_E": torch.randn(len(tok) + 1, 32)}, "test")
+        zoo_train.load_weights(model, {"embed.W_E": torch.randn(len(tok) + 1, 32)}, "test")
 
 
 @pytest.mark.parametrize("task", ["add_sub", "instruction_sub", "python_add", "word_problem_sub"])
