@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from circuits.zoo.hf import is_hf
 from circuits.zoo.tokenizer import MAX_NUMBER
 
 __all__ = ["require_hooked", "new_model", "number_features", "digit_features", "init_number_features",
@@ -98,7 +99,7 @@ def init_number_features(model, tokenizer, kind: str = "fourier") -> None:
     feats = torch.tensor(fn(np.arange(MAX_NUMBER + 1)), dtype=torch.float32)
     k = feats.shape[1]
     with torch.no_grad():
-        if hasattr(model, "get_input_embeddings"):  # Hugging Face: both matrices are [vocab, d_model]
+        if is_hf(model):  # both matrices are [vocab, d_model]
             model.get_input_embeddings().weight[ids, :k] = feats
             model.get_output_embeddings().weight[ids, :k] = feats
         else:

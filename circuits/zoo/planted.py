@@ -82,14 +82,11 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
 def export(model: Any, cfg: PlantedConfig, tcfg, out_dir: Path, state: dict,
            check: Callable[[Path], dict] | None = None) -> dict:
     """Write the model with :func:`circuits.zoo.export.export` (one phase: ``state``), then record the
-    planted mask in its config and card. ``check(out_dir)``, if given, is run on the written model and
+    planted mask in its ``zoo.json`` and card. ``check(out_dir)``, if given, is run on the written model and
     its result stored on the card as ``af1_search`` (``af1 zoo train`` passes the AF1 search,
     :func:`circuits.commands.zoo.af1_check`). Returns the card dict."""
     out_dir = Path(out_dir)
-    card = _export.export(model, tcfg, out_dir, [state])
-    mcfg = json.loads((out_dir / "config.json").read_text())
-    mcfg["planted"] = cfg.planted
-    (out_dir / "config.json").write_text(json.dumps(mcfg, indent=1))
+    card = _export.export(model, tcfg, out_dir, [state], meta={"planted": cfg.planted})
     card["planted"] = {**cfg.planted, "note": "attention restricted by construction: permanent hook_pattern "
                        "hooks attached by circuits.zoo.load (non-last rows: BOS + self in every block; last row: "
                        "BOS + self in self_all blocks, every earlier key in last_full blocks)"}

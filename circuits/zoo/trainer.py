@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from circuits.zoo.build import load_weights
+from circuits.zoo.hf import is_hf
 
 __all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "phase_done",
            "start", "last_logits", "optimizer_step", "loop"]
@@ -117,7 +118,7 @@ def last_logits(model, tokens, last=None) -> "torch.Tensor":  # noqa: F821
     import torch
 
     rows = torch.arange(len(tokens))
-    if hasattr(model, "get_output_embeddings"):  # Hugging Face causal LM
+    if is_hf(model):
         out = model(input_ids=tokens).logits
         return out[:, -1] if last is None else out[rows, last]
     resid = model(tokens, stop_at_layer=model.cfg.n_layers)

@@ -75,7 +75,7 @@ def af1_model():
 def test_config_records_mask(af1_model):
     import json
 
-    cfg = json.loads((zoo.model_dir(NAME) / "config.json").read_text())
+    cfg = json.loads((zoo.model_dir(NAME) / "zoo.json").read_text())
     assert cfg["planted"] == SPEC
     assert zoo.card(NAME)["planted"]["last_full"] == SPEC["last_full"]
 

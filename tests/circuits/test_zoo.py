@@ -15,6 +15,7 @@ import torch
 
 from circuits import tasks, zoo
 from circuits.zoo import export as zoo_export
+from circuits.zoo import hf as zoo_hf
 from circuits.zoo import train as zoo_train
 from tests.conftest import has_hooked_transformer, needs_hooked
 
@@ -211,7 +212,8 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
         assert {p.name for p in (ck / d).iterdir()} == {"checkpoint.safetensors", "optimizer.safetensors", "state.json"}
     assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "card.md"} <= {p.name for p in out.iterdir()}
     w_a = load_file(str(out / "model.safetensors"))
-    w_p1 = load_file(str(ck / "phase1" / "checkpoint.safetensors"))
+    w_p1 = zoo_hf.hf_state_from_hooked(tiny.model_config(len(zoo_train.build_tokenizer())),
+                                       load_file(str(ck / "phase1" / "checkpoint.safetensors")))
     assert any(not torch.equal(w_p1[k], w_a[k]) for k in w_a)  # phase 2 moved the weights
 
     # one command from scratch reproduces the model exactly (seeded weights and batches)
@@ -234,7 +236,7 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
     assert zoo.available() == ["tiny"]
     loaded = zoo.load("tiny")
     ref = zoo_train.new_model(tiny, loaded.tokenizer)
-    ref.load_state_dict(w7, strict=False)
+    ref.load_state_dict(load_file(str(ck / "phase2" / "checkpoint.safetensors")), strict=False)
     ref.eval()
     toks = loaded.to_tokens(["12+30=", "99-7="])
     with torch.no_grad():
