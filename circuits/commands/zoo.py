@@ -16,6 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints (rerun every phase)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--model-class", choices=["hooked", "transformers"], default=None,
+                   help="train a HookedTransformer (TransformerLens 3.x, reproduces the shipped models) or the "
+                        "Hugging Face model with plain PyTorch (any TransformerLens); default: hooked where "
+                        "TransformerLens 3.x is installed, else transformers")
     g = p.add_argument_group("overrides of the last phase's recipe (default: the registered value)")
     g.add_argument("--steps", type=int, default=None, help="number of steps (length of the cosine schedule)")
     g.add_argument("--batch-size", type=int, default=None, help="prompts per step")
@@ -58,13 +62,16 @@ def _train(args: argparse.Namespace) -> dict:
     from circuits.zoo import planted
 
     if args.name == planted.NAME:
+        if args.model_class == "transformers":
+            raise ValueError(f"{planted.NAME} trains under its planted attention mask, which needs a "
+                             f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
         cfg = dataclasses.replace(planted.CONFIG, threads=args.threads, **overrides)
         return planted.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
                              check=af1_check)
     from circuits.zoo.train import train
 
     return train(args.name, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
-                 threads=args.threads, **overrides)
+                 threads=args.threads, model_class=args.model_class, **overrides)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Construction of an untrained zoo model: the ``HookedTransformer`` of a recipe, its number-feature
 initialisation, and loading weights into it (including from a checkpoint with a shorter vocabulary).
 
-Initialisation: random (seeded with the recipe's seed), except that the first 21 dimensions of every
+Initialisation: random (seeded with the recipe's seed), except that the first 19 dimensions of every
 number token's embedding row and unembedding column start as fixed Fourier features of its value
 (periods 10, 100, 1000) plus its magnitude (:func:`init_number_features`); everything stays trainable.
 Without this head start the number embeddings are learnt far more slowly than a CPU budget allows.
@@ -16,13 +16,13 @@ import numpy as np
 from circuits.zoo.hf import is_hf
 from circuits.zoo.tokenizer import MAX_NUMBER
 
-__all__ = ["require_hooked", "new_model", "number_features", "digit_features", "init_number_features",
+__all__ = ["require_hooked", "MODEL_CLASSES", "new_model", "init_from_folder", "number_features", "digit_features", "init_number_features",
            "load_weights"]
 
 
-def require_hooked(what: str, model: Any = None) -> None:
+def require_hooked(what: str, model: Any = None, hint: str = "") -> None:
     """``RuntimeError`` saying what to do unless ``HookedTransformer`` exists (TransformerLens 3.x) and
-    ``model`` (if given) is one: zoo training and export work on ``HookedTransformer`` weights."""
+    ``model`` (if given) is one; ``hint`` names a further way out (e.g. another model class)."""
     from interventions.adapter import resolve_backend
 
     hooked = resolve_backend(None) == "hooked"
@@ -33,26 +33,71 @@ def require_hooked(what: str, model: Any = None) -> None:
     if not hooked:
         raise RuntimeError(
             f"{what} needs a HookedTransformer, which TransformerLens 4.0 removed: train in an environment "
-            f"with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it); the trained "
+            f"with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it){hint}; the trained "
             f"model then loads on 4.x with zoo.load(name, backend='bridge')")
 
 
-def new_model(cfg, tokenizer):
-    """An untrained :class:`HookedTransformer` for ``cfg`` (a :class:`~circuits.zoo.recipes.TrainConfig`)
-    with ``tokenizer`` attached.
+MODEL_CLASSES = ("hooked", "transformers")
+"""What :func:`new_model` builds: a ``HookedTransformer`` (TransformerLens 3.x; defines the shipped
+models) or the Hugging Face model of the recipe (any TransformerLens)."""
 
-    Training builds a ``HookedTransformer`` (its initialisation defines the shipped models), so it needs
-    TransformerLens 3.x; the trained models load on either backend (``zoo.load(name, backend=...)``)."""
+
+def new_model(cfg, tokenizer, model_class: str | None = None):
+    """An untrained model for ``cfg`` (a :class:`~circuits.zoo.recipes.TrainConfig`) with ``tokenizer``
+    attached (``model.tokenizer``), seeded with ``cfg.seed`` and number-feature initialised.
+
+    ``model_class`` (one of :data:`MODEL_CLASSES`; ``None``: ``"hooked"`` where ``HookedTransformer``
+    exists, else ``"transformers"``): the ``HookedTransformer`` initialisation defines the shipped models;
+    ``"transformers"`` builds ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` (:func:`circuits.zoo.hf.hf_config`)
+    whose Llama gate/up biases are frozen at 0 so that it still converts to a ``HookedTransformer``."""
     import torch
 
-    require_hooked("training a zoo model")
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from interventions.adapter import resolve_backend
 
-    torch.manual_seed(cfg.seed)
-    model = HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
+    if model_class is None:
+        model_class = "hooked" if resolve_backend(None) == "hooked" else "transformers"
+    if model_class not in MODEL_CLASSES:
+        raise ValueError(f"model_class={model_class!r} is not valid: choose one of {', '.join(MODEL_CLASSES)}")
+    if model_class == "hooked":
+        require_hooked("training a zoo model", hint=" or train the Hugging Face model (model_class='transformers', "
+                                                  "`af1 zoo train NAME --model-class transformers`)")
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+        torch.manual_seed(cfg.seed)
+        model = HookedTransformer(HookedTransformerConfig(**cfg.model_config(len(tokenizer))), tokenizer=tokenizer)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from circuits.zoo.hf import hf_config
+
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_config(hf_config(cfg, tokenizer), attn_implementation="eager")
+        for name, p in model.named_parameters():
+            if name.endswith(("gate_proj.bias", "up_proj.bias")):  # no HookedTransformer counterpart
+                p.requires_grad_(False).zero_()
+        model.tokenizer = tokenizer
     if cfg.number_features:
         init_number_features(model, tokenizer, cfg.number_features)
     return model
+
+
+def init_from_folder(model, folder) -> None:
+    """Start ``model`` from the weights of the zoo model folder ``folder`` (e.g. ``arith-styles`` from
+    ``arith-llama``): Hugging Face weights as they are, or converted for a ``HookedTransformer``
+    (:func:`circuits.zoo.hf.hooked_state`, with the unembedding bias). A Hugging Face model has no
+    unembedding bias, so it starts without the folder's ``b_U``."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from circuits.zoo import hf as _hf
+
+    folder = Path(folder)
+    if is_hf(model):
+        load_weights(model, load_file(str(folder / _hf.WEIGHTS)), str(folder))
+        return
+    hf_model, b_U = _hf.load_hf(folder)
+    load_weights(model, _hf.hooked_state(hf_model, model.cfg, b_U), str(folder))
 
 
 def _fourier_columns(n: np.ndarray) -> np.ndarray:
@@ -67,7 +112,7 @@ def _fourier_columns(n: np.ndarray) -> np.ndarray:
 
 
 def number_features(values: np.ndarray) -> np.ndarray:
-    """Fixed numeric features of integers, ``[len(values), 21]``: cos/sin of ``2*pi*k*n/T`` for period
+    """Fixed numeric features of integers, ``[len(values), 19]``: cos/sin of ``2*pi*k*n/T`` for period
     T=10 (k=1..4), T=100 (k=1..3), T=1000 (k=1..2) and ``n / MAX_NUMBER``, each column scaled to unit RMS
     over 0..MAX_NUMBER."""
     ref = _fourier_columns(np.arange(MAX_NUMBER + 1)).T.copy()  # one contiguous row per feature
@@ -86,7 +131,7 @@ def digit_features(values: np.ndarray) -> np.ndarray:
 
 
 def init_number_features(model, tokenizer, kind: str = "fourier") -> None:
-    """Initialisation only (all weights stay trainable): the first 21 dimensions of each number token's
+    """Initialisation only (all weights stay trainable): the first 19 dimensions of each number token's
     embedding and unembedding column get :func:`number_features` of its value, so training starts from
     number embeddings that already encode digits and magnitude instead of having to discover them.
     ``model`` is a ``HookedTransformer`` (``embed.W_E``/``unembed.W_U``) or a Hugging Face causal LM

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
+__all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
            "hooked_state", "load_hf", "read_meta", "save_hf"]
 
 WEIGHTS, BIAS, META = "model.safetensors", "unembed_bias.safetensors", "zoo.json"
@@ -46,6 +46,33 @@ def _arch(hf_config) -> str:
         raise ValueError(f"model_type {hf_config.model_type!r} is not a zoo architecture; zoo models are "
                          f"{' or '.join(ARCHITECTURES.values())}")
     return kinds[hf_config.model_type]
+
+
+def hf_config(cfg, tokenizer) -> Any:
+    """The Hugging Face config of recipe ``cfg`` (a :class:`~circuits.zoo.recipes.TrainConfig`), shaped
+    as :func:`hf_from_hooked` writes the shipped models: no dropout, untied unembedding, eager attention,
+    biases on the Llama attention and MLP projections, special token ids of ``tokenizer``."""
+    import transformers as tf
+
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.bos_token_id,
+               pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    if cfg.arch == "gpt2":
+        config = tf.GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.n_ctx, n_embd=cfg.d_model,
+                               n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
+                               activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0,
+                               embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+    elif cfg.arch == "llama":
+        config = tf.LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=cfg.n_ctx,
+                                hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
+                                num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                                num_key_value_heads=cfg.n_key_value_heads or cfg.n_heads, head_dim=cfg.d_head,
+                                hidden_act="silu", rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True,
+                                rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **ids)
+    else:
+        raise ValueError(f"unknown arch {cfg.arch!r}; known: {', '.join(ARCHITECTURES)}")
+    config.architectures = [ARCHITECTURES[cfg.arch]]
+    config._attn_implementation = "eager"
+    return config
 
 
 def hf_from_hooked(cfg_dict: dict, state: dict, tokenizer=None) -> tuple[Any, Any]:

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 
 from circuits.zoo import MODELS_DIR
-from circuits.zoo.build import (digit_features, init_number_features, load_weights, new_model, number_features,
-                                require_hooked)
+from circuits.zoo.build import (MODEL_CLASSES, digit_features, init_from_folder, init_number_features, load_weights,
+                                new_model, number_features, require_hooked)
 from circuits.zoo.data import (TaskData, accuracy, build_splits, evaluate_frozen, held_out_tuples, sample_batch,
                                template_ids)
 from circuits.zoo.export import export
@@ -33,13 +33,13 @@ __all__ = ["train", "run_phase", "MODELS_DIR",
            # re-exported from the modules above
            "ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "get_config",
            "phase_configs", "TaskData", "accuracy", "build_splits", "evaluate_frozen", "held_out_tuples",
-           "sample_batch", "template_ids", "new_model", "require_hooked", "number_features", "digit_features",
+           "sample_batch", "template_ids", "MODEL_CLASSES", "new_model", "init_from_folder", "require_hooked", "number_features", "digit_features",
            "init_number_features", "load_weights", "lr_at", "optimizer_step", "export", "build_tokenizer"]
 
 
 def train(name: str, out_dir: str | Path | None = None, resume: bool = True, steps: int | None = None,
           ckpt_dir: str | Path | None = None, threads: int | None = 2, progress: bool = True,
-          export_model: bool = True, **overrides) -> dict:
+          export_model: bool = True, model_class: str | None = None, **overrides) -> dict:
     """Train zoo model ``name`` (every phase of its recipe, in order) and write it to ``out_dir``
     (default: the package's ``models/<name>``).
 
@@ -48,6 +48,9 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
     ``runs/zoo/<name>``); with ``resume`` a finished phase is loaded instead of rerun and an interrupted
     one continues from its checkpoint. ``steps`` and ``overrides`` (e.g. ``batch_size``, ``lr``,
     ``eval_every``, ``max_wall_s``: fields of :class:`TrainConfig`) replace those of the last phase.
+    ``model_class`` (see :func:`circuits.zoo.build.new_model`): ``"hooked"`` (the default where
+    TransformerLens 3.x is installed; reproduces the shipped models) or ``"transformers"`` (the Hugging
+    Face model with plain PyTorch; the default on TransformerLens 4.x).
     Returns the card dict (or, with ``export_model=False``, the per-phase states).
     """
     import torch
@@ -63,7 +66,7 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / name
     ckpt_root = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
     tokenizer = build_tokenizer()
-    model = new_model(cfg, tokenizer)
+    model = new_model(cfg, tokenizer, model_class)
     states = [run_phase(model, pcfg, ckpt_root / f"phase{pcfg.phase}", resume, progress) for pcfg in phases]
     model.eval()
     if not export_model:
@@ -75,19 +78,17 @@ def run_phase(model, cfg: TrainConfig, ckpt_dir: Path, resume: bool, progress: b
     """Run (or load, if finished) one phase on ``model`` in place; returns the phase's state dict
     (step, wall_s, history, threads, d_vocab). Phase 1 of a recipe with ``init_from`` starts from the
     weights of that shipped model."""
-    from safetensors.torch import load_file
-
     from circuits.zoo import trainer
 
     tokenizer = model.tokenizer
 
     def init() -> None:
         if cfg.init_from:
-            src = MODELS_DIR / cfg.init_from / "model.safetensors"
-            if not src.exists():
-                raise FileNotFoundError(f"{cfg.name} starts from {cfg.init_from}, but {src} does not exist: "
-                                        f"train it first with `af1 zoo train {cfg.init_from}`")
-            load_weights(model, load_file(str(src)), str(src))
+            src = MODELS_DIR / cfg.init_from
+            if not (src / "model.safetensors").exists():
+                raise FileNotFoundError(f"{cfg.name} starts from {cfg.init_from}, but {src}/model.safetensors does "
+                                        f"not exist: train it first with `af1 zoo train {cfg.init_from}`")
+            init_from_folder(model, src)
             print(f"{cfg.name}: initialised from {src}")
 
     opt = trainer.make_optimizer(model, cfg)

@@ -11,8 +11,8 @@ Checkpoints (``<ckpt_dir>/checkpoint.safetensors`` + ``optimizer.safetensors`` +
 weights, the full AdamW state (``exp_avg``/``exp_avg_sq``/``step`` per parameter, as safetensors, no
 pickle) and the step; :func:`start` resumes from them with the same LR schedule and data.
 
-Works on a ``HookedTransformer`` (TransformerLens 3.x) and on a Hugging Face causal LM (any
-TransformerLens, see :mod:`circuits.zoo.hf`).
+Works on a ``HookedTransformer`` (TransformerLens 3.x) and on a Hugging Face causal LM (plain PyTorch,
+any TransformerLens; see :func:`circuits.zoo.build.new_model`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def make_optimizer(model, cfg: Any) -> "torch.optim.AdamW":  # noqa: F821
     def decayed(n: str, p) -> bool:
         return p.ndim >= 2 and not n.startswith(("embed", "pos_embed")) and id(p) not in embeddings
 
-    named = list(model.named_parameters())
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in named if decayed(n, p)], "weight_decay": cfg.weight_decay},
               {"params": [p for n, p in named if not decayed(n, p)], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
@@ -114,13 +114,15 @@ def start(model, opt, cfg: Any, ckpt_dir: Path, resume: bool, d_vocab: int,
 
 def last_logits(model, tokens, last=None) -> "torch.Tensor":  # noqa: F821
     """Logits ``[batch, vocab]`` at index ``last`` of each row (``None``: the final position). On a
-    ``HookedTransformer`` only that position is normed and unembedded; a Hugging Face model runs whole."""
+    ``HookedTransformer`` only that position is normed and unembedded, on a Hugging Face causal LM only
+    that position goes through ``lm_head``."""
     import torch
 
     rows = torch.arange(len(tokens))
-    if is_hf(model):
-        out = model(input_ids=tokens).logits
-        return out[:, -1] if last is None else out[rows, last]
+    if is_hf(model):  # the backbone ends with the final norm; the head runs on the answer positions only
+        hidden = model.base_model(input_ids=tokens).last_hidden_state
+        hidden = hidden[:, -1] if last is None else hidden[rows, last]
+        return model.get_output_embeddings()(hidden)
     resid = model(tokens, stop_at_layer=model.cfg.n_layers)
     resid = resid[:, -1] if last is None else resid[rows, last]
     return model.unembed(model.ln_final(resid[:, None]))[:, 0]

@@ -281,7 +281,9 @@ def test_training_on_transformer_lens_4_says_what_to_do():
     from circuits.zoo.tokenizer import build_tokenizer
 
     with pytest.raises(RuntimeError, match=r"training a zoo model needs a HookedTransformer.*transformer-lens>=3\.9,<4.*backend='bridge'"):
-        zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer())
+        zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer(), "hooked")
+    # the default model class on 4.x is the Hugging Face model (trained with plain PyTorch)
+    assert type(zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer())).__name__ == "GPT2LMHeadModel"
 
 
 def test_export_refuses_a_bridge(tmp_path):
