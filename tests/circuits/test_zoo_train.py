@@ -105,3 +105,24 @@ def test_planted_training_refuses_on_transformer_lens_4():
     with pytest.raises(RuntimeError, match=r"training the planted model needs a HookedTransformer.*transformer-lens>=3\.9,<4"):
         planted.train(dataclasses.replace(planted.CONFIG, steps=1), progress=False)
     assert main(["zoo", "train", planted.NAME, "--model-class", "transformers"]) == 2
+
+
+@pytest.mark.parametrize("model_class", ["hooked", "transformers"])
+def test_init_from_a_zoo_folder_gives_its_logits(model_class):
+    """``arith-styles`` starts from ``arith-llama``: a fresh model of either class loaded with
+    ``init_from_folder`` computes arith-llama's logits (the Hugging Face class without ``b_U``)."""
+    from safetensors.torch import load_file as _load
+
+    if model_class == "hooked" and not has_hooked_transformer():
+        pytest.skip("needs HookedTransformer (transformer-lens 3.x)")
+    cfg = zoo_train.get_config("arith-styles")
+    tok = zoo_train.build_tokenizer()
+    model = zoo_train.new_model(cfg, tok, model_class)
+    zoo_train.init_from_folder(model, zoo.path("arith-llama"))
+    model.eval()
+    ref = zoo.load("arith-llama")
+    b_U = _load(str(zoo.path("arith-llama") / "unembed_bias.safetensors"))["lm_head.bias"]
+    tokens = ref.to_tokens(["42+20-15=", "7+8+9="])
+    with torch.no_grad():
+        got = model(tokens) if model_class == "hooked" else model(tokens).logits + b_U
+        torch.testing.assert_close(got, ref(tokens), atol=1e-4, rtol=0)
