@@ -192,6 +192,8 @@ def save_hf(folder: str | Path, hf_model, tokenizer, b_U=None, meta: dict | None
     into ``folder``; files of a previous format in the folder are replaced."""
     from safetensors.torch import save_file
 
+    from circuits.zoo.tokenizer import save_tokenizer
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hf_model.config.to_json_file(str(folder / "config.json"))
@@ -202,10 +204,7 @@ def save_hf(folder: str | Path, hf_model, tokenizer, b_U=None, meta: dict | None
     elif (folder / BIAS).exists():
         (folder / BIAS).unlink()
     tokenizer.save_pretrained(str(folder))
-    backend = tokenizer.backend_tokenizer.__class__.from_str(tokenizer.backend_tokenizer.to_str())
-    backend.no_truncation()  # a HookedTransformer sets both on the tokenizer it is given;
-    backend.no_padding()  # the file describes the vocabulary only
-    backend.save(str(folder / "tokenizer.json"))
+    save_tokenizer(tokenizer, folder / "tokenizer.json")  # without the truncation/padding save_pretrained keeps
     tcfg = json.loads((folder / "tokenizer_config.json").read_text())
     tcfg["add_bos_token"] = True  # the zoo prompts start with BOS
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # the class name older transformers know too
