@@ -453,11 +453,12 @@ def _head_name(hf_model) -> str:
     return "lm_head" if "lm_head" in children else "embed_out"
 
 
-def _with_biased_head(hf_model, b_U: torch.Tensor):
-    """HF causal-LM heads have no bias; HookedTransformer has ``b_U``.
+def with_unembed_bias(hf_model, b_U: torch.Tensor) -> str:
+    """Give the Hugging Face causal LM ``hf_model`` the unembedding bias ``b_U``, in place.
 
-    Swap in an ``nn.Linear`` with a bias (the bridge's unembed wraps whatever
-    module sits at ``lm_head`` / ``embed_out``).
+    HF causal-LM heads have no bias; HookedTransformer has ``b_U``. Swaps in an ``nn.Linear`` with a
+    bias (the bridge's unembed wraps whatever module sits at ``lm_head`` / ``embed_out``) and returns
+    that attribute's name.
     """
     import torch.nn as nn
 
@@ -493,7 +494,7 @@ def hooked_state_to_hf(cfg_dict: dict, state_dict: dict[str, torch.Tensor]):
     hf_sd[f"{head}.weight"] = sd["unembed.W_U"].T
     b_U = sd.get("unembed.b_U")
     if b_U is not None and bool(b_U.abs().max() > 0):
-        _with_biased_head(model, b_U)
+        with_unembed_bias(model, b_U)
     missing, unexpected = model.load_state_dict({k: v.contiguous() for k, v in hf_sd.items()}, strict=False)
     missing = [k for k in missing if not k.endswith(("rotary_emb.inv_freq", "attn.bias", "masked_bias", f"{head}.bias"))]
     if missing or unexpected:

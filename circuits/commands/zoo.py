@@ -1,23 +1,77 @@
-"""``af1 zoo``: list, evaluate or retrain the embedded arithmetic models."""
+"""``af1 zoo``: list, evaluate or retrain the embedded arithmetic models (the planted one included)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ACTION")
     sub.add_parser("list", help="list the embedded models with their frozen-set accuracies")
-    p = sub.add_parser("train", help="(re)train a model: every phase of its registered recipe, in order")
-    p.add_argument("name", help="model name, e.g. arith-gpt2")
+    p = sub.add_parser("train", help="(re)train a model: every phase of its registered recipe, in order "
+                                     "(arith-gpt2-af1: the fine-tuning under its planted mask)")
+    p.add_argument("name", help="model name, e.g. arith-gpt2 or arith-gpt2-af1")
     p.add_argument("--out", default=None, help="output folder (default: the package's models/<name>)")
-    p.add_argument("--steps", type=int, default=None, help="override the number of steps of the last phase")
+    p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints (rerun every phase)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--model-class", choices=["hooked", "transformers"], default=None,
+                   help="train a HookedTransformer (TransformerLens 3.x, reproduces the shipped models) or the "
+                        "Hugging Face model with plain PyTorch (any TransformerLens); default: hooked where "
+                        "TransformerLens 3.x is installed, else transformers")
+    g = p.add_argument_group("overrides of the last phase's recipe (default: the registered value)")
+    g.add_argument("--steps", type=int, default=None, help="number of steps (length of the cosine schedule)")
+    g.add_argument("--batch-size", type=int, default=None, help="prompts per step")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    g.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations")
+    g.add_argument("--max-wall-s", type=float, default=None, help="stop after this many seconds of training")
     p = sub.add_parser("eval", help="accuracy of a model on the frozen evaluation sets")
     p.add_argument("name", help="model name, e.g. arith-gpt2")
     p.add_argument("--tasks", nargs="*", default=None, help="tasks (default: those on the model's card)")
     p.add_argument("-n", type=int, default=None, help="use only the first N prompts of each frozen set")
+
+
+def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, threshold: float = 0.9) -> dict:
+    """The full-grid AF1 search (CAMA) on the model saved in ``model_dir`` (loaded as ``zoo.load`` does,
+    mask attached), on every prompt of ``n_build`` generated ``task`` prompts (seed 0) it answers
+    correctly, in their largest layout. Returns the card entry of the planted model: task, grid,
+    ablation, threshold, n_prompts, base_accuracy, per-configuration faithfulness (``"wait,transfer"``
+    keys), summary line."""
+    from circuits import zoo
+    from circuits.loading import prepare_prompts
+    from circuits.search import search_af1
+
+    model = zoo.load_dir(model_dir)
+    p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)
+    res = search_af1(model, p.tokens, p.answers, threshold=threshold, grid="full", progress=False)
+    return {"task": task, "grid": "full", "ablation": "cama", "threshold": threshold, "n_prompts": len(p),
+            "base_accuracy": round(p.base_accuracy, 4),
+            "faithfulness": {f"{r.wait},{r.transfer}": round(r.faithfulness, 4) for r in res.results},
+            "summary": res.summary_line()}
+
+
+def _train(args: argparse.Namespace) -> dict:
+    """Run ``af1 zoo train``: the planted model through :mod:`circuits.zoo.planted`, any other through
+    :func:`circuits.zoo.train.train`; returns the card."""
+    import dataclasses
+
+    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr),
+                                   ("eval_every", args.eval_every), ("max_wall_s", args.max_wall_s))
+                 if v is not None}
+    from circuits.zoo import planted
+
+    if args.name == planted.NAME:
+        if args.model_class == "transformers":
+            raise ValueError(f"{planted.NAME} trains under its planted attention mask, which needs a "
+                             f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
+        cfg = dataclasses.replace(planted.CONFIG, threads=args.threads, **overrides)
+        return planted.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
+                             check=af1_check)
+    from circuits.zoo.train import train
+
+    return train(args.name, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
+                 threads=args.threads, model_class=args.model_class, **overrides)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,15 +91,12 @@ def run(args: argparse.Namespace) -> int:
                   f"{c.get('description', '')}")
         return 0
     if action == "train":
-        from circuits.zoo.train import train
-
-        card = train(args.name, out_dir=args.out, resume=not args.no_resume, steps=args.steps,
-                     threads=args.threads)
+        card = _train(args)
         for t, a in card["frozen_accuracy"].items():
             print(f"{t:18s} {a:.3f}")
         return 0 if all(card["meets_bar"].values()) else 1
     if action == "eval":
-        from circuits.zoo.train import evaluate_frozen
+        from circuits.zoo.data import evaluate_frozen
 
         model = zoo.load(args.name)
         c = zoo.card(args.name)

@@ -4,10 +4,12 @@
 >>> model = zoo.load("arith-gpt2")          # HookedTransformer, eval mode, offline, BOS at position 0
 >>> model.to_str_tokens("42+20-15=")        # ['<bos>', '42', '+', '20', '-', '15', '=']
 
-Each model lives in ``circuits/zoo/models/<name>/``: ``model.safetensors`` (fp32 weights),
-``config.json`` (keyword arguments of :class:`transformer_lens.HookedTransformerConfig`),
-``tokenizer.json`` (a :mod:`tokenizers` WordLevel tokenizer, every integer 0..520 one token) and
-``card.json`` / ``card.md`` (training data, steps, wall time, seed, frozen-set accuracies).
+Each model lives in ``circuits/zoo/models/<name>/`` (:func:`path`), a standard Hugging Face checkpoint:
+``config.json`` (``GPT2LMHeadModel`` or ``LlamaForCausalLM``), ``model.safetensors`` (fp32 weights),
+``tokenizer.json`` + ``tokenizer_config.json`` (a :mod:`tokenizers` WordLevel tokenizer, every integer
+0..520 one token), plus ``unembed_bias.safetensors`` (the unembedding bias a standard ``lm_head`` lacks),
+``zoo.json`` (the planted mask, if any) and ``card.json`` / ``card.md`` (training data, steps, wall
+time, seed, frozen-set accuracies); see :mod:`circuits.zoo.hf`.
 Retrain with ``af1 zoo train NAME`` (see :mod:`circuits.zoo.train`).
 """
 
@@ -22,7 +24,7 @@ from interventions.adapter import resolve_backend
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
-__all__ = ["available", "load", "load_dir", "card", "model_dir", "DEFAULT_MODEL", "MODELS_DIR"]
+__all__ = ["available", "load", "load_dir", "card", "model_dir", "path", "DEFAULT_MODEL", "MODELS_DIR"]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL = "arith-gpt2"
@@ -42,6 +44,12 @@ def model_dir(name: str) -> Path:
     if name not in names:
         raise ValueError(f"unknown zoo model {name!r}; available models: {', '.join(names) or '(none)'}")
     return MODELS_DIR / name
+
+
+def path(name: str) -> Path:
+    """Folder of zoo model ``name`` (same as :func:`model_dir`): a Hugging Face checkpoint that
+    ``transformers.AutoModelForCausalLM.from_pretrained`` loads as it is (see ``docs/zoo.md``)."""
+    return model_dir(name)
 
 
 def card(name: str) -> dict:
@@ -66,47 +74,43 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
 
 
 def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None) -> Any:
-    """:func:`load` for a model folder anywhere (``model.safetensors``, ``config.json``,
-    ``tokenizer.json``), e.g. the ``--out`` folder of ``af1 zoo train``."""
-    import torch
-    from safetensors.torch import load_file
+    """:func:`load` for a model folder anywhere (a Hugging Face checkpoint as written by
+    :mod:`circuits.zoo.export`), e.g. the ``--out`` folder of ``af1 zoo train``.
 
+    ``"hooked"`` converts the Hugging Face weights with TransformerLens' own converters
+    (:func:`circuits.zoo.hf.hooked_state`); ``"bridge"`` wraps the Hugging Face model in a
+    ``TransformerBridge`` (with the unembedding bias on its ``lm_head``). A planted attention mask
+    recorded in ``zoo.json`` is attached either way."""
+    import torch
+
+    from circuits.zoo import hf as _hf
     from circuits.zoo.tokenizer import load_tokenizer
 
     backend = resolve_backend(backend)
     folder = Path(folder)
-    name = folder.name
-    if backend == "bridge":
-        from interventions import bridge_from_hooked_state
-
-        cfg_dict = json.loads((folder / "config.json").read_text())
-        planted = cfg_dict.pop("planted", None)
-        state = load_file(str(folder / "model.safetensors"))
-        model = bridge_from_hooked_state(cfg_dict, state, load_tokenizer(folder / "tokenizer.json"))
-        model = model.to(torch.device(device)).eval()
-        return _with_planted_mask(model, planted)
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg_kwargs = json.loads((folder / "config.json").read_text())
-    cfg_kwargs["device"] = device
-    planted = cfg_kwargs.pop("planted", None)  # a planted attention mask (circuits.zoo.planted)
-    cfg = HookedTransformerConfig(**cfg_kwargs)
+    hf_model, b_U = _hf.load_hf(folder)
     tokenizer = load_tokenizer(folder / "tokenizer.json")
-    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-    state = load_file(str(folder / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos"))]
-    if missing or unexpected:
-        raise ValueError(f"weights of {name!r} do not fit its config: missing {missing}, unexpected {unexpected}")
-    model.to(torch.device(device))
-    model.eval()
-    return _with_planted_mask(model, planted)
+    if backend == "bridge":
+        from interventions.bridge import boot, with_unembed_bias
 
+        if b_U is not None:
+            with_unembed_bias(hf_model, b_U)
+        model = boot(hf_model, hf_model.config.model_type, tokenizer)
+        model.cfg.default_prepend_bos = True
+    else:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-def _with_planted_mask(model: Any, planted: dict | None) -> Any:
-    """Attach the planted attention mask recorded in a model's config (``circuits.zoo.planted``)."""
+        cfg = HookedTransformerConfig(**_hf.hooked_config(hf_model.config), model_name=folder.name, device=device)
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        missing, unexpected = model.load_state_dict(_hf.hooked_state(hf_model, cfg, b_U), strict=False)
+        missing = [k for k in missing if not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos"))]
+        if missing or unexpected:
+            raise ValueError(f"weights of {folder.name!r} do not fit its config: missing {missing}, "
+                             f"unexpected {unexpected}")
+    model = model.to(torch.device(device)).eval()
+    planted = _hf.read_meta(folder).get("planted")
     if planted is not None:
-        from circuits.zoo.planted import attach_planted_mask
+        from circuits.zoo.mask import attach_planted_mask
 
         attach_planted_mask(model, planted)
     return model

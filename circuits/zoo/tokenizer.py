@@ -75,5 +75,11 @@ def load_tokenizer(path: str | Path):
 
 
 def save_tokenizer(tokenizer, path: str | Path) -> None:
-    """Write the backend of ``tokenizer`` as ``tokenizer.json``."""
-    tokenizer.backend_tokenizer.save(str(path))
+    """Write the backend of ``tokenizer`` as ``tokenizer.json``: the vocabulary and splitting only, without
+    the truncation and padding a ``HookedTransformer`` sets on the tokenizer it is given."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    backend.save(str(path))

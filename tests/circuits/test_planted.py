@@ -68,14 +68,14 @@ def test_bad_spec(spec):
 @pytest.fixture(scope="module")
 def af1_model():
     if NAME not in zoo.available():
-        pytest.skip(f"{NAME} weights are absent: re-create them with `python -m circuits.zoo.planted train`")
+        pytest.skip(f"{NAME} weights are absent: re-create them with `af1 zoo train arith-gpt2-af1`")
     return zoo.load(NAME)
 
 
 def test_config_records_mask(af1_model):
     import json
 
-    cfg = json.loads((zoo.model_dir(NAME) / "config.json").read_text())
+    cfg = json.loads((zoo.model_dir(NAME) / "zoo.json").read_text())
     assert cfg["planted"] == SPEC
     assert zoo.card(NAME)["planted"]["last_full"] == SPEC["last_full"]
 
@@ -119,8 +119,10 @@ def test_export_writes_a_card_with_the_search(af1_model, tmp_path):
     mask, the one-phase training and the AF1 search re-run on the written model."""
     state = {"step": 7, "wall_s": 1.5, "history": [], "threads": 1, "batch_size": 256, "lr": 3e-4,
              "warmup": 50, "min_lr_frac": 0.05, "d_vocab": af1_model.cfg.d_vocab}
+    from circuits.commands.zoo import af1_check
+
     card = planted.export(af1_model, planted.CONFIG, planted.train_config(planted.CONFIG), tmp_path, state,
-                          search_prompts=400)
+                          check=lambda folder: af1_check(folder, n_build=400))
     assert card["planted"]["last_full"] == SPEC["last_full"]
     assert card["phases"] == [{"phase": 1, "steps": 7, "batch_size": 256, "lr": 3e-4, "warmup": 50,
                                "min_lr_frac": 0.05, "wall_time_s": 1.5, "threads": 1,

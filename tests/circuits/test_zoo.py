@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from circuits import tasks, zoo
+from circuits.zoo import export as zoo_export
+from circuits.zoo import hf as zoo_hf
 from circuits.zoo import train as zoo_train
 from tests.conftest import has_hooked_transformer, needs_hooked
 
@@ -194,7 +196,7 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
                                phases=[zoo_train.Phase(steps=2, batch_size=24, lr=1e-3, warmup=1,
                                                        eval_every=1, ckpt_every=1)])
     monkeypatch.setitem(zoo_train.REGISTRY, "tiny", tiny)
-    monkeypatch.setattr(zoo_train, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
+    monkeypatch.setattr(zoo_export, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
     p1 = zoo_train.phase_configs(tiny)
     assert [(c.phase, c.steps, c.batch_size, c.lr) for c in p1] == [(1, 3, 16, tiny.lr), (2, 2, 24, 1e-3)]
     out, ck = tmp_path / "models" / "tiny", tmp_path / "ck"
@@ -210,7 +212,8 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
         assert {p.name for p in (ck / d).iterdir()} == {"checkpoint.safetensors", "optimizer.safetensors", "state.json"}
     assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "card.md"} <= {p.name for p in out.iterdir()}
     w_a = load_file(str(out / "model.safetensors"))
-    w_p1 = load_file(str(ck / "phase1" / "checkpoint.safetensors"))
+    w_p1 = zoo_hf.hf_state_from_hooked(tiny.model_config(len(zoo_train.build_tokenizer())),
+                                       load_file(str(ck / "phase1" / "checkpoint.safetensors")))
     assert any(not torch.equal(w_p1[k], w_a[k]) for k in w_a)  # phase 2 moved the weights
 
     # one command from scratch reproduces the model exactly (seeded weights and batches)
@@ -233,7 +236,7 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
     assert zoo.available() == ["tiny"]
     loaded = zoo.load("tiny")
     ref = zoo_train.new_model(tiny, loaded.tokenizer)
-    ref.load_state_dict(w7, strict=False)
+    ref.load_state_dict(load_file(str(ck / "phase2" / "checkpoint.safetensors")), strict=False)
     ref.eval()
     toks = loaded.to_tokens(["12+30=", "99-7="])
     with torch.no_grad():
@@ -252,11 +255,11 @@ def test_grown_vocabulary_keeps_shared_rows():
     model = zoo_train.new_model(small, tok)
     own = {k: v.clone() for k, v in model.state_dict().items()}
     old = {"embed.W_E": torch.randn(len(tok) - 1, 32), "unembed.W_U": torch.randn(32, len(tok) - 1)}
-    zoo_train._load_weights(model, old, "test")
+    zoo_train.load_weights(model, old, "test")
     assert torch.equal(model.embed.W_E[:-1], old["embed.W_E"]) and torch.equal(model.embed.W_E[-1], own["embed.W_E"][-1])
     assert torch.equal(model.unembed.W_U[:, :-1], old["unembed.W_U"])
     with pytest.raises(ValueError, match="embed.W_E has shape"):
-        zoo_train._load_weights(model, {"embed.W_E": torch.randn(len(tok) + 1, 32)}, "test")
+        zoo_train.load_weights(model, {"embed.W_E": torch.randn(len(tok) + 1, 32)}, "test")
 
 
 @pytest.mark.parametrize("task", ["add_sub", "instruction_sub", "python_add", "word_problem_sub"])
@@ -278,7 +281,9 @@ def test_training_on_transformer_lens_4_says_what_to_do():
     from circuits.zoo.tokenizer import build_tokenizer
 
     with pytest.raises(RuntimeError, match=r"training a zoo model needs a HookedTransformer.*transformer-lens>=3\.9,<4.*backend='bridge'"):
-        zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer())
+        zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer(), "hooked")
+    # the default model class on 4.x is the Hugging Face model (trained with plain PyTorch)
+    assert type(zoo_train.new_model(zoo_train.get_config("arith-gpt2"), build_tokenizer())).__name__ == "GPT2LMHeadModel"
 
 
 def test_export_refuses_a_bridge(tmp_path):

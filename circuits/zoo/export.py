@@ -1,0 +1,148 @@
+"""Writing a trained zoo model as a model folder (a Hugging Face checkpoint, see :mod:`circuits.zoo.hf`)
+with its model card, and converting a folder of the former TransformerLens format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from circuits import tasks as _tasks
+from circuits.zoo import hf as _hf
+from circuits.zoo.data import evaluate_frozen
+from circuits.zoo.recipes import STYLE_TASKS
+
+__all__ = ["export", "build_card", "card_markdown", "convert_folder"]
+
+
+def _hooked_state(model) -> tuple[dict, dict]:
+    """``(config dict, state dict)`` of a ``HookedTransformer``; ``RuntimeError`` for anything else."""
+    from interventions.adapter import resolve_backend
+
+    if resolve_backend(None) == "hooked":
+        from transformer_lens import HookedTransformer
+
+        if isinstance(model, HookedTransformer):
+            return model.cfg.to_dict(), {k: v for k, v in model.state_dict().items()
+                                         if not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos"))}
+    raise RuntimeError(f"exporting a zoo model needs a HookedTransformer (TransformerLens 3.x) or the Hugging "
+                       f"Face model being trained, got {type(model).__name__}: export the model you trained, "
+                       f"not a TransformerBridge around it")
+
+
+def export(model, cfg, out_dir: Path, states: list[dict], meta: dict | None = None) -> dict:
+    """Write a trained model to ``out_dir`` as a Hugging Face checkpoint (:func:`circuits.zoo.hf.save_hf`)
+    with its card; ``model`` is a ``HookedTransformer`` (converted with
+    :func:`circuits.zoo.hf.hf_from_hooked`) or a Hugging Face causal LM with ``model.tokenizer`` set,
+    ``cfg`` its :class:`~circuits.zoo.recipes.TrainConfig`, ``states`` one state dict per phase (as
+    :func:`circuits.zoo.train.train` keeps them), ``meta`` the ``zoo.json`` entries. Returns the card."""
+    tokenizer = model.tokenizer
+    if _hf.is_hf(model):
+        hf_model, b_U = model, None
+    else:
+        cfg_dict, state = _hooked_state(model)
+        hf_model, b_U = _hf.hf_from_hooked(cfg_dict, state, tokenizer)
+    out_dir = Path(out_dir)
+    _hf.save_hf(out_dir, hf_model, tokenizer, b_U, meta)
+    mcfg = cfg.model_config(len(tokenizer))
+    card = build_card(model, cfg, mcfg, states)
+    (out_dir / "card.json").write_text(json.dumps(card, indent=1))
+    (out_dir / "card.md").write_text(card_markdown(card, cfg))
+    return card
+
+
+def build_card(model, cfg, mcfg: dict, states: list[dict]) -> dict:
+    """The card of a trained model: architecture, recipe, per-phase steps and wall time, and accuracy on
+    the frozen sets of its tasks and of the early-decoding tasks (measured now, on ``model``)."""
+    eval_tasks = list(cfg.tasks) + [t for t in _tasks.list_tasks()
+                                    if _tasks.get_task(t).group == "early_decoding" and t not in cfg.tasks]
+    frozen = evaluate_frozen(model, eval_tasks)
+    return {
+        "name": cfg.name, "description": cfg.description, "arch": cfg.arch, "config": mcfg,
+        "n_params": int(sum(p.numel() for p in model.parameters())),
+        "train": {k: v for k, v in asdict(cfg).items() if k not in ("bars",)},
+        "bars": cfg.bars, "steps_run": sum(st["step"] for st in states),
+        "wall_time_s": round(sum(st["wall_s"] for st in states), 1),
+        "threads": states[-1].get("threads"), "seed": cfg.seed,
+        "phases": [{"phase": k, "steps": st["step"], "batch_size": st.get("batch_size"), "lr": st.get("lr"),
+                    "warmup": st.get("warmup"), "min_lr_frac": st.get("min_lr_frac"),
+                    "wall_time_s": round(st["wall_s"], 1), "threads": st.get("threads"),
+                    "d_vocab": st.get("d_vocab"), **({"note": st["note"]} if st.get("note") else {})}
+                   for k, st in enumerate(states, start=1)],
+        "init": (f"weights of {cfg.init_from}" if cfg.init_from else
+                 f"random, number-token embedding/unembedding started from {cfg.number_features} features"),
+        "data": "all valid operand tuples of the training tasks (operands 0..99, answers >= 0), minus every "
+                "frozen-set tuple with the same expression and a hashed 5% validation split",
+        "frozen_accuracy": {k: round(v, 4) for k, v in frozen.items()},
+        "meets_bar": {t: frozen[t] >= cfg.bars.get(t, 0.0) for t in cfg.tasks},
+        "skipped_styles": ([t for t in STYLE_TASKS if t not in cfg.tasks]
+                           if any(t in STYLE_TASKS for t in cfg.tasks) else []),
+        "history": states[-1]["history"][-5:],
+    }
+
+
+def card_markdown(card: dict, cfg: Any) -> str:
+    """``card.md``: the phases and the frozen-set accuracies of ``card`` as Markdown tables."""
+    lines = [f"# {cfg.name}", "", cfg.description, "",
+             f"Trained {card['steps_run']} steps in {card['wall_time_s'] / 60:.1f} min on a shared 2-core "
+             f"machine (seed {cfg.seed}), in {len(card['phases'])} phase(s):", "",
+             "| phase | steps | batch | peak LR | warmup | wall time | threads | vocab |",
+             "|---|---|---|---|---|---|---|---|"]
+    for ph in card["phases"]:
+        lines.append(f"| {ph['phase']} | {ph['steps']} | {ph['batch_size']} | {ph['lr']} | {ph['warmup']} | "
+                     f"{ph['wall_time_s'] / 60:.1f} min | {ph['threads']} | {ph['d_vocab']} |")
+    lines += [f"\nPhase {ph['phase']}: {ph['note']}" for ph in card["phases"] if ph.get("note")]
+    lines += ["", "| task | frozen-set accuracy | bar |", "|---|---|---|"]
+    for t, a in card["frozen_accuracy"].items():
+        lines.append(f"| {t} | {a:.3f} | {cfg.bars.get(t, '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def convert_folder(folder: str | Path, prompts: tuple[str, ...] = ("42+20-15=", "120+31-5=", "7+8+9=", "99-98-1="),
+                   atol: float = 1e-4, hf_atol: float = 1e-4) -> dict[str, float]:
+    """Convert a model folder of the former TransformerLens format (``config.json`` = keyword arguments of
+    ``HookedTransformerConfig``, ``model.safetensors`` in TransformerLens names, an optional ``"planted"``
+    entry in the config) into the Hugging Face format of :mod:`circuits.zoo.hf`, in place.
+
+    The folder is rewritten only if, on ``prompts`` (without the planted mask), the ``HookedTransformer``
+    rebuilt from the converted checkpoint (as ``zoo.load`` builds it) gives the logits of the original to
+    ``atol``, and plain ``transformers`` plus the unembedding bias gives them to ``hf_atol`` (other
+    kernels, so float32 rounding differs); otherwise ``RuntimeError``. Needs TransformerLens 3.x.
+    Returns the largest logit differences, ``{"hooked": ..., "transformers": ...}``."""
+    import torch
+    from safetensors.torch import load_file
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from circuits.zoo.tokenizer import load_tokenizer
+
+    folder = Path(folder)
+    cfg_kwargs = json.loads((folder / "config.json").read_text())
+    if "architectures" in cfg_kwargs:
+        raise ValueError(f"{folder} already is a Hugging Face checkpoint; nothing to convert")
+    planted = cfg_kwargs.pop("planted", None)
+    tokenizer = load_tokenizer(folder / "tokenizer.json")
+
+    def hooked(cfg: Any, state: dict) -> Any:
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        model.load_state_dict(state, strict=False)
+        return model.eval()
+
+    old = hooked(HookedTransformerConfig(**cfg_kwargs), load_file(str(folder / _hf.WEIGHTS)))
+    cfg_dict, state = _hooked_state(old)
+    hf_model, b_U = _hf.hf_from_hooked(cfg_dict, state, tokenizer)
+    new_cfg = HookedTransformerConfig(**_hf.hooked_config(hf_model.config))
+    rebuilt = hooked(new_cfg, _hf.hooked_state(hf_model, new_cfg, b_U))
+    worst = {"hooked": 0.0, "transformers": 0.0}
+    with torch.no_grad():
+        for prompt in prompts:
+            tokens = old.to_tokens(prompt)
+            ref = old(tokens)
+            plain = hf_model(input_ids=tokens).logits + (0 if b_U is None else b_U)
+            worst["hooked"] = max(worst["hooked"], float((rebuilt(tokens) - ref).abs().max()))
+            worst["transformers"] = max(worst["transformers"], float((plain - ref).abs().max()))
+    if worst["hooked"] > atol or worst["transformers"] > hf_atol:
+        raise RuntimeError(f"{folder}: converted logits differ by {worst} (limits {atol:.0e} / {hf_atol:.0e}); "
+                           f"folder left as it was")
+    _hf.save_hf(folder, hf_model, tokenizer, b_U, {"planted": planted} if planted is not None else None)
+    return worst
