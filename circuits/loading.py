@@ -68,6 +68,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         kwargs["dtype"] = getattr(torch, dtype)
     loader = ("HookedTransformer.from_pretrained" if backend == "hooked"
               else "TransformerBridge.boot_transformers")
+    if backend == "hooked":
+        check_builtin_config(name)
     try:
         if backend == "hooked":
             from transformer_lens import HookedTransformer
@@ -78,6 +80,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
             model = TransformerBridge.boot_transformers(name, **kwargs)
             model.enable_compatibility_mode()
+            if dtype is not None:
+                match_parameter_dtype(model, kwargs["dtype"])
     except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
         raise ValueError(f"cannot load {name!r} on backend {backend!r}: {err}") from err
     except Exception as err:  # noqa: BLE001 - any failure becomes one clear user error
@@ -89,6 +93,58 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
             f"Hugging Face cache or network access"
         ) from err
     return model.eval()
+
+
+def match_parameter_dtype(model: Any, dtype: Any) -> int:
+    """Cast the floating-point parameters of ``model`` that are not in ``dtype`` to it; returns how many.
+
+    TransformerLens's compatibility mode adds some folded parameters in float32 (e.g. the output bias
+    of Qwen2 and GPT-J attention on 3.9), which breaks a bfloat16 forward pass ("self and mat2 must have
+    the same dtype"). Buffers (rotary frequencies) keep their dtype."""
+    n = 0
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            n += 1
+    return n
+
+
+CONFIG_FIELDS = (("d_model", "hidden_size"), ("n_layers", "num_hidden_layers"), ("d_vocab", "vocab_size"))
+
+
+def check_builtin_config(name: str) -> None:
+    """Raise ``ValueError`` if ``HookedTransformer.from_pretrained(name)`` would ignore the checkpoint's
+    own config: TransformerLens 3.x builds Llama and Gemma names from built-in configs (e.g. 4096 wide,
+    32 blocks for ``meta-llama/Meta-Llama-3-8B``). When a ``config.json`` of ``name`` in the local
+    Hugging Face cache disagrees (a fine-tune or a resized stand-in), loading would allocate the
+    built-in size and then fail; ``backend="bridge"`` reads the checkpoint's config. No-op otherwise."""
+    import json
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from transformer_lens import loading_from_pretrained as lp
+
+        official = lp.get_official_model_name(name)
+    except Exception:  # noqa: BLE001 - unknown names fail later, in from_pretrained, with its message
+        return
+    if "llama" not in official.lower() and "gemma" not in official.lower():
+        return
+    path = try_to_load_from_cache(official, "config.json")
+    if not isinstance(path, str):
+        return
+    try:
+        built = lp.convert_hf_model_config(official)
+    except Exception:  # noqa: BLE001 - needs the hub: nothing to compare
+        return
+    saved = json.loads(Path(path).read_text())
+    saved = {**saved, **saved.get("text_config", {})}
+    diff = [(a, built.get(a), saved.get(b)) for a, b in CONFIG_FIELDS if saved.get(b) not in (None, built.get(a))]
+    if diff:
+        said = ", ".join(f"{a} {x}" for a, x, _ in diff)
+        has = ", ".join(f"{a} {y}" for a, _, y in diff)
+        raise ValueError(f"HookedTransformer.from_pretrained builds {name!r} from TransformerLens's built-in "
+                         f"config ({said}), not from the checkpoint in the local cache ({has}): load it with "
+                         f"backend='bridge' (--backend bridge)")
 
 
 def model_name(model: Any, default: str = "model") -> str:
