@@ -214,7 +214,10 @@ def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: boo
     answers every prompt. Prompts have single-token numbers and BOS per ``prepend_bos``."""
     from circuits import loading, tasks
 
-    ds = tasks.build_task(task, n=20 * n, seed=seed)
+    spec = tasks.get_task(task)
+    lo, hi = tasks.single_token_ranges(model, 0, 99)[0]  # e.g. 0..9 for Qwen2's one-digit tokens
+    ranges = [(max(a, lo), min(b, hi)) for a, b in spec.operand_ranges]
+    ds = tasks.build_task(task, n=20 * n, seed=seed, operand_ranges=ranges)
     ds, _ = tasks.filter_single_token(ds, model, verbose=False)
     layouts = tasks.to_layouts(model, ds, prepend_bos=prepend_bos)
     best = layouts[0]
