@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from datasets import Dataset
 
-__all__ = ["Layout", "answer_form", "answer_token_ids", "filter_correct", "filter_single_token",
+__all__ = ["Layout", "answer_form", "answer_forms", "answer_token_ids", "filter_correct", "filter_single_token",
            "number_tokens", "resolve_bos", "single_token_ranges", "to_layouts"]
 
 _NUMBER = re.compile(r"\d+")
@@ -86,22 +86,38 @@ def answer_form(model_or_tokenizer: Any, prompt: str, answer: int) -> tuple[str,
     (single-token answer: one id). If they are not a clean continuation and ``prompt`` ends in a space,
     the space moves into the answer: ``(prompt[:-1], " " + str(answer), ...)`` (GPT-2 style ``'Ġ112'``).
     Multi-token answers return their pieces, the caller decides."""
+    return answer_forms(model_or_tokenizer, [prompt], [answer])[0]
+
+
+def answer_forms(
+    model_or_tokenizer: Any, prompts: Sequence[str], answers: Sequence[int], base: Sequence[list[int]] | None = None
+) -> list[tuple[str, str, list[int]]]:
+    """:func:`answer_form` of many prompts with batched tokenizer calls; ``base``: the prompts' token ids
+    (without special tokens) when already known."""
     tok = tokenizer_of(model_or_tokenizer)
-    text = str(int(answer))
 
-    def continuation(p: str, a: str) -> list[int] | None:
-        base = tok.encode(p, add_special_tokens=False)
-        full = tok.encode(p + a, add_special_tokens=False)
-        return full[len(base):] if full[: len(base)] == base else None
+    def encode(texts: list[str]) -> list[list[int]]:
+        return list(tok(texts, add_special_tokens=False)["input_ids"]) if texts else []
 
-    ids = continuation(prompt, text)
-    if (ids is None or len(ids) != 1) and prompt.endswith(" "):
-        moved = continuation(prompt[:-1], " " + text)
-        if moved is not None and (ids is None or len(moved) < len(ids)):
-            return prompt[:-1], " " + text, moved
-    if ids is None:
-        ids = tok.encode(text, add_special_tokens=False)
-    return prompt, text, ids
+    texts = [str(int(a)) for a in answers]
+    base = list(base) if base is not None else encode(list(prompts))
+    full = encode([p + t for p, t in zip(prompts, texts)])
+    out: list[tuple[str, str, list[int]]] = []
+    retry: list[int] = []
+    for i, (p, t, b, f) in enumerate(zip(prompts, texts, base, full)):
+        ids = f[len(b):] if f[: len(b)] == b else None
+        out.append((p, t, ids if ids is not None else encode([t])[0]))
+        if (ids is None or len(ids) != 1) and p.endswith(" "):
+            retry.append(i)
+    if retry:
+        stripped = [prompts[i][:-1] for i in retry]
+        b2 = encode(stripped)
+        f2 = encode([p + " " + texts[i] for p, i in zip(stripped, retry)])
+        for i, p, b, f in zip(retry, stripped, b2, f2):
+            moved = f[len(b):] if f[: len(b)] == b else None
+            if moved is not None and len(moved) < len(out[i][2]):
+                out[i] = (p, " " + texts[i], moved)
+    return out
 
 
 def filter_single_token(
@@ -135,11 +151,15 @@ def filter_single_token(
     keep: list[int] = []
     prompts: list[str] = []
     texts: list[str] = []
-    for i, (prompt, ops, ans) in enumerate(zip(ds["prompt"], ds["operands"], ds["answer"])):
+    rows = ds.to_dict() if hasattr(ds, "to_dict") else {c: list(ds[c]) for c in ds.column_names}
+    all_prompts = list(rows["prompt"])
+    enc = tok(all_prompts, add_special_tokens=False, return_offsets_mapping=fast) if all_prompts else None
+    forms = answer_forms(tok, all_prompts, [int(a) for a in rows["answer"]],
+                         base=enc["input_ids"] if enc is not None else [])
+    for i, (prompt, ops) in enumerate(zip(all_prompts, rows["operands"])):
         checks: list[tuple[int, list[int]]] = []
         if fast:
-            enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
-            spans = list(zip(enc["input_ids"], enc["offset_mapping"]))
+            spans = list(zip(enc["input_ids"][i], enc["offset_mapping"][i]))
             for m in _NUMBER.finditer(prompt):
                 a, b = m.span()
                 checks.append((int(m.group()), [t for t, (s, e) in spans if s < b and e > a]))
@@ -147,8 +167,8 @@ def filter_single_token(
             for v in ops:
                 cache.setdefault(int(v), tok.encode(str(int(v)), add_special_tokens=False))
                 checks.append((int(v), cache[int(v)]))
-        new_prompt, text, ans_ids = answer_form(tok, prompt, int(ans))
-        checks.append((int(ans), ans_ids))
+        new_prompt, text, ans_ids = forms[i]
+        checks.append((int(text), ans_ids))
         bad = next(((v, ids) for v, ids in checks if len(ids) != 1 or ids[0] == unk), None)
         if bad is None:
             keep.append(i)
@@ -164,8 +184,7 @@ def filter_single_token(
     dropped = len(ds) - len(keep)
     if verbose:
         print(f"filter_single_token: kept {len(keep)}, dropped {dropped} of {len(ds)}")
-    kept = ds.select(keep)
-    cols = {c: kept[c] for c in kept.column_names if c != "answer_text"}
+    cols = {c: [v[i] for i in keep] for c, v in rows.items() if c != "answer_text"}
     cols.update(prompt=prompts, answer_text=texts)
     return Dataset.from_dict(cols), dropped
 
