@@ -104,8 +104,10 @@ def answer_forms(
     full = encode([p + t for p, t in zip(prompts, texts)])
     out: list[tuple[str, str, list[int]]] = []
     retry: list[int] = []
+    clean: list[bool] = []  # whether the prompt's tokens are a prefix of prompt + answer's
     for i, (p, t, b, f) in enumerate(zip(prompts, texts, base, full)):
         ids = f[len(b):] if f[: len(b)] == b else None
+        clean.append(ids is not None)
         out.append((p, t, ids if ids is not None else encode([t])[0]))
         if (ids is None or len(ids) != 1) and p.endswith(" "):
             retry.append(i)
@@ -115,7 +117,7 @@ def answer_forms(
         f2 = encode([p + " " + texts[i] for p, i in zip(stripped, retry)])
         for i, p, b, f in zip(retry, stripped, b2, f2):
             moved = f[len(b):] if f[: len(b)] == b else None
-            if moved is not None and len(moved) < len(out[i][2]):
+            if moved is not None and (not clean[i] or len(moved) < len(out[i][2])):
                 out[i] = (p, " " + texts[i], moved)
     return out
 
