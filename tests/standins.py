@@ -13,6 +13,8 @@ its config, weights and tokenizer from the cache with ``HF_HUB_OFFLINE=1``. Size
 * ``llama3`` (Llama-3): digits split in groups of up to three (``'\\p{N}{1,3}'``), no leading space
   on numbers (``' '`` then ``'112'``), ``<|begin_of_text|>`` added by the tokenizer.
 * ``qwen2`` (Qwen2): one digit per token, no BOS token.
+* ``gemma`` (Gemma): SentencePiece-style (``'▁'`` for spaces, byte fallback), one digit per token,
+  ``<bos>`` added by the tokenizer.
 
 Random models answer nothing: :func:`self_answered` (tests only) makes a model's own top-1 token
 at the last position the answer of each prompt, so the analyses can run on stand-ins.
@@ -67,6 +69,7 @@ STANDINS = {
         # A Llama-architecture checkpoint whose name TransformerLens 3.9 reads the config of (names with
         # "llama" get built-in configs): Llama-3 rope settings incl. rope_scaling of type llama3.
         StandIn("yi", "01-ai/Yi-6B", "llama", "llama3"),
+        StandIn("gemma", "google/gemma-2b", "gemma", "gemma", hooked=False),
     )
 }
 
@@ -93,6 +96,8 @@ def build_tokenizer(style: str):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if style == "gemma":
+        return build_gemma_tokenizer()
     split = {"gpt2": GPT2_SPLIT, "llama3": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT}[style]
     special = {"gpt2": ["<|endoftext|>"], "llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
                "qwen2": ["<|endoftext|>"]}[style]
@@ -120,6 +125,26 @@ def build_tokenizer(style: str):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
 
 
+def build_gemma_tokenizer():
+    """A Gemma-format tokenizer: SentencePiece-style BPE (spaces as ``'▁'``, byte fallback), one digit
+    per token, ``<bos>`` added by the tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d|▁*[^▁\d]+|▁+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=special, show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
 # ------------------------------------------------------------------------------------------ models
 def hf_config(standin: StandIn, vocab_size: int, bos: int | None, eos: int | None):
     """The Hugging Face config of a tiny ``standin`` (2 blocks, d_model 64, 4 heads of 16)."""
@@ -142,6 +167,10 @@ def hf_config(standin: StandIn, vocab_size: int, bos: int | None, eos: int | Non
         return tf.Qwen2Config(hidden_size=d, num_hidden_layers=n, num_attention_heads=h, num_key_value_heads=2,
                               intermediate_size=2 * d, max_position_embeddings=128, rope_theta=1000000.0,
                               tie_word_embeddings=True, **common)
+    if fam == "gemma":
+        return tf.GemmaConfig(hidden_size=d, num_hidden_layers=n, num_attention_heads=h, num_key_value_heads=1,
+                              head_dim=d // h, intermediate_size=2 * d, max_position_embeddings=128,
+                              hidden_activation="gelu_pytorch_tanh", pad_token_id=0, **common)
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64}
     return tf.LlamaConfig(hidden_size=d, num_hidden_layers=n, num_attention_heads=h, num_key_value_heads=2,
@@ -153,7 +182,7 @@ def _model_class(family: str):
     import transformers as tf
 
     return {"gpt2": tf.GPT2LMHeadModel, "neox": tf.GPTNeoXForCausalLM, "gptj": tf.GPTJForCausalLM,
-            "qwen2": tf.Qwen2ForCausalLM, "llama": tf.LlamaForCausalLM}[family]
+            "qwen2": tf.Qwen2ForCausalLM, "llama": tf.LlamaForCausalLM, "gemma": tf.GemmaForCausalLM}[family]
 
 
 def save_standin(standin: StandIn, hub_cache: Path, seed: int = 0) -> Path:

@@ -81,7 +81,7 @@ def test_gptj_bridge_refuses_attention_edits(key, backend, load_standin):
         search_af1(model, p.tokens, p.answers, grid="full", method="naive", progress=False, n_boot=10)
 
 
-@pytest.mark.parametrize("key,backend", combos(["gpt2", "pythia", "qwen2", "yi"]))
+@pytest.mark.parametrize("key,backend", combos(["gpt2", "pythia", "qwen2", "yi", "llama3", "gemma"]))
 def test_search_in_bfloat16(key, backend, load_standin):
     """bfloat16 weights on CPU: the base check and metrics read float32 copies of the logits; the fast
     and the naive search agree to within one prompt per configuration (rounding of the shortcuts)."""

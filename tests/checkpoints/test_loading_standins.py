@@ -46,14 +46,15 @@ def test_hooked_and_bridge_give_the_same_logits(key, load_standin):
 
 
 @needs_hooked
-def test_builtin_config_is_refused(standin_hub):
-    """TransformerLens 3.9 builds Llama names from built-in configs (8B here): one clear line, no 32 GB
-    allocation."""
-    with pytest.raises(ValueError, match=r"^HookedTransformer.from_pretrained builds 'meta-llama/Meta-Llama-3-8B' "
-                                         r"from TransformerLens's built-in config \(d_model 4096, n_layers 32, "
-                                         r"d_vocab 128256\), not from the checkpoint .*\(d_model 64, n_layers 2, .*"
-                                         r"backend='bridge'"):
-        loading.load_model("meta-llama/Meta-Llama-3-8B", backend="hooked")
+@pytest.mark.parametrize("name,built_in", [("meta-llama/Meta-Llama-3-8B", "d_model 4096, n_layers 32, d_vocab 128256"),
+                                           ("google/gemma-2b", "d_model 2048, n_layers 18, d_vocab 256000")])
+def test_builtin_config_is_refused(standin_hub, name, built_in):
+    """TransformerLens 3.9 builds Llama and Gemma names from built-in configs (8B / 2B here): one clear
+    line, no allocation of the built-in size."""
+    with pytest.raises(ValueError, match=rf"^HookedTransformer.from_pretrained builds '{name}' from "
+                                         rf"TransformerLens's built-in config \({built_in}\), not from the "
+                                         rf"checkpoint .*\(d_model 64, n_layers 2, .*backend='bridge'"):
+        loading.load_model(name, backend="hooked")
 
 
 def test_llama3_rope_scaling_reaches_the_model(load_standin, standin_hub):
@@ -103,7 +104,7 @@ def test_qwen2_has_no_bos_token_and_uses_eos_when_asked(key, backend, load_stand
 def test_bfloat16_loads(backend, load_standin):
     """--dtype bfloat16: every parameter in bfloat16 (the bridge's folded float32 biases are cast), and
     the forward pass runs on CPU."""
-    for key in ("gpt2", "pythia", "qwen2", "yi"):
+    for key in ("gpt2", "pythia", "qwen2", "yi") + (("llama3", "gemma") if backend == "bridge" else ()):
         model = load_standin(key, backend, "bfloat16")
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}, key
         with torch.inference_mode():
