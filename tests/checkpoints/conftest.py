@@ -1,8 +1,9 @@
-"""Stand-in checkpoints (``tests/standins.py``) in a session-wide offline Hugging Face cache.
+"""Stand-in checkpoints (``tests/standins.py``) in an offline Hugging Face cache.
 
-The cache is built once per session into a temporary folder (a few seconds); while a test uses
-``standin_hub`` the hub reads only that folder, offline. ``load_standin`` caches loaded models per
-``(key, backend, dtype)``: tests must not modify them."""
+The cache is built once per session into a temporary folder (a few seconds). The hub reads only
+that folder, offline, while a stand-in loads (``load_standin``) and during tests that request
+``standin_hub``; other tests see the hub settings unchanged. ``load_standin`` caches loaded models
+per ``(key, backend, dtype)``: tests must not modify them."""
 
 from __future__ import annotations
 
@@ -13,15 +14,20 @@ from tests.conftest import BACKENDS
 
 
 @pytest.fixture(scope="session")
-def standin_hub(tmp_path_factory):
-    """The folder of the stand-in cache, active (offline) for the whole session."""
-    root = standins.build_cache(tmp_path_factory.mktemp("hf") / "hub")
-    with standins.offline_cache(root):
-        yield root
+def standin_root(tmp_path_factory):
+    """The folder of the stand-in cache (``models--org--name/snapshots/<rev>``, ``refs/main``)."""
+    return standins.build_cache(tmp_path_factory.mktemp("hf") / "hub")
+
+
+@pytest.fixture
+def standin_hub(standin_root):
+    """The stand-in cache, active (offline) for the duration of one test."""
+    with standins.offline_cache(standin_root):
+        yield standin_root
 
 
 @pytest.fixture(scope="session")
-def load_standin(standin_hub):
+def load_standin(standin_root):
     """``load_standin(key, backend, dtype=None)``: ``circuits.loading.load_model`` of stand-in ``key``."""
     from circuits import loading
 
@@ -29,7 +35,9 @@ def load_standin(standin_hub):
 
     def load(key: str, backend: str, dtype: str | None = None):
         if (key, backend, dtype) not in cache:
-            cache[key, backend, dtype] = loading.load_model(standins.STANDINS[key].repo, backend=backend, dtype=dtype)
+            with standins.offline_cache(standin_root):
+                cache[key, backend, dtype] = loading.load_model(standins.STANDINS[key].repo, backend=backend,
+                                                                dtype=dtype)
         return cache[key, backend, dtype]
 
     return load
