@@ -102,7 +102,7 @@ def match_parameter_dtype(model: Any, dtype: Any) -> int:
     of Qwen2 and GPT-J attention on 3.9), which breaks a bfloat16 forward pass ("self and mat2 must have
     the same dtype"). Buffers (rotary frequencies) keep their dtype."""
     n = 0
-    for p in model.parameters():
+    for p in getattr(model, "parameters", lambda: ())():
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
             n += 1
