@@ -20,6 +20,9 @@ from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loadin
     MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
 )
 
+__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "check_bos", "check_builtin_config", "load_model",
+           "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
+
 def zoo_names() -> list[str]:
     """Names of the zoo models, or ``[]`` when the zoo is not installed."""
     try:
