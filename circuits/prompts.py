@@ -228,11 +228,11 @@ def prepare_prompts(
             size = min(size, 100_000)
     finally:
         bar.close()
-    return _result(model, task, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
+    return _result(task, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
                    n_drawn=n_drawn, n_dropped=n_dropped, n_checked=n_checked, n_correct=n_correct)
 
 
-def _result(model: Any, task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
+def _result(task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
             need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
             n_checked: int, n_correct: int) -> Prompts:
     """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""
