@@ -115,12 +115,21 @@ def match_parameter_dtype(model: Any, dtype: Any) -> int:
 CONFIG_FIELDS = (("d_model", "hidden_size"), ("n_layers", "num_hidden_layers"), ("d_vocab", "vocab_size"))
 
 
+def _cached(repo: str) -> bool:
+    """Whether ``repo``'s ``config.json`` is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+
+
 def check_builtin_config(name: str) -> None:
     """Raise ``ValueError`` if ``HookedTransformer.from_pretrained(name)`` would ignore the checkpoint's
     own config: TransformerLens 3.x builds Llama and Gemma names from built-in configs (e.g. 4096 wide,
     32 blocks for ``meta-llama/Meta-Llama-3-8B``). When a ``config.json`` of ``name`` in the local
     Hugging Face cache disagrees (a fine-tune or a resized stand-in), loading would allocate the
-    built-in size and then fail; ``backend="bridge"`` reads the checkpoint's config. No-op otherwise."""
+    built-in size and then fail; ``backend="bridge"`` reads the checkpoint's config. Also raises when
+    TransformerLens spells the name differently (``EleutherAI/gpt-j-6b`` -> ``EleutherAI/gpt-j-6B``) and
+    only the given spelling is cached. No-op otherwise."""
     import json
 
     try:
@@ -130,6 +139,10 @@ def check_builtin_config(name: str) -> None:
         official = lp.get_official_model_name(name)
     except Exception:  # noqa: BLE001 - unknown names fail later, in from_pretrained, with its message
         return
+    if official != name and _cached(name) and not _cached(official):
+        raise ValueError(f"HookedTransformer.from_pretrained looks up {name!r} as {official!r}, which is not in the "
+                         f"local Hugging Face cache (only {name!r} is): download it under {official!r} or load it "
+                         f"with backend='bridge' (--backend bridge)")
     if "llama" not in official.lower() and "gemma" not in official.lower():
         return
     path = try_to_load_from_cache(official, "config.json")

@@ -109,3 +109,16 @@ def test_bfloat16_loads(backend, load_standin):
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}, key
         with torch.inference_mode():
             assert model(model.to_tokens(TEXT[1])).dtype == torch.bfloat16
+
+
+@needs_hooked
+def test_transformerlens_spelling_of_a_cached_name(tmp_path):
+    """TransformerLens 3.9 looks GPT-J up as 'EleutherAI/gpt-j-6B'; a cache holding only the Hugging Face
+    spelling 'EleutherAI/gpt-j-6b' gets a one-line error that says so, and the bridge loads it."""
+    only_lower = standins.StandIn("gptj", "EleutherAI/gpt-j-6b", "gptj", "gpt2")
+    standins.save_standin(only_lower, tmp_path)
+    with standins.offline_cache(tmp_path):
+        with pytest.raises(ValueError, match=r"^HookedTransformer.from_pretrained looks up 'EleutherAI/gpt-j-6b' as "
+                                             r"'EleutherAI/gpt-j-6B', which is not in the local Hugging Face cache"):
+            loading.load_model("EleutherAI/gpt-j-6b", backend="hooked")
+        assert loading.load_model("EleutherAI/gpt-j-6b", backend="bridge").cfg.d_model == standins.D_MODEL
