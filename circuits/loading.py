@@ -4,63 +4,24 @@
   TransformerLens model name through ``HookedTransformer.from_pretrained`` (3.x) or
   ``TransformerBridge.boot_transformers`` + ``enable_compatibility_mode()`` (``backend="bridge"``, the
   default on 4.x); needs the weights locally or network access, fails with a clear message otherwise.
-* :func:`prepare_prompts`: task prompts -> single-token answers -> prompts the model answers correctly
-  -> one layout (token length; CAMA needs aligned positions) -> at most ``n_prompts`` of them.
+* :func:`prepare_prompts` (from :mod:`circuits.prompts`): prompts of a task that the model answers
+  correctly, sampled in rounds, in one layout (token length; CAMA needs aligned positions).
 
-Conventions: BOS at position 0 of every prompt, the answer is the argmax of the logits at position -1.
+Conventions: BOS at position 0 when prepended (the model's default unless ``prepend_bos`` says
+otherwise), the answer is the argmax of the float32 logits at position -1.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import torch
-from jaxtyping import Int
+from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loading import prepare_prompts
+    MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
+)
 
-SOURCES = ("build", "frozen")
-
-
-@dataclass
-class Prompts:
-    """Evaluation prompts of one layout, all answered correctly by the unmodified model.
-
-    Attributes:
-        tokens: ``[batch, pos]`` token ids, BOS at position 0, one token length.
-        answers: ``[batch]`` answer token ids (the expected argmax at the last position).
-        prompts: prompt texts (without BOS), aligned with ``tokens``.
-        answer_values: the integer answers, aligned with ``tokens``.
-        base_accuracy: fraction of checked prompts (single-token answers) the model answers correctly.
-        n_checked: number of prompts whose correctness was checked.
-        n_correct: number of those answered correctly (all layouts).
-        task: task name; ``source``: ``"build"`` (generated with ``seed``) or ``"frozen"``.
-        n_layouts: number of token-length layouts among the correct prompts; only the largest is kept.
-    """
-
-    tokens: Int[torch.Tensor, "batch pos"]
-    answers: Int[torch.Tensor, "batch"]
-    prompts: list[str]
-    answer_values: list[int]
-    base_accuracy: float
-    n_checked: int
-    n_correct: int = 0
-    task: str = ""
-    source: str = "build"
-    seed: int = 0
-    n_layouts: int = 1
-    n_dropped_multi_token: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def records(self) -> list[dict[str, Any]]:
-        """One ``{"prompt", "answer", "answer_token"}`` dict per prompt (for ``prompts.jsonl``)."""
-        return [
-            {"prompt": p, "answer": int(a), "answer_token": int(t)}
-            for p, a, t in zip(self.prompts, self.answer_values, self.answers.tolist())
-        ]
-
+__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "check_bos", "check_builtin_config", "load_model",
+           "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
 
 def zoo_names() -> list[str]:
     """Names of the zoo models, or ``[]`` when the zoo is not installed."""
@@ -110,6 +71,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         kwargs["dtype"] = getattr(torch, dtype)
     loader = ("HookedTransformer.from_pretrained" if backend == "hooked"
               else "TransformerBridge.boot_transformers")
+    if backend == "hooked":
+        check_builtin_config(name)
     try:
         if backend == "hooked":
             from transformer_lens import HookedTransformer
@@ -120,6 +83,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
             model = TransformerBridge.boot_transformers(name, **kwargs)
             model.enable_compatibility_mode()
+            if dtype is not None:
+                match_parameter_dtype(model, kwargs["dtype"])
     except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
         raise ValueError(f"cannot load {name!r} on backend {backend!r}: {err}") from err
     except Exception as err:  # noqa: BLE001 - any failure becomes one clear user error
@@ -133,105 +98,71 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     return model.eval()
 
 
+def match_parameter_dtype(model: Any, dtype: Any) -> int:
+    """Cast the floating-point parameters of ``model`` that are not in ``dtype`` to it; returns how many.
+
+    TransformerLens's compatibility mode adds some folded parameters in float32 (e.g. the output bias
+    of Qwen2 and GPT-J attention on 3.9), which breaks a bfloat16 forward pass ("self and mat2 must have
+    the same dtype"). Buffers (rotary frequencies) keep their dtype."""
+    n = 0
+    for p in getattr(model, "parameters", lambda: ())():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            n += 1
+    return n
+
+
+CONFIG_FIELDS = (("d_model", "hidden_size"), ("n_layers", "num_hidden_layers"), ("d_vocab", "vocab_size"))
+
+
+def _cached(repo: str) -> bool:
+    """Whether ``repo``'s ``config.json`` is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+
+
+def check_builtin_config(name: str) -> None:
+    """Raise ``ValueError`` if ``HookedTransformer.from_pretrained(name)`` would ignore the checkpoint's
+    own config: TransformerLens 3.x builds Llama and Gemma names from built-in configs (e.g. 4096 wide,
+    32 blocks for ``meta-llama/Meta-Llama-3-8B``). When a ``config.json`` of ``name`` in the local
+    Hugging Face cache disagrees (a fine-tune or a resized stand-in), loading would allocate the
+    built-in size and then fail; ``backend="bridge"`` reads the checkpoint's config. Also raises when
+    TransformerLens spells the name differently (``EleutherAI/gpt-j-6b`` -> ``EleutherAI/gpt-j-6B``) and
+    only the given spelling is cached. No-op otherwise."""
+    import json
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from transformer_lens import loading_from_pretrained as lp
+
+        official = lp.get_official_model_name(name)
+    except Exception:  # noqa: BLE001 - unknown names fail later, in from_pretrained, with its message
+        return
+    if official != name and _cached(name) and not _cached(official):
+        raise ValueError(f"HookedTransformer.from_pretrained looks up {name!r} as {official!r}, which is not in the "
+                         f"local Hugging Face cache (only {name!r} is): download it under {official!r} or load it "
+                         f"with backend='bridge' (--backend bridge)")
+    if "llama" not in official.lower() and "gemma" not in official.lower():
+        return
+    path = try_to_load_from_cache(official, "config.json")
+    if not isinstance(path, str):
+        return
+    try:
+        built = lp.convert_hf_model_config(official)
+    except Exception:  # noqa: BLE001 - needs the hub: nothing to compare
+        return
+    saved = json.loads(Path(path).read_text())
+    saved = {**saved, **saved.get("text_config", {})}
+    diff = [(a, built.get(a), saved.get(b)) for a, b in CONFIG_FIELDS if saved.get(b) not in (None, built.get(a))]
+    if diff:
+        said = ", ".join(f"{a} {x}" for a, x, _ in diff)
+        has = ", ".join(f"{a} {y}" for a, _, y in diff)
+        raise ValueError(f"HookedTransformer.from_pretrained builds {name!r} from TransformerLens's built-in "
+                         f"config ({said}), not from the checkpoint in the local cache ({has}): load it with "
+                         f"backend='bridge' (--backend bridge)")
+
+
 def model_name(model: Any, default: str = "model") -> str:
     """A printable name of ``model`` (its config's ``model_name``)."""
     return str(getattr(getattr(model, "cfg", None), "model_name", None) or default)
-
-
-def prepare_prompts(
-    model: Any,
-    task: str,
-    n_prompts: int,
-    seed: int = 0,
-    *,
-    source: str = "build",
-    oversample: int = 3,
-    min_prompts: int | None = None,
-) -> Prompts:
-    """Evaluation prompts of ``task`` that ``model`` answers correctly, in one layout.
-
-    Pipeline: ``tasks.build_task(task, n=oversample*n_prompts, seed=seed)`` (or
-    ``tasks.frozen_set(task)`` with ``source="frozen"``) -> ``filter_single_token`` ->
-    ``filter_correct`` (base accuracy = correct / checked) -> ``to_layouts`` -> the layout with the most
-    prompts -> its first ``n_prompts`` prompts.
-
-    Raises ``ValueError`` if fewer than ``min_prompts`` (default: ``n_prompts``) correct prompts remain,
-    saying how many there are and how to get more.
-    """
-    from circuits import tasks
-
-    if not isinstance(n_prompts, int) or n_prompts < 1:
-        raise ValueError(f"n_prompts={n_prompts!r} must be an integer >= 1")
-    if source not in SOURCES:
-        raise ValueError(f"source={source!r} is not valid: choose one of {', '.join(SOURCES)}")
-    need = n_prompts if min_prompts is None else int(min_prompts)
-    if source == "frozen":
-        ds = tasks.frozen_set(task)
-    else:
-        ds = tasks.build_task(task, n=max(oversample, 1) * n_prompts, seed=seed)
-    n_built = len(ds)
-    ds, n_dropped = tasks.filter_single_token(ds, model)
-    n_checked = len(ds)
-    if n_checked == 0:
-        raise ValueError(
-            f"task {task!r}: none of the {n_built} prompts has a single-token answer for this model's "
-            f"tokenizer; choose a task with smaller answers"
-        )
-    ds, base_acc = tasks.filter_correct(model, ds)
-    n_correct = len(ds)
-    layouts = tasks.to_layouts(model, ds) if n_correct else []
-    if not layouts:
-        raise ValueError(
-            f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
-            f"(base accuracy 0%); choose a model trained on this task or an easier task"
-        )
-    best = max(layouts, key=lambda lay: int(lay.tokens.shape[0]))
-    n_best = int(best.tokens.shape[0])
-    if n_best < need:
-        more = (
-            "use --source build (more prompts)"
-            if source == "frozen"
-            else f"lower --n-prompts to {n_best} or less, or use a model that is more accurate on this task"
-        )
-        raise ValueError(
-            f"too few correct prompts for task {task!r}: {n_correct} of {n_checked} checked prompts are "
-            f"answered correctly (base accuracy {base_acc:.1%}), {n_best} of them in the largest layout "
-            f"({best.tokens.shape[1]} tokens), but {need} are needed; {more}"
-        )
-    k = min(n_prompts, n_best)
-    return Prompts(
-        tokens=best.tokens[:k].long(),
-        answers=torch.as_tensor(best.answers[:k], dtype=torch.long),
-        prompts=list(best.prompts[:k]),
-        answer_values=[int(v) for v in list(best.answer_values[:k])],
-        base_accuracy=float(base_acc),
-        n_checked=int(n_checked),
-        n_correct=int(n_correct),
-        task=task,
-        source=source,
-        seed=int(seed),
-        n_layouts=len(layouts),
-        n_dropped_multi_token=int(n_dropped),
-    )
-
-
-def self_answer_prompts(model: Any, tokens: Int[torch.Tensor, "batch pos"], task: str = "self") -> Prompts:
-    """Prompts whose answers are the model's own argmax at the last position (base accuracy 1).
-
-    For models without a task (e.g. randomly initialised ones): every prompt counts as answered
-    correctly, so the AF1 search measures how much of the model's own prediction a subgraph keeps.
-    """
-    with torch.inference_mode():
-        answers = model(tokens)[:, -1].argmax(-1).cpu()
-    n = int(tokens.shape[0])
-    return Prompts(
-        tokens=tokens.long(),
-        answers=answers,
-        prompts=[" ".join(str(t) for t in row.tolist()) for row in tokens],
-        answer_values=answers.tolist(),
-        base_accuracy=1.0,
-        n_checked=n,
-        n_correct=n,
-        task=task,
-        source="self",
-    )

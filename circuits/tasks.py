@@ -154,13 +154,15 @@ def build_task(
     name: str, n: int | None = None, seed: int = 0,
     operand_ranges: Sequence[tuple[int, int]] | None = None,
     exclude: "set[tuple[int, ...]] | None" = None,
+    start: int = 0,
 ) -> "Dataset":
     """Prompts of task ``name`` as a Hugging Face :class:`datasets.Dataset`.
 
     The valid operand space (answer within the task's bounds) is enumerated exhaustively, shuffled with
-    ``numpy.random.default_rng(seed)`` and truncated to ``n`` (``None`` -> the task's ``default_n``), so
-    the result is a deterministic function of ``(name, n, seed, operand_ranges, exclude)``. Fewer than
-    ``n`` rows are returned when the space is smaller.
+    ``numpy.random.default_rng(seed)`` and rows ``start .. start + n - 1`` of that order are returned
+    (``n=None`` -> the task's ``default_n``), so the result is a deterministic function of
+    ``(name, n, seed, operand_ranges, exclude, start)`` and consecutive ``start`` windows of one seed
+    never repeat a prompt. Fewer than ``n`` rows are returned when the space ends first.
 
     Args:
         name: task name (see :func:`list_tasks`).
@@ -168,6 +170,7 @@ def build_task(
         seed: shuffling seed.
         operand_ranges: optional inclusive ``(lo, hi)`` per operand replacing the task's ranges.
         exclude: optional operand tuples never to return (e.g. a frozen set).
+        start: first row (0-indexed) of the shuffled operand space to return.
 
     Returns:
         Dataset with columns ``prompt`` (str, without BOS), ``answer`` (int), ``operands`` (list[int], in
@@ -191,7 +194,9 @@ def build_task(
     n = spec.default_n if n is None else int(n)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    order = np.random.default_rng(seed).permutation(len(ops))[:n]
+    if int(start) < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    order = np.random.default_rng(seed).permutation(len(ops))[int(start) : int(start) + n]
     ops = ops[order]
     answers = spec.answers(ops)
     return Dataset.from_dict({
@@ -200,6 +205,11 @@ def build_task(
         "operands": [[int(x) for x in row] for row in ops],
         "task": [name] * len(ops),
     })
+
+
+def operand_space_size(name: str, operand_ranges: Sequence[tuple[int, int]] | None = None) -> int:
+    """Number of distinct prompts of task ``name``: its valid operand tuples (answer within bounds)."""
+    return int(len(task_operands(get_task(name), operand_ranges)))
 
 
 def frozen_path(name: str) -> Path:
@@ -243,162 +253,10 @@ def write_frozen_sets(names: Sequence[str] | None = None, overwrite: bool = Fals
 
 
 # ------------------------------------------------------------------------------ tokenizer-dependent
-def _tokenizer_of(model_or_tokenizer):
-    tok = getattr(model_or_tokenizer, "tokenizer", None)
-    return tok if tok is not None else model_or_tokenizer
+# Filters, answer tokens and layouts live in circuits.task_tokens (they depend on the model's tokenizer).
+from circuits.task_tokens import (  # noqa: E402
+    Layout, answer_form, answer_token_ids, filter_correct, filter_single_token, number_tokens, resolve_bos,
+    single_token_ranges, to_layouts,
+)
 
-
-def _number_pieces(tokenizer, value: int) -> list[str]:
-    """Tokens of ``value`` as it appears inside a prompt (no BOS, no leading space)."""
-    ids = tokenizer.encode(str(int(value)), add_special_tokens=False)
-    return tokenizer.convert_ids_to_tokens(ids)
-
-
-def filter_single_token(
-    ds: "Dataset", model_or_tokenizer, strict: bool = False, verbose: bool = True
-) -> "tuple[Dataset, int]":
-    """Keep the rows whose numbers (every operand and the answer) are each a single token.
-
-    Args:
-        ds: dataset with ``operands`` and ``answer`` columns (see :func:`build_task`).
-        model_or_tokenizer: a HookedTransformer (its ``.tokenizer`` is used) or a Hugging Face tokenizer.
-        strict: if True, raise instead of dropping (for tasks that demand single-token numbers).
-        verbose: print how many rows were dropped.
-
-    Returns:
-        ``(kept_dataset, n_dropped)``.
-
-    Raises:
-        ValueError: with ``strict=True``, on the first number split into several tokens; the message
-        names the number and its pieces.
-    """
-    tok = _tokenizer_of(model_or_tokenizer)
-    cache: dict[int, list[str]] = {}
-    keep: list[int] = []
-    for i, (ops, ans) in enumerate(zip(ds["operands"], ds["answer"])):
-        ok = True
-        for v in list(ops) + [ans]:
-            if v not in cache:
-                cache[v] = _number_pieces(tok, v)
-            if len(cache[v]) != 1 or cache[v][0] == tok.unk_token:
-                if strict:
-                    what = (f"is an unknown token ({cache[v][0]})" if len(cache[v]) == 1 else
-                            f"is split into {len(cache[v])} tokens {cache[v]}")
-                    raise ValueError(
-                        f"number {v} {what} for this tokenizer, but "
-                        f"the task demands single-token numbers (row {i}: {ds[i]['prompt']!r})"
-                    )
-                ok = False
-                break
-        if ok:
-            keep.append(i)
-    dropped = len(ds) - len(keep)
-    if verbose:
-        print(f"filter_single_token: kept {len(keep)}, dropped {dropped} of {len(ds)}")
-    return ds.select(keep), dropped
-
-
-def answer_token_ids(model, answers: Sequence[int]) -> "torch.Tensor":
-    """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
-
-    With the zoo tokenizers the answer token is the number itself (``str(answer)``). For tokenizers that
-    fold a leading space into words (GPT-2 style BPE) the space-prefixed form is used when it is one
-    token. Raises ``ValueError`` if an answer is not a single token either way.
-    """
-    import torch
-
-    tok = _tokenizer_of(model)
-    out = []
-    for a in answers:
-        ids = tok.encode(str(int(a)), add_special_tokens=False)
-        if len(ids) != 1:
-            ids = tok.encode(" " + str(int(a)), add_special_tokens=False)
-        if len(ids) != 1:
-            raise ValueError(f"answer {a} is not a single token: {_number_pieces(tok, a)}")
-        out.append(ids[0])
-    return torch.tensor(out, dtype=torch.long)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Prompts of one token length, ready for a forward pass without padding.
-
-    Attributes:
-        tokens: ``[batch, pos]`` long tensor, BOS at position 0, last prompt token at position -1.
-        answers: ``[batch]`` long tensor, answer token ids (see :func:`answer_token_ids`).
-        prompts: prompt strings (without BOS), one per row.
-        answer_values: integer answers, one per row.
-        indices: row indices into the source dataset, one per row.
-    """
-
-    tokens: "torch.Tensor"
-    answers: "torch.Tensor"
-    prompts: list[str]
-    answer_values: list[int]
-    indices: list[int]
-
-    @property
-    def n_pos(self) -> int:
-        """Token length of the layout (BOS included)."""
-        return int(self.tokens.shape[1])
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-def to_layouts(model, ds: "Dataset") -> list[Layout]:
-    """Tokenise ``ds["prompt"]`` with the model (BOS prepended) and group rows by token length.
-
-    Prompts of different lengths are never mixed: one :class:`Layout` per length, sorted by descending
-    number of rows (ties: shorter length first). Row order inside a layout follows ``ds``.
-    """
-    import torch
-
-    prompts = list(ds["prompt"])
-    answers = [int(a) for a in ds["answer"]]
-    if not prompts:
-        return []
-    ans_ids = answer_token_ids(model, answers)
-    groups: dict[int, list[int]] = {}
-    rows: list[torch.Tensor] = []
-    tok = model.tokenizer
-    # One batched call without special tokens, then BOS in front: what model.to_tokens(p) gives.
-    enc = tok(prompts, add_special_tokens=False)["input_ids"]
-    for i, ids in enumerate(enc):
-        t = torch.tensor([tok.bos_token_id] + list(ids), dtype=torch.long)
-        rows.append(t)
-        groups.setdefault(len(t), []).append(i)
-    layouts = []
-    for length, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        layouts.append(Layout(
-            tokens=torch.stack([rows[i] for i in idx]).long(),
-            answers=ans_ids[idx].clone(),
-            prompts=[prompts[i] for i in idx],
-            answer_values=[answers[i] for i in idx],
-            indices=list(idx),
-        ))
-    return layouts
-
-
-def filter_correct(model, ds: "Dataset", batch_size: int = 256) -> "tuple[Dataset, float]":
-    """Keep the rows the model answers correctly: argmax of the logits at the last position equals the
-    answer token. Rows are grouped by layout (token length) internally, so no padding is used.
-
-    Returns:
-        ``(correct_rows, base_accuracy)`` with base accuracy = correct / checked (0.0 for an empty ``ds``).
-        Correct rows keep their original order.
-    """
-    import torch
-
-    if len(ds) == 0:
-        return ds, 0.0
-    dev = next(model.parameters()).device
-    correct: list[int] = []
-    with torch.no_grad():
-        for lay in to_layouts(model, ds):
-            for s in range(0, len(lay), batch_size):
-                logits = model(lay.tokens[s : s + batch_size].to(dev), return_type="logits")[:, -1]
-                hit = (logits.argmax(-1).cpu() == lay.answers[s : s + batch_size]).tolist()
-                correct += [lay.indices[s + j] for j, h in enumerate(hit) if h]
-    correct.sort()
-    return ds.select(correct), len(correct) / len(ds)
+__all__ += ["operand_space_size", "number_tokens", "single_token_ranges", "answer_form", "resolve_bos"]

@@ -26,29 +26,32 @@ def fake_tasks(monkeypatch):
     calls = []
     mod = types.ModuleType("circuits.tasks")
 
-    def build_task(name, n=None, seed=0):
+    def build_task(name, n=None, seed=0, start=0):
         calls.append(("build", name, n, seed))
-        return list(range(n))
+        return list(range(start, start + n))
+
+    def operand_space_size(name):
+        return 60  # one round of 3 x 20 prompts draws the whole space
 
     def frozen_set(name):
         calls.append(("frozen", name))
         return list(range(300))
 
-    def filter_single_token(ds, model):
+    def filter_single_token(ds, model, **kw):
         calls.append(("single", len(ds)))
         return ds[:-10], 10  # ten multi-token answers dropped
 
-    def filter_correct(model, ds):
+    def filter_correct(model, ds, **kw):
         calls.append(("correct", len(ds)))
         keep = ds[: len(ds) // 2]
         return keep, len(keep) / len(ds)
 
-    def to_layouts(model, ds):
+    def to_layouts(model, ds, **kw):
         calls.append(("layouts", len(ds)))
         n = len(ds)
         return [FakeLayout(n - n // 3, 7, 0), FakeLayout(n // 3, 9, 1000)]
 
-    for fn in (build_task, frozen_set, filter_single_token, filter_correct, to_layouts):
+    for fn in (build_task, operand_space_size, frozen_set, filter_single_token, filter_correct, to_layouts):
         setattr(mod, fn.__name__, fn)
     monkeypatch.setitem(sys.modules, "circuits.tasks", mod)
     import circuits

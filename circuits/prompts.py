@@ -1,0 +1,305 @@
+"""Evaluation prompts of a task that a model answers correctly, found by sampling in rounds.
+
+:func:`prepare_prompts` draws prompts from the task's operand space (shuffled once per seed, never
+repeating a prompt) round after round, keeps those whose numbers are single tokens (see
+:mod:`circuits.task_tokens`) and that the model answers correctly, and stops when one layout (token
+length) holds ``n_prompts`` of them, when the operand space is exhausted, or when ``max_checked``
+prompts have been checked. Re-exported by :mod:`circuits.loading`.
+
+Conventions: the answer is the argmax of the float32 logits at position -1; BOS at position 0 when
+prepended (``prepend_bos=None``: the model's own default, see ``tasks.resolve_bos``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Int
+
+SOURCES = ("build", "frozen")
+MAX_CHECKED = 20_000
+"""Default budget of :func:`prepare_prompts`: prompts whose correctness is checked (forward passes)."""
+
+
+@dataclass
+class Prompts:
+    """Evaluation prompts of one layout, all answered correctly by the unmodified model.
+
+    Attributes:
+        tokens: ``[batch, pos]`` token ids, one token length; BOS at position 0 when ``prepend_bos``.
+        answers: ``[batch]`` answer token ids (the expected argmax at the last position).
+        prompts: prompt texts (without BOS), aligned with ``tokens``.
+        answer_values: the integer answers, aligned with ``tokens``.
+        base_accuracy: fraction of checked prompts (single-token numbers) the model answers correctly.
+        n_checked: number of prompts whose correctness was checked.
+        n_correct: number of those answered correctly (all layouts).
+        task: task name; ``source``: ``"build"`` (generated with ``seed``) or ``"frozen"``.
+        n_layouts: number of token-length layouts among the correct prompts; only the largest is kept.
+        n_dropped_multi_token: drawn prompts dropped because an operand or the answer is several tokens.
+        n_drawn: prompts drawn from the task (checked or dropped; at most the operand space).
+        n_wrong: checked prompts the model answers wrongly (``n_checked - n_correct``).
+        prepend_bos: whether position 0 holds BOS; ``bos_token``: its id (``None`` without BOS).
+        answer_texts: the answer as written after each prompt (``"112"`` / ``" 112"``), when known.
+        stop: why sampling stopped: ``"found"``, ``"exhausted"`` (operand space) or ``"budget"``.
+    """
+
+    tokens: Int[torch.Tensor, "batch pos"]
+    answers: Int[torch.Tensor, "batch"]
+    prompts: list[str]
+    answer_values: list[int]
+    base_accuracy: float
+    n_checked: int
+    n_correct: int = 0
+    task: str = ""
+    source: str = "build"
+    seed: int = 0
+    n_layouts: int = 1
+    n_dropped_multi_token: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    n_drawn: int = 0
+    n_wrong: int = 0
+    prepend_bos: bool = True
+    bos_token: int | None = None
+    answer_texts: list[str] | None = None
+    stop: str = "found"
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def records(self) -> list[dict[str, Any]]:
+        """One ``{"prompt", "answer", "answer_token"}`` dict per prompt (for ``prompts.jsonl``), plus
+        ``"answer_text"`` (the answer as written after the prompt, e.g. ``" 112"``) when known."""
+        out = [
+            {"prompt": p, "answer": int(a), "answer_token": int(t)}
+            for p, a, t in zip(self.prompts, self.answer_values, self.answers.tolist())
+        ]
+        if self.answer_texts is not None:
+            for rec, text in zip(out, self.answer_texts):
+                rec["answer_text"] = text
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The sampling counts as a JSON-ready dict (for ``run.json`` / logs)."""
+        return {"n_prompts": len(self), "base_accuracy": self.base_accuracy, "n_drawn": self.n_drawn,
+                "n_dropped_multi_token": self.n_dropped_multi_token, "n_checked": self.n_checked,
+                "n_correct": self.n_correct, "n_wrong": self.n_wrong, "n_layouts": self.n_layouts,
+                "prepend_bos": self.prepend_bos, "stop": self.stop}
+
+
+def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "CAMA and the fast search") -> None:
+    """Raise ``ValueError`` unless position 0 of every prompt holds the model's BOS token.
+
+    CAMA and the fast AF1 search treat position 0 as a fixed BOS whose state is the same in every
+    prompt; models that do not prepend BOS by default (Pythia, Qwen2) need ``--prepend-bos``."""
+    from circuits import tasks
+
+    bos = tasks.resolve_bos(model, True)
+    first = tokens[:, 0]
+    if not bool((first == bos).all()):
+        raise ValueError(f"{what} need BOS (token {bos}) at position 0 of every prompt, but this model does "
+                         f"not prepend it by default: use --prepend-bos (prepare_prompts(..., prepend_bos=True))")
+
+
+def _head(ds: Any, k: int) -> Any:
+    """The first ``k`` rows of a dataset (or list)."""
+    return ds.select(range(k)) if hasattr(ds, "select") else ds[:k]
+
+
+def _frozen_window(ds: Any, start: int, n: int) -> Any:
+    stop = min(len(ds), start + n)
+    return ds.select(range(start, stop)) if hasattr(ds, "select") else ds[start:stop]
+
+
+def _merge(pieces: list[Any]) -> dict[str, Any]:
+    """Concatenate layout pieces of one token length (from successive rounds)."""
+    texts = [getattr(p, "answer_texts", None) for p in pieces]
+    return {
+        "tokens": torch.cat([p.tokens for p in pieces]).long(),
+        "answers": torch.cat([torch.as_tensor(p.answers, dtype=torch.long) for p in pieces]),
+        "prompts": [x for p in pieces for x in p.prompts],
+        "answer_values": [int(v) for p in pieces for v in p.answer_values],
+        "answer_texts": None if any(t is None for t in texts) else [x for t in texts for x in t],
+    }
+
+
+def prepare_prompts(
+    model: Any,
+    task: str,
+    n_prompts: int,
+    seed: int = 0,
+    *,
+    source: str = "build",
+    oversample: int = 3,
+    min_prompts: int | None = None,
+    max_checked: int = MAX_CHECKED,
+    prepend_bos: bool | None = None,
+    progress: bool = True,
+) -> Prompts:
+    """``n_prompts`` prompts of ``task`` that ``model`` answers correctly, all in one layout.
+
+    Rounds: rows ``start .. start + size - 1`` of the task's operand space shuffled with ``seed``
+    (``tasks.build_task(..., start=start)``; with ``source="frozen"`` the frozen set in order) ->
+    ``tasks.filter_single_token`` (numbers that are one token, answer written as the tokenizer writes
+    it) -> ``tasks.filter_correct`` -> ``tasks.to_layouts`` -> correct prompts collected per layout. The
+    first round draws ``oversample * n_prompts`` prompts, later ones as many as the observed yield says
+    are still needed. Sampling stops when the largest layout holds ``n_prompts`` prompts, when the
+    operand space is exhausted, when ``max_checked`` prompts have been checked (default
+    :data:`MAX_CHECKED` = 20000; raise it for weak models), or at once when the model answers none of
+    the first checked batch. A tqdm bar shows progress (``progress=False`` hides it).
+
+    Args:
+        prepend_bos: BOS at position 0; ``None`` = the model's default (``model.cfg.default_prepend_bos``:
+            True for GPT-2, GPT-J, Llama; False for Pythia/GPT-NeoX and Qwen2). The AF1 search and CAMA
+            need BOS (see :func:`check_bos`).
+        min_prompts: fewest prompts accepted when sampling stops early (default ``n_prompts``).
+
+    Raises ``ValueError`` with one line: arguments out of range (e.g. ``n_prompts`` larger than the
+    operand space), no single-token prompt, zero accuracy, or fewer than ``min_prompts`` correct
+    prompts in one layout (naming the count that works).
+    """
+    from tqdm.auto import tqdm
+
+    from circuits import tasks
+
+    if not isinstance(n_prompts, int) or n_prompts < 1:
+        raise ValueError(f"n_prompts={n_prompts!r} must be an integer >= 1")
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r} is not valid: choose one of {', '.join(SOURCES)}")
+    if not isinstance(max_checked, int) or max_checked < 1:
+        raise ValueError(f"max_checked={max_checked!r} must be an integer >= 1")
+    if prepend_bos not in (None, True, False):
+        raise ValueError(f"prepend_bos={prepend_bos!r} must be True, False or None (the model's default)")
+    need = n_prompts if min_prompts is None else int(min_prompts)
+    if not 1 <= need <= n_prompts:
+        raise ValueError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
+    frozen = tasks.frozen_set(task) if source == "frozen" else None
+    space = len(frozen) if frozen is not None else tasks.operand_space_size(task)
+    if n_prompts > space:
+        what = "its frozen set has" if frozen is not None else "its operand space has"
+        raise ValueError(f"n_prompts={n_prompts} is more than task {task!r} can give ({what} {space} prompts): "
+                         f"lower --n-prompts to {space} or less")
+
+    by_len: dict[int, list[Any]] = {}
+    n_drawn = n_dropped = n_checked = n_correct = 0
+    size = max(1, int(oversample)) * n_prompts
+    stop = "found"
+    bar = tqdm(total=n_prompts, desc=f"prompts of {task}", unit="prompt", disable=not progress, leave=False)
+    try:
+        while True:
+            size = min(size, space - n_drawn)
+            if frozen is not None:
+                ds = _frozen_window(frozen, n_drawn, size)
+            else:
+                ds = tasks.build_task(task, n=size, seed=seed, start=n_drawn)
+            n_drawn += size
+            ds, dropped = tasks.filter_single_token(ds, model, verbose=False)
+            n_dropped += int(dropped)
+            if len(ds) > max_checked - n_checked:
+                ds = _head(ds, max_checked - n_checked)
+            if len(ds):
+                n_checked += len(ds)
+                ds, _ = tasks.filter_correct(model, ds, prepend_bos=prepend_bos)
+                n_correct += len(ds)
+            best = max((sum(int(p.tokens.shape[0]) for p in v) for v in by_len.values()), default=0)
+            if len(ds):
+                for lay in tasks.to_layouts(model, ds, prepend_bos=prepend_bos):
+                    by_len.setdefault(int(lay.tokens.shape[1]), []).append(lay)
+                best = max(sum(int(p.tokens.shape[0]) for p in v) for v in by_len.values())
+            bar.n = min(best, n_prompts)
+            bar.set_postfix(drawn=n_drawn, checked=n_checked, correct=n_correct)
+            bar.refresh()
+            if best >= n_prompts:
+                break
+            if n_checked and not n_correct:
+                break  # answers none of the first batch: more of the same will not help
+            if n_drawn >= space:
+                stop = "exhausted"
+                break
+            if n_checked >= max_checked:
+                stop = "budget"
+                break
+            # Next round: what the yield so far (prompts in the best layout per drawn) says is missing.
+            rate = best / n_drawn
+            missing = n_prompts - best
+            size = max(n_prompts, math.ceil(1.2 * missing / rate)) if rate > 0 else 4 * size
+            size = min(size, 100_000)
+    finally:
+        bar.close()
+    return _result(task, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
+                   n_drawn=n_drawn, n_dropped=n_dropped, n_checked=n_checked, n_correct=n_correct)
+
+
+def _result(task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
+            need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
+            n_checked: int, n_correct: int) -> Prompts:
+    """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""
+    if n_checked == 0:
+        raise ValueError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
+                         f"model's tokenizer; choose a task with smaller numbers")
+    base_acc = n_correct / n_checked
+    if n_correct == 0:
+        raise ValueError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
+                         f"(base accuracy 0%); choose a model trained on this task or an easier task")
+    n_pos, pieces = max(by_len.items(), key=lambda kv: (sum(int(p.tokens.shape[0]) for p in kv[1]), -kv[0]))
+    n_best = sum(int(p.tokens.shape[0]) for p in pieces)
+    if n_best < need:
+        if source == "frozen":
+            more = "use --source build (more prompts)"
+        else:
+            more = f"lower --n-prompts to {n_best} or less"
+            more += (f", raise --max-checked above {max_checked}" if stop == "budget" else "")
+            more += ", or use a model that is more accurate on this task"
+        raise ValueError(
+            f"too few correct prompts for task {task!r}: {n_correct} of {n_checked} checked prompts are "
+            f"answered correctly (base accuracy {base_acc:.1%}), {n_best} of them in the largest layout "
+            f"({n_pos} tokens), but {need} are needed; {more}"
+        )
+    merged = _merge(pieces)
+    k = min(n_prompts, n_best)
+    bos = getattr(pieces[0], "bos", None)
+    return Prompts(
+        tokens=merged["tokens"][:k],
+        answers=merged["answers"][:k],
+        prompts=merged["prompts"][:k],
+        answer_values=merged["answer_values"][:k],
+        base_accuracy=float(base_acc),
+        n_checked=int(n_checked),
+        n_correct=int(n_correct),
+        task=task,
+        source=source,
+        seed=int(seed),
+        n_layouts=len(by_len),
+        n_dropped_multi_token=int(n_dropped),
+        n_drawn=int(n_drawn),
+        n_wrong=int(n_checked - n_correct),
+        prepend_bos=bos is not None if hasattr(pieces[0], "bos") else prepend_bos is not False,
+        bos_token=bos,
+        answer_texts=None if merged["answer_texts"] is None else merged["answer_texts"][:k],
+        stop=stop,
+    )
+
+
+def self_answer_prompts(model: Any, tokens: Int[torch.Tensor, "batch pos"], task: str = "self") -> Prompts:
+    """Prompts whose answers are the model's own argmax at the last position (base accuracy 1).
+
+    For models without a task (e.g. randomly initialised ones): every prompt counts as answered
+    correctly, so the AF1 search measures how much of the model's own prediction a subgraph keeps.
+    """
+    with torch.inference_mode():
+        answers = model(tokens)[:, -1].float().argmax(-1).cpu()
+    n = int(tokens.shape[0])
+    return Prompts(
+        tokens=tokens.long(),
+        answers=answers,
+        prompts=[" ".join(str(t) for t in row.tolist()) for row in tokens],
+        answer_values=answers.tolist(),
+        base_accuracy=1.0,
+        n_checked=n,
+        n_correct=n,
+        task=task,
+        source="self",
+        n_drawn=n,
+    )

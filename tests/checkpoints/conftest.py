@@ -1,0 +1,48 @@
+"""Stand-in checkpoints (``tests/standins.py``) in an offline Hugging Face cache.
+
+The cache is built once per session into a temporary folder (a few seconds). The hub reads only
+that folder, offline, while a stand-in loads (``load_standin``) and during tests that request
+``standin_hub``; other tests see the hub settings unchanged. ``load_standin`` caches loaded models
+per ``(key, backend, dtype)``: tests must not modify them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import standins
+from tests.conftest import BACKENDS
+
+
+@pytest.fixture(scope="session")
+def standin_root(tmp_path_factory):
+    """The folder of the stand-in cache (``models--org--name/snapshots/<rev>``, ``refs/main``)."""
+    return standins.build_cache(tmp_path_factory.mktemp("hf") / "hub")
+
+
+@pytest.fixture
+def standin_hub(standin_root):
+    """The stand-in cache, active (offline) for the duration of one test."""
+    with standins.offline_cache(standin_root):
+        yield standin_root
+
+
+@pytest.fixture(scope="session")
+def load_standin(standin_root):
+    """``load_standin(key, backend, dtype=None)``: ``circuits.loading.load_model`` of stand-in ``key``."""
+    from circuits import loading
+
+    cache: dict = {}
+
+    def load(key: str, backend: str, dtype: str | None = None):
+        if (key, backend, dtype) not in cache:
+            with standins.offline_cache(standin_root):
+                cache[key, backend, dtype] = loading.load_model(standins.STANDINS[key].repo, backend=backend,
+                                                                dtype=dtype)
+        return cache[key, backend, dtype]
+
+    return load
+
+
+def combos(keys=None):
+    """``(key, backend)`` pairs of the stand-ins on this TransformerLens, as pytest params."""
+    return [pytest.param(k, b, id=f"{k}-{b}") for k in (keys or standins.STANDINS) for b in BACKENDS]
