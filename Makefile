@@ -1,7 +1,9 @@
 # Two entry points: `make demo` (main job on the embedded default model) and `make test`.
 # `demo` runs in .venv (TransformerLens 3.9). `test` runs the whole suite in .venv, where the
 # interventions are tested on both backends (HookedTransformer and TransformerBridge) against each
-# other, then the intervention and analysis tests in .venv-tl4 (TransformerLens 4.x, TransformerBridge only). Each venv is created on first use and reinstalled
+# other and tests/packaging builds the wheel and installs it into a fresh throwaway venv (newest
+# TransformerLens 4.x, about a minute), then the intervention and analysis tests in .venv-tl4
+# (TransformerLens 4.x, TransformerBridge only). Each venv is created on first use and reinstalled
 # when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv

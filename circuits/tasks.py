@@ -1,8 +1,8 @@
 """Arithmetic task catalogue: prompts, answers, frozen evaluation sets, filters and layouts.
 
-Task specifications live in the data folder ``datasets/tasks.json`` (next to the ``circuits`` package;
-override with the environment variable ``AF1_DATASETS_DIR``). Frozen evaluation sets live in
-``datasets/frozen/<task>.jsonl``.
+Task specifications live in the package's data folder ``circuits/data/tasks.json`` (shipped in the
+wheel, found through :mod:`importlib.resources`; override with the environment variable
+``AF1_DATASETS_DIR``). Frozen evaluation sets live in ``circuits/data/frozen/<task>.jsonl``.
 
 Conventions: the model prepends BOS, so token position 0 is BOS and the last prompt token is at
 position -1 (0-indexed positions); the answer is the argmax of the next-token logits at position -1.
@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from circuits.package_data import package_path
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from datasets import Dataset
@@ -35,9 +37,9 @@ _ENUM_LIMIT = 5_000_000  # operand spaces up to this size are enumerated exhaust
 
 
 def datasets_dir() -> Path:
-    """The data folder: ``$AF1_DATASETS_DIR`` if set, else ``<repo>/datasets``."""
+    """The data folder: ``$AF1_DATASETS_DIR`` if set, else ``circuits/data`` of the imported package."""
     env = os.environ.get("AF1_DATASETS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "datasets"
+    return Path(env) if env else package_path("data")
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,7 @@ def operand_space_size(name: str, operand_ranges: Sequence[tuple[int, int]] | No
 
 
 def frozen_path(name: str) -> Path:
-    """Path of the frozen evaluation set of ``name``: ``datasets/frozen/<name>.jsonl``."""
+    """Path of the frozen evaluation set of ``name``: ``frozen/<name>.jsonl`` in :func:`datasets_dir`."""
     return datasets_dir() / "frozen" / f"{name}.jsonl"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,11 +119,34 @@ def test_datasets_dir_is_overridable(tmp_path, monkeypatch):
     assert sorted(tasks.build_task("tiny")["answer"]) == [2, 3, 3, 4]
 
 
-def test_datasets_folder_is_not_a_package():
-    assert not (tasks.datasets_dir() / "__init__.py").exists()
+def test_datasets_dir_is_the_package_data_folder(monkeypatch):
+    monkeypatch.delenv("AF1_DATASETS_DIR", raising=False)
+    import circuits
+
+    data = tasks.datasets_dir()
+    assert data.resolve() == Path(circuits.__file__).resolve().parent / "data"
+    assert (data / "tasks.json").is_file() and (data / "frozen" / "add.jsonl").is_file()
+    assert not (data / "__init__.py").exists()  # a data folder, not a package
     import datasets
 
     assert hasattr(datasets, "Dataset")  # Hugging Face datasets, not our data folder
+
+
+def test_package_data_is_extracted_from_a_zip(tmp_path):
+    """Where the package is imported from a zip archive, its data folder is copied to a real folder."""
+    import zipfile
+
+    from circuits.package_data import materialize
+
+    archive = tmp_path / "pkg.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("circuits/data/tasks.json", '{"tasks": []}')
+        zf.writestr("circuits/data/frozen/add.jsonl", '{"prompt": "1+1="}\n')
+    out = materialize(zipfile.Path(archive, "circuits/data/"))
+    assert isinstance(out, Path) and out.name == "data"
+    assert (out / "tasks.json").read_text() == '{"tasks": []}'
+    assert (out / "frozen" / "add.jsonl").read_text() == '{"prompt": "1+1="}\n'
+    assert materialize(out) is out  # a real path is returned as is
 
 
 # --------------------------------------------------------------------------------------- filters
