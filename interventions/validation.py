@@ -74,9 +74,12 @@ def check_positive(name: str, value: Any) -> int:
 
 
 def special_token_ids(model: Any) -> tuple[int | None, int | None]:
-    """``(bos_id, pad_id)`` of the model's tokenizer (``None`` where it has none or no tokenizer)."""
+    """``(bos_id, pad_id)`` of the model's tokenizer (``None`` where it has none or no tokenizer). A
+    tokenizer without a BOS token (Qwen2) marks the start with its EOS token, which then counts as BOS."""
     tok = getattr(model, "tokenizer", None)
     bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        bos = getattr(tok, "eos_token_id", None)
     pad = getattr(tok, "pad_token_id", None)
     return (int(bos) if bos is not None else None, int(pad) if pad is not None else None)
 

@@ -39,6 +39,12 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     parser.add_argument("--source", choices=("build", "frozen"), default="build",
                         help="prompts generated with --seed (build, default) or the task's frozen set")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap CIs (default 0)")
+    parser.add_argument("--max-checked", type=int, default=None,
+                        help="most prompts checked with a forward pass while looking for --n-prompts correct ones "
+                             "(default 20000)")
+    parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
+                        help="put BOS at position 0 (default: the model's own default; CAMA and the search need "
+                             "it, so models that do not prepend it, e.g. Pythia, need --prepend-bos)")
     parser.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass (default 128)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     add_backend_argument(parser)
@@ -127,6 +133,8 @@ def check_common(args: argparse.Namespace) -> None:
     """The checks every search-like command makes before loading anything."""
     check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
     check_positive("--batch-size", args.batch_size)
+    if getattr(args, "max_checked", None) is not None:
+        check_positive("--max-checked", args.max_checked)
     check_task(args.task, args.n_prompts, getattr(args, "source", "build"))
     check_device(args.device)
     check_out(args.out)
@@ -138,7 +146,10 @@ def prepare(args: argparse.Namespace):
     from circuits.loading import load_model, prepare_prompts
 
     model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype)
-    prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source)
+    options = {"progress": not args.no_progress, "prepend_bos": args.prepend_bos}
+    if args.max_checked is not None:
+        options["max_checked"] = args.max_checked
+    prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source, **options)
     print(
         f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
         f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
