@@ -1,4 +1,57 @@
 """Circuit discovery on top of :mod:`interventions`: tasks, model zoo, faithfulness, AF1 search,
-head pruning, early decoding and the ``af1`` command line."""
+head pruning, early decoding, sweeps and the ``af1`` command line.
+
+The public API is importable from here (``from circuits import search_af1, SearchConfig, zoo``); names
+are resolved lazily, so ``import circuits`` (and ``af1 --help``) does not import torch.
+
+* analyses: :func:`search_af1` / :class:`SearchConfig`, :func:`necessity_sweep` / :class:`NecessityConfig`,
+  :func:`prune_heads` / :class:`PruneConfig`, :func:`early_decode`, :func:`interchange`,
+  :func:`faithfulness`, :func:`run_sweep` / :class:`SweepConfig`;
+* the runner: :func:`execute`, :class:`Analysis`, :class:`Run` (see ``docs/architecture.md``);
+* data and models: :mod:`tasks`, :mod:`zoo`, :func:`load_model`, :func:`prepare_prompts`;
+* errors: :class:`AF1Error` and its subclasses (``docs/reliability.md``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "search_af1": "circuits.search", "SearchConfig": "circuits.search", "SearchResult": "circuits.search",
+    "ConfigResult": "circuits.search", "SEARCH": "circuits.search",
+    "FixedConfig": "circuits.search.fixed", "FIXED": "circuits.search.fixed",
+    "necessity_sweep": "circuits.necessity", "NecessityConfig": "circuits.necessity",
+    "NecessityResult": "circuits.necessity", "NECESSITY": "circuits.necessity",
+    "prune_heads": "circuits.prune", "PruneConfig": "circuits.prune", "PruneResult": "circuits.prune",
+    "PRUNE": "circuits.prune",
+    "early_decode": "circuits.lens", "interchange": "circuits.lens", "LensResult": "circuits.lens",
+    "LensConfig": "circuits.lens.analysis", "LENS": "circuits.lens.analysis",
+    "faithfulness": "circuits.faithfulness", "FaithfulnessResult": "circuits.faithfulness",
+    "run_sweep": "circuits.sweep", "SweepConfig": "circuits.sweep",
+    "execute": "circuits.runner", "Analysis": "circuits.runner", "Run": "circuits.runner",
+    "RunContext": "circuits.runner",
+    "load_model": "circuits.loading", "prepare_prompts": "circuits.loading", "Prompts": "circuits.loading",
+    "AF1Error": "circuits.errors", "ArgumentError": "circuits.errors", "CorruptRunError": "circuits.errors",
+    "PromptError": "circuits.errors", "RunDirError": "circuits.errors", "RunLockedError": "circuits.errors",
+    "RunMismatchError": "circuits.errors",
+}
+_SUBMODULES = ("tasks", "zoo", "search", "prune", "lens", "necessity", "sweep", "runner", "loading", "report")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"circuits.{name}")
+    raise AttributeError(f"module 'circuits' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -56,7 +56,7 @@ class CAMA(Intervention):
     def __post_init__(self) -> None:
         _check_cache(self.cache, "CAMA")
         check_index("CAMA layer", self.layer)
-        self.cache._check_layer(self.layer)
+        self.cache.check_layer(self.layer)
 
     def validate(self, info: ModelInfo) -> None:
         info.check_layer(self.layer, "CAMA layer")
@@ -87,7 +87,7 @@ class MeanAblation(Intervention):
     def __post_init__(self) -> None:
         _check_cache(self.cache, "MeanAblation")
         check_index("MeanAblation layer", self.layer)
-        self.cache._check_layer(self.layer)
+        self.cache.check_layer(self.layer)
         if self.positions is not None:
             object.__setattr__(self, "positions", to_tuple(self.positions, "positions"))
 

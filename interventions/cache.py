@@ -144,7 +144,8 @@ class MeanCache:
         )
 
     # --- reading -----------------------------------------------------------------------------
-    def _check_layer(self, layer: int) -> None:
+    def check_layer(self, layer: int) -> None:
+        """Raise :class:`InterventionError` unless ``layer`` is a block the cache holds (0-indexed)."""
         if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
             raise InterventionError(
                 f"layer={layer!r} is out of range: the cache holds blocks 0..{self.n_layers - 1}"
@@ -164,7 +165,7 @@ class MeanCache:
         ``token=None``: the plain mean over all fit prompts. ``token=id``: the mean over fit prompts
         holding token ``id`` at ``position`` (what CAMA writes); raises if no fit prompt did.
         """
-        self._check_layer(layer)
+        self.check_layer(layer)
         pos = self._position(position)
         if token is None:
             return self.pos_mean[layer, pos]

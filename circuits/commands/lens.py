@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from circuits.commands.common import add_backend_argument
-from circuits.lens.analysis import LENS, LensConfig, interchange_sets  # noqa: F401 - interchange_sets: public here before
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
 
 
+def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
+    """:func:`circuits.lens.analysis.interchange_sets` (kept importable here; imported lazily)."""
+    from circuits.lens.analysis import interchange_sets as sets
+
+    return sets(*args, **kwargs)
+
+
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
     from circuits.commands.common import check_device, check_out, check_positive, check_task
@@ -44,6 +51,7 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from circuits import loading
+    from circuits.lens.analysis import LENS, LensConfig
     from circuits.runner import Run, execute
 
     check(args)
