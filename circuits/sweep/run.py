@@ -105,7 +105,8 @@ class _State:
         if self.model is not None and key != self.key:
             self.key, self.prompts, self.means, self.prompt_error = key, None, None, None
             try:
-                self.prompts = prepare_prompts(self.model, cell.task, cfg.n_prompts, cell.seed, source=cfg.source)
+                self.prompts = prepare_prompts(self.model, cell.task, cfg.n_prompts, cell.seed, source=cfg.source,
+                                               progress=self.progress)
             except Exception as err:  # noqa: BLE001
                 self.prompt_error = message(err)
 

@@ -42,16 +42,23 @@ def groups(rows: Sequence[Any]) -> dict[tuple[str, str, str], list[Any]]:
     return out
 
 
-def label(config: SweepConfig, row: Any) -> str:
-    """What a row's ``wait``/``transfer`` mean: the selection (search; ``none, best (w, t)`` when nothing
-    reaches the threshold, and the faithfulness shown is that best one), the fixed configuration, or the
-    most necessary block (necessity)."""
-    if row.ablation == "necessity":
-        return f"block {row.wait}"
-    if row.ablation == "lens" or row.transfer is None:
+def label(config: SweepConfig, rows: Sequence[Any]) -> str:
+    """What the rows' ``wait``/``transfer`` mean, over the seeds: the selections (search), the fixed
+    configuration, or the most necessary block (necessity). Seeds where nothing reaches the threshold
+    show ``none`` and, after ``most faithful``, the configuration whose faithfulness the row shows."""
+    if not rows:
         return "-"
-    pair = f"({row.wait}, {row.transfer})"
-    return pair if config.mode == "fixed" or row.selected else f"none, best {pair}"
+    if rows[0].ablation == "necessity":
+        return ", ".join(sorted({f"block {r.wait}" for r in rows}))
+    if rows[0].ablation == "lens":
+        return "-"
+    pairs = lambda rs: ", ".join(sorted({f"({r.wait}, {r.transfer})" for r in rs}))  # noqa: E731
+    chosen = [r for r in rows if config.mode == "fixed" or r.selected]
+    other = [r for r in rows if r not in chosen and r.transfer is not None]
+    parts = [pairs(chosen)] if chosen else []
+    if other:
+        parts.append(f"none{f' ({len(other)} of {len(rows)} seeds)' if chosen else ''}; most faithful {pairs(other)}")
+    return "; ".join(parts)
 
 
 def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
@@ -71,7 +78,7 @@ def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
         hi = [r.ci_high for r in ok if r.ci_high is not None]
         ci = f"[{np.mean(lo):.3f}, {np.mean(hi):.3f}]" if lo and hi else "-"
         acc = f"{np.mean([r.base_accuracy for r in ok]):.3f}" if ok else "-"
-        sel = ", ".join(sorted({label(config, r) for r in ok})) or "-"
+        sel = label(config, ok)
         failed = "; ".join(f"seed {r.seed}: {r.error}" for r in rs if r.status != "ok")
         lines.append(f"| {model} | {task} | {ablation} | {acc} | {faith} | {ci} | {sel} | {failed} |")
     return "\n".join(lines) + "\n"
