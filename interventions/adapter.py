@@ -240,6 +240,17 @@ class ModelAdapter:
         positions, 0 = BOS; default ``p``); only adapters with :attr:`Capabilities.positions` accept
         ``positions``. Absolute position embeddings are part of ``resid`` already and unaffected.
         """
+        check_block_range(self.info.n_layers, start, stop)
+        if positions is not None:
+            if not self.capabilities.positions:
+                raise NotImplementedError(self.missing("run_from(positions=...)", "positions"))
+            if positions.shape != (resid.shape[1],):
+                raise ValueError(f"positions has shape {tuple(positions.shape)}: give one position per row "
+                                 f"of resid, shape ({resid.shape[1]},)")
+        return self.forward_from(resid, start, stop, positions)
+
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`run_from` after its arguments were checked: what a backend implements."""
         raise NotImplementedError(self.missing("run_from"))
 
     def bos_key_values(self, bos: Int[torch.Tensor, "1 1"]) -> Any:

@@ -188,10 +188,8 @@ class FastEvaluator(Evaluator):
             # constant or an embedding) and BOS. Evaluate one prompt per distinct last token.
             uniq, inverse = torch.unique(self.tokens[:, -1], return_inverse=True)
             rep = torch.empty(len(uniq), dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
-            logits = torch.cat([
-                self.tail_logits(self.start(wait, rep[s : s + self.batch_size]), wait + 1)
-                for s in range(0, len(rep), self.batch_size)
-            ])
+            starts = [self.start(wait, rep[s : s + self.batch_size]) for s in range(0, len(rep), self.batch_size)]
+            logits = self.tail_logits(starts, wait + 1)
             return logits[inverse.to(logits.device)]
         if not self.states:
             self.states = [self.start(wait, sl) for sl in self.batches()]
@@ -200,23 +198,35 @@ class FastEvaluator(Evaluator):
         while self.depth < transfer:
             self.advance()
         start = wait + 1 + transfer
-        return torch.cat([self.tail_logits(resid, start) for resid in self.states])
+        return self.tail_logits(self.states, start)
 
-    def tail_logits(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int) -> Float[torch.Tensor, "batch d_vocab"]:
+    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]], start: int) -> Float[torch.Tensor, "n d_vocab"]:
         """Last-position logits after blocks ``start..n_layers-1`` (0-indexed) with every token
-        self-peeking; ``resid`` is the residual entering block ``start``."""
+        self-peeking, for the prompts of every batch in ``resids`` (residuals entering block ``start``),
+        concatenated. The "pair" and "last" tails keep only the rows they need and run them in chunks
+        of ``batch_size * (n_pos // rows kept)`` prompts (about the memory of one batch)."""
+        if self.tail == "full" and start < self.n_layers:
+            return torch.cat([self.tail_chunk(resid, start) for resid in resids])
+        cols = [0, self.n_pos - 1] if self.tail == "pair" else [self.n_pos - 1]
+        rows = torch.cat([resid[:, cols] for resid in resids])
+        step = self.batch_size * max(1, self.n_pos // len(cols))
+        return torch.cat([self.tail_chunk(rows[i : i + step], start) for i in range(0, len(rows), step)])
+
+    def tail_chunk(self, x: Float[torch.Tensor, "batch rows d_model"], start: int) -> Float[torch.Tensor, "batch d_vocab"]:
+        """One tail pass (see :meth:`tail_logits`) over ``x``: every position (``"full"``), ``[BOS, last]``
+        (``"pair"``) or ``[last]`` (``"last"``) of the residual entering block ``start``."""
         self.passes += 1
         ad = self.adapter
         if start >= self.n_layers:
-            return ad.run_from(resid[:, -1:], self.n_layers)[:, -1].float()
+            return ad.run_from(x[:, -1:], self.n_layers)[:, -1].float()
         last = self.n_pos - 1 if self.rotary else None  # the last token's position inside the blocks
         if self.tail == "full":
             layers = list(range(start, self.n_layers))
             with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
-                return ad.run_from(resid, start)[:, -1].float()
+                return ad.run_from(x, start)[:, -1].float()
         # With only BOS and the last token "self peek" is the ordinary causal row: no mask is needed.
         if self.tail == "pair":
             positions = None if last is None else torch.tensor([0, last])
-            return ad.run_from(resid[:, [0, self.n_pos - 1]], start, positions=positions)[:, -1].float()
+            return ad.run_from(x, start, positions=positions)[:, -1].float()
         # "last": BOS enters only through its (constant) key and value
-        return ad.run_last_from(resid[:, -1:], start, self.bos_kv, 1 if last is None else last)[:, -1].float()
+        return ad.run_last_from(x, start, self.bos_kv, 1 if last is None else last)[:, -1].float()

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from jaxtyping import Float, Int
 
-from ..adapter import Capabilities, ModelAdapter, check_block_range, register_backend
+from ..adapter import Capabilities, ModelAdapter, register_backend
 from ..edits import without_user_hooks
 from ..hooks import resid_post
 
@@ -74,19 +74,11 @@ class BridgeAdapter(ModelAdapter):
         args, kwargs = self.block0_call(lambda: self.model(tokens))
         return args[0] if args else kwargs["hidden_states"]
 
-    def run_from(
-        self,
-        resid: Float[torch.Tensor, "batch pos d_model"],
-        start: int,
-        stop: int | None = None,
-        positions: Int[torch.Tensor, "pos"] | None = None,
-    ) -> torch.Tensor:
-        """As :meth:`ModelAdapter.run_from`: only the block modules ``model.blocks[start..stop-1]`` run
-        (then ``model.ln_final`` and ``model.unembed`` when ``stop`` is None)."""
-        n = self.info.n_layers
-        check_block_range(n, start, stop)
-        end = n if stop is None else stop
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`ModelAdapter.run_from`: only the block modules ``model.blocks[start..stop-1]`` run, with
+        :meth:`block_inputs` (then ``model.ln_final`` and ``model.unembed`` when ``stop`` is None)."""
         x = resid
+        end = self.info.n_layers if stop is None else stop
         if start < end:
             args, kwargs = self.block_inputs(resid.shape[1], positions, resid.device)
             for block in self.model.blocks[start:end]:

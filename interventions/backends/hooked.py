@@ -31,18 +31,10 @@ class HookedAdapter(ModelAdapter):
     def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=0)
 
-    def run_from(
-        self,
-        resid: Float[torch.Tensor, "batch pos d_model"],
-        start: int,
-        stop: int | None = None,
-        positions: Int[torch.Tensor, "pos"] | None = None,
-    ) -> torch.Tensor:
-        """As :meth:`ModelAdapter.run_from`; only blocks ``start..stop-1`` run."""
-        check_block_range(self.info.n_layers, start, stop)
-        shifts = None
-        if positions is not None:
-            shifts = positions.to(torch.long).cpu() - torch.arange(resid.shape[1])
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`ModelAdapter.run_from`: ``start_at_layer`` / ``stop_at_layer``, so only blocks
+        ``start..stop-1`` run; explicit positions re-rotate queries and keys (:meth:`rotary_shift`)."""
+        shifts = None if positions is None else positions.to(torch.long).cpu() - torch.arange(resid.shape[1])
         with self.rotary_shift(range(start, self.info.n_layers if stop is None else stop), shifts):
             return self.model(resid, start_at_layer=start, stop_at_layer=stop)
 
