@@ -66,16 +66,16 @@ class HookedAdapter(ModelAdapter):
 
     @contextlib.contextmanager
     def rotary_shift(self, layers: "range", shifts: Int[torch.Tensor, "m"] | None) -> Iterator[None]:
-        """Within the block, rotate the queries and keys of the last ``m`` positions by ``shifts`` more
+        """Inside the ``with`` block, rotate the queries and keys of the last ``m`` positions by ``shifts`` more
         positions (token positions; 0 leaves a position as it is) in blocks ``layers`` (0-indexed).
         Nothing happens for models without rotary positions or when every shift is 0."""
         cfg = self.model.cfg
         if shifts is None or not bool(shifts.any()) or cfg.positional_embedding_type != "rotary":
             yield
             return
-        names = [f"blocks.{layer}.attn.hook_rot_{x}" for layer in layers for x in "qk"]
-        hooks = [(name, self.rotation(self.model.blocks[int(name.split(".")[1])].attn, shifts)) for name in names]
-        with self.hooks(hooks):
+        blocks = self.model.blocks
+        with self.hooks([(f"blocks.{i}.attn.hook_rot_{x}", self.rotation(blocks[i].attn, shifts))
+                         for i in layers for x in "qk"]):
             yield
 
     @staticmethod
