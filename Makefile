@@ -3,7 +3,8 @@
 # interventions are tested on both backends (HookedTransformer and TransformerBridge) against each
 # other and tests/packaging builds the wheel and installs it into a fresh throwaway venv (newest
 # TransformerLens 4.x, about a minute), then the intervention and analysis tests in .venv-tl4
-# (TransformerLens 4.x, TransformerBridge only). Each venv is created on first use and reinstalled
+# (TransformerLens 4.x, TransformerBridge only). Both install the nnsight extra, so the nnsight backend
+# is tested in both. Each venv is created on first use and reinstalled
 # when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -21,7 +22,7 @@ define install
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
 	$(1)/bin/python -m pip install -q "torch==2.13.0"
-	$(1)/bin/python -m pip install -q -e ".[dev]" "$(2)"
+	$(1)/bin/python -m pip install -q -e ".[dev,nnsight]" "$(2)"
 	@touch $(1)/.installed
 endef
 
