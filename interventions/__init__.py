@@ -8,14 +8,15 @@ Conventions: blocks are 0-indexed; ``layer`` of CAMA / MeanAblation / ZeroAblati
 which the residual stream (``blocks.{layer}.hook_resid_post``) is replaced; position 0 holds BOS and is
 never ablated by default; ``Peek`` keeps BOS and self for restricted rows.
 
-Backends: TransformerLens 3.9 ``HookedTransformer`` and ``TransformerBridge`` (TransformerLens 4.x, and
-the 3.9 preview); see ``docs/backends.md``.
+Backends: TransformerLens 3.9 ``HookedTransformer``, ``TransformerBridge`` (TransformerLens 4.x, and
+the 3.9 preview) and a Hugging Face model in nnsight (local or on NDIF; the ``nnsight`` extra); see
+``docs/backends.md`` and ``docs/remote.md``.
 """
 
 from .ablation import CAMA, MeanAblation, ZeroAblation
 from .adapter import BACKENDS, Capabilities, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
 from .af1 import af1_subgraph
-from .apply import apply, run
+from .apply import apply, run, run_many
 from .backends import BridgeAdapter, HookedAdapter  # registers the shipped backends
 from .convert import bridge_from_hooked, bridge_from_hooked_state
 from .base import REGISTRY, Intervention
@@ -51,4 +52,5 @@ __all__ = [
     "bridge_from_hooked_state",
     "register_backend",
     "run",
+    "run_many",
 ]

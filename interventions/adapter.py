@@ -21,17 +21,18 @@ from __future__ import annotations
 import hashlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
 
 from .edits import edit_kind, edit_problems, refusing_edits
-from .hooks import HookFn, attn_out, mlp_out, new_hook_level, pattern, resid_mid, resid_post, resid_pre, z
+from .hooks import (HookFn, attn_mask, attn_out, mlp_out, new_hook_level, pattern, resid_mid, resid_post,
+                    resid_pre, z)
 from .types import InterventionError
 
 __all__ = [
-    "BACKENDS", "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_out",
+    "BACKENDS", "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_mask", "attn_out",
     "check_block_range", "edit_kind", "mlp_out", "new_hook_level", "pattern", "register_backend",
     "resid_mid", "resid_post", "resid_pre", "resolve_backend", "z",
 ]
@@ -86,11 +87,18 @@ class Capabilities:
       treated as sitting at position ``positions[p]``, e.g. for rotary embeddings).
     * ``frozen_bos_kv``: :meth:`ModelAdapter.bos_key_values` and :meth:`ModelAdapter.run_last_from`
       run one position against the constant key and value of BOS.
+    * ``configs_per_pass``: :meth:`ModelAdapter.run_configs` runs several prompt batches, each with its
+      own interventions, in one forward pass (one request on a remote backend).
+    * ``attention_masks``: attention takes a per-block mask of allowed keys
+      (``blocks.{l}.attn.hook_attn_mask``), so :class:`~interventions.Peek` is applied as a mask
+      rather than as an edit of the post-softmax pattern (:meth:`ModelAdapter.intervention_hooks`).
     """
 
     skips_blocks: bool = False
     positions: bool = False
     frozen_bos_kv: bool = False
+    configs_per_pass: bool = False
+    attention_masks: bool = False
 
 
 class HookScope:
@@ -102,9 +110,9 @@ class HookScope:
         self.level = new_hook_level()
         self.names: list[str] = []
 
-    def add(self, name: str, fn: HookFn) -> None:
+    def add(self, name: str, fn: HookFn, on_fire: Callable[[], None] | None = None) -> None:
         """Add ``fn(activation, hook)`` at hook point ``name`` (see :meth:`ModelAdapter.add_hook`)."""
-        self.adapter.add_hook(name, fn, self.level)
+        self.adapter.add_hook(name, fn, self.level, on_fire)
         self.names.append(name)
 
     def remove(self) -> None:
@@ -140,7 +148,11 @@ class ModelAdapter:
             parallel_attn_mlp=bool(getattr(cfg, "parallel_attn_mlp", False)),
             backend=self.backend,
         )
-        self.edit_problems: dict[str, str] = edit_problems(self)
+        self.edit_problems: dict[str, str] = self.check_edits()
+
+    def check_edits(self) -> dict[str, str]:
+        """:attr:`edit_problems`, found by the once-per-model probe (:func:`interventions.edits.edit_problems`)."""
+        return edit_problems(self)
 
     # --- hooks -------------------------------------------------------------------------------
     def hook_point(self, name: str) -> Any:
@@ -159,8 +171,9 @@ class ModelAdapter:
         """``{name: HookPoint}`` of every hook point of the model."""
         return self.hook_dict
 
-    def add_hook(self, name: str, fn: HookFn, level: int) -> None:
-        """Add ``fn(activation, hook)`` as a forward hook at ``name``, tagged with ``level``.
+    def add_hook(self, name: str, fn: HookFn, level: int, on_fire: Callable[[], None] | None = None) -> None:
+        """Add ``fn(activation, hook)`` as a forward hook at ``name``, tagged with ``level``; ``on_fire()``
+        (if given) is called once each time the hook runs.
 
         At a hook kind whose edits this model ignores (:attr:`edit_problems`), ``fn`` may still
         observe, but an edit it returns raises :class:`InterventionError` instead of being dropped.
@@ -169,7 +182,11 @@ class ModelAdapter:
         kind = edit_kind(name)
         if kind in self.edit_problems:
             fn = refusing_edits(fn, self.edit_problems[kind])
-        point.add_hook(fn, dir="fwd", level=level)
+        self.attach(point, fn, level, on_fire)
+
+    def attach(self, point: Any, fn: HookFn, level: int, on_fire: Callable[[], None] | None) -> None:
+        """Put hook ``fn`` on hook point object ``point`` (what :meth:`add_hook` does after its checks)."""
+        point.add_hook(counting(fn, on_fire), dir="fwd", level=level)
 
     def remove_hooks(self, names: list[str], level: int) -> None:
         for name in set(names):
@@ -188,6 +205,35 @@ class ModelAdapter:
             yield scope
         finally:
             scope.remove()
+
+    def intervention_hooks(self, item: Any, ctx: Any) -> list[tuple[str, HookFn]]:
+        """The ``(hook name, body)`` pairs that apply intervention ``item`` on this model: its attention
+        mask form (:meth:`~interventions.base.Intervention.mask_hooks`) where the adapter has the
+        ``attention_masks`` capability and the intervention has one, else its hooks."""
+        if self.capabilities.attention_masks:
+            masks = item.mask_hooks(self.info)
+            if masks is not None:
+                return masks
+        return item.hooks(ctx, self.info)
+
+    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: "Sequence[str]") -> dict[str, torch.Tensor]:
+        """``{hook name: activation}`` of one forward pass over ``tokens`` (after any hooks at those points;
+        the pass ends after the last block). Hooks of the model fire as in any pass."""
+        seen: dict[str, torch.Tensor] = {}
+
+        def keep(name: str) -> HookFn:
+            return lambda act, hook=None: seen.__setitem__(name, act.detach())
+
+        with self.hooks([(name, keep(name)) for name in names]):
+            self.run_to_resid(tokens)
+        return seen
+
+    def run_configs(self, runs: "Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]]",
+                    logits: str = "last") -> list[torch.Tensor]:
+        """Logits of several prompt batches in one forward pass, each with its own hooks (``(tokens, {hook
+        name: functions})``; every batch of one length). ``logits``: ``"last"`` (``[batch, 1, d_vocab]``)
+        or ``"all"`` positions. Capability ``configs_per_pass``."""
+        raise NotImplementedError(self.missing("run_configs", "configs_per_pass"))
 
     def token_module(self) -> torch.nn.Module:
         """The module whose forward receives the token ids ``[batch, pos]`` of each forward pass."""
@@ -277,6 +323,18 @@ class ModelAdapter:
 
 
 # --- backend registry ------------------------------------------------------------------------------
+def counting(fn: HookFn, on_fire: Callable[[], None] | None) -> HookFn:
+    """``fn``, calling ``on_fire()`` first each time it runs (``fn`` itself when ``on_fire`` is None)."""
+    if on_fire is None:
+        return fn
+
+    def hook(act: torch.Tensor, hook: Any = None) -> Any:
+        on_fire()
+        return fn(act, hook)
+
+    return hook
+
+
 def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
     """``ValueError`` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <= n_layers``)."""
     if not 0 <= start <= n_layers:
@@ -287,8 +345,9 @@ def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
 
 _BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []
 
-BACKENDS = ("hooked", "bridge")
-"""Backend names: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"`` (``TransformerBridge``)."""
+BACKENDS = ("hooked", "bridge", "nnsight")
+"""Backend names: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"`` (``TransformerBridge``),
+``"nnsight"`` (a Hugging Face model in nnsight; needs the ``nnsight`` extra)."""
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -301,7 +360,7 @@ def resolve_backend(backend: str | None) -> str:
             return "bridge"
         return "hooked"
     if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not valid: choose 'hooked' or 'bridge'")
+        raise ValueError(f"backend={backend!r} is not valid: choose one of {', '.join(map(repr, BACKENDS))}")
     return backend
 
 
@@ -318,6 +377,7 @@ def adapt(model: Any) -> ModelAdapter:
         if predicate(model):
             return cls(model)
     raise TypeError(
-        f"expected a TransformerLens model (HookedTransformer or TransformerBridge), got "
+        f"expected a TransformerLens model (HookedTransformer or TransformerBridge) or an nnsight model "
+        f"(interventions.backends.nnsight.NNsightModel), got "
         f"{type(model).__name__}: pass one of those, or register an adapter with register_backend"
     )

@@ -11,7 +11,7 @@ from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
-from .validation import check_tokens
+from .validation import check_choice, check_tokens
 
 
 def _as_list(interventions: Intervention | Iterable[Intervention]) -> list[Intervention]:
@@ -19,6 +19,17 @@ def _as_list(interventions: Intervention | Iterable[Intervention]) -> list[Inter
     for item in items:
         if not isinstance(item, Intervention):
             raise InterventionError(f"expected Intervention objects, got {type(item).__name__}: {item!r}")
+    return items
+
+
+def checked(ad: ModelAdapter, interventions: Intervention | Iterable[Intervention]) -> list[Intervention]:
+    """``interventions`` as a list, each validated against the model of ``ad`` (and its caches checked)."""
+    items = _as_list(interventions)
+    for item in items:
+        item.validate(ad.info)
+        for value in vars(item).values():
+            if isinstance(value, MeanCache):
+                value.check_model(ad)
     return items
 
 
@@ -40,12 +51,7 @@ def apply(
     fired, :class:`InterventionNotAppliedError` is raised: such an intervention silently did nothing.
     """
     ad: ModelAdapter = adapt(model)
-    items = _as_list(interventions)
-    for item in items:
-        item.validate(ad.info)
-        for value in vars(item).values():
-            if isinstance(value, MeanCache):
-                value.check_model(ad)
+    items = checked(ad, interventions)
     if tokens is not None:
         tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
 
@@ -53,12 +59,11 @@ def apply(
     fired: list[list[int]] = []  # per intervention: [times any of its hooks fired, hooks it added]
     handles = []
 
-    def count(body: Any, slot: list[int]) -> Any:
-        def hook(act: torch.Tensor, hook: Any = None) -> torch.Tensor | None:
+    def count(slot: list[int]) -> Any:
+        def fired() -> None:
             slot[0] += 1
-            return body(act, hook)
 
-        return hook
+        return fired
 
     def on_forward(module: Any, args: tuple, kwargs: dict) -> None:
         ctx.n_forwards += 1
@@ -83,8 +88,8 @@ def apply(
             for item in items:
                 slot = [0, 0]
                 fired.append(slot)
-                for name, body in item.hooks(ctx, ad.info):
-                    scope.add(name, count(body, slot))
+                for name, body in ad.intervention_hooks(item, ctx):
+                    scope.add(name, body, on_fire=count(slot))
                     slot[1] += 1
             yield model
     finally:
@@ -112,3 +117,38 @@ def run(
     tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
     with apply(model, interventions):
         return model(tokens, **forward_kwargs)
+
+
+def run_many(
+    model: Any,
+    runs: Sequence[tuple[Tokens, Intervention | Sequence[Intervention]]],
+    *,
+    logits: str = "last",
+) -> list[Logits]:
+    """Logits of several prompt batches, each under its own interventions: ``runs`` is a list of
+    ``(tokens, interventions)``, every ``tokens`` ``[batch, pos]`` of one ``pos``. ``logits="last"`` returns
+    ``[batch, 1, d_vocab]`` per run (the last position), ``"all"`` every position.
+
+    Where the adapter has the ``configs_per_pass`` capability (nnsight: one invoke per run in one trace,
+    one request remotely) all runs share one forward pass; elsewhere each run is one :func:`run`. The
+    numbers are the same either way."""
+    check_choice("logits", logits, ("last", "all"))
+    ad = adapt(model)
+    prepared = []
+    for tokens, interventions in runs:
+        tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
+        items = checked(ad, interventions)
+        if not ad.capabilities.configs_per_pass:
+            out = run(model, tokens, items) if items else model(tokens)
+            prepared.append(out[:, -1:] if logits == "last" else out)
+            continue
+        ctx = ForwardContext(tokens)
+        hooks: dict[str, list[Any]] = {}
+        for item in items:
+            for name, body in ad.intervention_hooks(item, ctx):
+                ad.hook_point(name)  # an unknown hook name raises here rather than being skipped
+                hooks.setdefault(name, []).append(body)
+        prepared.append((tokens, hooks))
+    if not ad.capabilities.configs_per_pass:
+        return prepared
+    return ad.run_configs(prepared, logits)

@@ -56,6 +56,12 @@ class Intervention:
         """``(hook name, body)`` pairs; a body gets ``(activation, hook)`` and returns the replacement."""
         raise NotImplementedError
 
+    def mask_hooks(self, info: ModelInfo) -> list[tuple[str, HookBody]] | None:
+        """The intervention as edits of per-block attention masks (``blocks.{l}.attn.hook_attn_mask``,
+        boolean ``[query_pos, key_pos]``, True = may attend), for backends whose attention takes masks;
+        ``None`` (the default) when it has no mask form."""
+        return None
+
     # --- specs -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable spec. A cache is referenced by its content hash and file path."""

@@ -82,8 +82,10 @@ class MeanCache:
     ) -> "MeanCache":
         """Fit the means on ``tokens`` (``[batch, pos]`` long, one layout, BOS at position 0).
 
-        Streams over batches of ``batch_size`` prompts with hooks that accumulate sums as the forward
-        pass runs: no activation of more than one batch is held at once.
+        Streams over batches of ``batch_size`` prompts: per batch the backend returns the activations
+        (``adapt(model).activations``; on a remote backend they are downloaded) and the sums are
+        accumulated here, so the activations of one batch (every block's residual and ``hook_z``) are
+        held at once.
         """
         ad = adapt(model)
         info = ad.info
@@ -104,32 +106,18 @@ class MeanCache:
         pos_sum = torch.zeros(info.n_layers, n_pos, info.d_model, dtype=f64, device=device)
         z_sum = torch.zeros(info.n_layers, n_pos, info.n_heads, info.d_head, dtype=f64, device=device)
         inverse = inverse.to(device)
-        current: dict[str, torch.Tensor] = {}
-
-        def resid_hook(layer: int):
-            def fn(act: torch.Tensor, hook: Any = None) -> None:
-                a = act.detach().to(f64)
-                cond_sum[layer].index_add_(0, current["idx"].reshape(-1), a.reshape(-1, info.d_model))
-                pos_sum[layer] += a.sum(0)
-
-            return fn
-
-        def z_hook(layer: int):
-            def fn(act: torch.Tensor, hook: Any = None) -> None:
-                z_sum[layer] += act.detach().to(f64).sum(0)
-
-            return fn
-
-        fwd_hooks = [
-            pair
-            for layer in range(info.n_layers)
-            for pair in ((hooks.resid_post(layer), resid_hook(layer)), (hooks.z(layer), z_hook(layer)))
-        ]
-        with ad.hooks(fwd_hooks), torch.inference_mode():
+        names = [hooks.resid_post(layer) for layer in range(info.n_layers)]
+        names += [hooks.z(layer) for layer in range(info.n_layers)]
+        with torch.inference_mode():
             for start in tqdm(range(0, n, batch_size), desc="MeanCache.fit", unit="batch", disable=not progress):
-                batch = tokens[start : start + batch_size].to(device)
-                current["idx"] = inverse[start : start + batch_size]
-                ad.run_to_resid(batch)
+                # Activations come back from the backend (a remote backend sends them), sums are kept here.
+                acts = ad.activations(tokens[start : start + batch_size].to(device), names)
+                idx = inverse[start : start + batch_size].reshape(-1)
+                for layer in range(info.n_layers):
+                    a = acts[hooks.resid_post(layer)].to(device=device, dtype=f64)
+                    cond_sum[layer].index_add_(0, idx, a.reshape(-1, info.d_model))
+                    pos_sum[layer] += a.sum(0)
+                    z_sum[layer] += acts[hooks.z(layer)].to(device=device, dtype=f64).sum(0)
 
         counts = entry_count.to(device=device, dtype=f64)
         return cls(

@@ -35,6 +35,12 @@ def pattern(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
 
 
+def attn_mask(layer: int) -> str:
+    """Boolean ``[query_pos, key_pos]`` mask of the keys each query of block ``layer`` may attend to (causal
+    unless edited; backends with the ``attention_masks`` capability only)."""
+    return f"blocks.{layer}.attn.hook_attn_mask"
+
+
 def z(layer: int) -> str:
     """Per-head attention output before ``W_O``: ``[batch, pos, n_heads, d_head]`` (query heads)."""
     return f"blocks.{layer}.attn.hook_z"

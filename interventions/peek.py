@@ -2,7 +2,9 @@
 
 Implemented at ``blocks.{l}.attn.hook_pattern`` (post-softmax): forbidden entries are zeroed and each
 restricted row is renormalised to sum to 1. This equals masking the pre-softmax scores with ``-inf``
-(``softmax`` restricted to the allowed keys), and, unlike a score mask, it works on every backend.
+(``softmax`` restricted to the allowed keys). Backends whose attention takes masks (capability
+``attention_masks``: nnsight, where attention may run in SDPA kernels that expose no pattern) apply
+the same restriction as a per-block mask of allowed keys (:meth:`Peek.mask_hooks`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,20 @@ class Peek(Intervention):
     def validate(self, info: ModelInfo) -> None:
         for layer in self.layers:
             info.check_layer(layer, "Peek layer")
+
+    def allowed(self, n_pos: int, device: Any = None) -> torch.Tensor:
+        """Boolean ``[query_pos, key_pos]`` mask of the keys this peek lets each query attend to, for prompts
+        of ``n_pos`` tokens (rows it does not select keep the whole causal row; see :func:`allowed_keys`)."""
+        return allowed_keys(n_pos, self.mode, self.queries, self.keep_bos, device)
+
+    def mask_hooks(self, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        """The peek as per-block attention masks: each block's mask is restricted to :meth:`allowed` (same
+        numbers as the pattern edit of :meth:`hooks`: softmax over the allowed keys)."""
+
+        def body(mask: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            return mask & self.allowed(mask.shape[-1], mask.device)
+
+        return [(hooks.attn_mask(layer), body) for layer in self.layers]
 
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
         if self.mode == "full":

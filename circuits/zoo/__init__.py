@@ -80,7 +80,8 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     ``"hooked"`` converts the Hugging Face weights with TransformerLens' own converters
     (:func:`circuits.zoo.hf.hooked_state`); ``"bridge"`` wraps the Hugging Face model in a
     ``TransformerBridge`` (with the unembedding bias on its ``lm_head``). A planted attention mask
-    recorded in ``zoo.json`` is attached either way."""
+    recorded in ``zoo.json`` is attached either way. ``"nnsight"`` wraps the same Hugging Face model (with
+    the unembedding bias) in nnsight (:func:`interventions.backends.nnsight.wrap`)."""
     import torch
 
     from circuits.zoo import hf as _hf
@@ -96,6 +97,14 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
         if b_U is not None:
             with_unembed_bias(hf_model, b_U)
         model = boot(hf_model, hf_model.config.model_type, tokenizer)
+        model.cfg.default_prepend_bos = True
+    elif backend == "nnsight":
+        from interventions.backends.nnsight import wrap
+        from interventions.convert import with_unembed_bias
+
+        if b_U is not None:
+            with_unembed_bias(hf_model, b_U)
+        model = wrap(hf_model, tokenizer, folder.name)
         model.cfg.default_prepend_bos = True
     else:
         from transformer_lens import HookedTransformer, HookedTransformerConfig

@@ -39,7 +39,8 @@ def planted_peeks(spec: dict) -> list:
 
 
 def attach_planted_mask(model: Any, spec: dict) -> Any:
-    """Attach the planted attention mask ``spec`` to ``model`` as permanent ``hook_pattern`` hooks (they
+    """Attach the planted attention mask ``spec`` to ``model`` as permanent ``hook_pattern`` hooks (attention
+    mask hooks on a backend with the ``attention_masks`` capability; they
     survive ``model.reset_hooks()`` and ``iv.apply``), so a plain forward pass obeys it. Forbidden
     pattern entries become exactly 0 and each row is renormalised (differentiable). Returns ``model``."""
     import interventions as iv
@@ -49,6 +50,6 @@ def attach_planted_mask(model: Any, spec: dict) -> Any:
     info = adapter.info
     for peek in planted_peeks(spec):
         peek.validate(info)
-        for name, body in peek.hooks(None, info):
+        for name, body in adapter.intervention_hooks(peek, None):
             adapter.hook_point(name).add_hook(body, dir="fwd", is_permanent=True)
     return model

@@ -4,14 +4,17 @@
 * :mod:`.hooked`: TransformerLens 3.x ``HookedTransformer`` (:class:`~.hooked.HookedAdapter`).
 * :mod:`.bridge`: ``TransformerBridge`` of TransformerLens 4.x and the 3.9 preview
   (:class:`~.bridge.BridgeAdapter`).
+* :mod:`.nnsight`: a Hugging Face causal LM in nnsight, locally or on NDIF
+  (:class:`~.nnsight.NNsightAdapter`; nnsight itself is imported only when such a model is built).
 
 A further backend is one module that subclasses :class:`interventions.adapter.ModelAdapter`, declares
 its :class:`~interventions.adapter.Capabilities` and calls ``register_backend(predicate, cls)``;
 import it here (or anywhere before :func:`interventions.adapt` is called).
 """
 
-from . import bridge, hooked  # noqa: F401  (registration)
+from . import bridge, hooked, nnsight  # noqa: F401  (registration)
 from .bridge import BridgeAdapter
 from .hooked import HookedAdapter
+from .nnsight import NNsightAdapter
 
-__all__ = ["BridgeAdapter", "HookedAdapter"]
+__all__ = ["BridgeAdapter", "HookedAdapter", "NNsightAdapter"]

@@ -1,0 +1,120 @@
+"""Where the parts the interventions touch live inside a Hugging Face causal LM (for the nnsight backend).
+
+The nnsight backend addresses modules by their attribute paths (the same on the local model and on an
+NDIF server): the decoder blocks (the ``nn.ModuleList`` holding ``num_hidden_layers`` blocks), each
+block's attention module and that attention's output projection, whose *input* is the per-head
+attention output (``hook_z``, ``[batch, pos, n_heads * d_head]``). :func:`layout_of` finds them by name
+for every family the toolkit tests (GPT-2, GPT-J, GPT-NeoX/Pythia, Llama, Qwen2, Gemma, Mistral);
+:func:`config_of` reads the shapes from the Hugging Face config with TransformerLens's field names, so
+``model.cfg`` reads the same on every backend. No nnsight import here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ATTENTION_NAMES = ("self_attn", "attn", "attention")
+OUTPUT_PROJECTION_NAMES = ("o_proj", "c_proj", "dense", "out_proj")
+ROTARY_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gpt_neox", "gptj", "phi3", "olmo")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Attribute paths (dotted, from the causal LM) of the parts the interventions use.
+
+    ``blocks``: the decoder blocks (index ``l`` is block ``l``, 0-indexed); ``attention``: a block's
+    attention module, relative to the block; ``out_proj``: the attention's output projection, relative
+    to the block; ``embed``: the token embedding; ``head``: the unembedding (``lm_head``)."""
+
+    blocks: str
+    attention: str
+    out_proj: str
+    embed: str
+    head: str
+
+
+def child_named(module: torch.nn.Module, names: tuple[str, ...], what: str) -> str:
+    """The name of the first child of ``module`` called one of ``names``; ``ValueError`` otherwise."""
+    children = dict(module.named_children())
+    for name in names:
+        if name in children:
+            return name
+    raise ValueError(f"cannot find the {what} of {type(module).__name__} (children: {', '.join(children)}): "
+                     f"the nnsight backend knows modules named {', '.join(names)}")
+
+
+def layout_of(hf_model: torch.nn.Module) -> Layout:
+    """The :class:`Layout` of the Hugging Face causal LM ``hf_model`` (found by module names)."""
+    n_layers = int(text_config(hf_model.config).num_hidden_layers)
+    blocks = next((name for name, m in hf_model.named_modules()
+                   if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers), None)
+    if blocks is None:
+        raise ValueError(f"cannot find the {n_layers} decoder blocks of {type(hf_model).__name__}: the nnsight "
+                         f"backend needs them as one nn.ModuleList")
+    block = hf_model.get_submodule(blocks)[0]
+    attention = child_named(block, ATTENTION_NAMES, "attention")
+    out_proj = child_named(block.get_submodule(attention), OUTPUT_PROJECTION_NAMES, "attention output projection")
+    embed = next(name for name, m in hf_model.named_modules() if m is hf_model.get_input_embeddings())
+    head = next(name for name, m in hf_model.named_modules() if m is hf_model.get_output_embeddings())
+    return Layout(blocks=blocks, attention=attention, out_proj=f"{attention}.{out_proj}", embed=embed, head=head)
+
+
+def text_config(config: Any) -> Any:
+    """The text part of a Hugging Face config (the config itself for a plain causal LM)."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if getter is not None else config
+
+
+@dataclass
+class NNsightConfig:
+    """A model's shapes under TransformerLens's names (what ``model.cfg`` offers on the other backends).
+
+    Counts are plain integers; ``positional_embedding_type`` is ``"rotary"`` or ``"standard"`` (learned
+    absolute positions); ``default_prepend_bos`` says whether prompts get BOS by default."""
+
+    model_name: str
+    n_layers: int
+    n_heads: int
+    n_key_value_heads: int | None
+    d_model: int
+    d_head: int
+    d_vocab: int
+    n_ctx: int
+    parallel_attn_mlp: bool
+    positional_embedding_type: str
+    default_prepend_bos: bool
+    attn_implementation: str
+    device: Any = None
+    dtype: Any = None
+    original_architecture: str = ""
+
+
+def config_of(hf_config: Any, name: str, tokenizer: Any) -> NNsightConfig:
+    """:class:`NNsightConfig` from a Hugging Face config (``hf_config``), the model's ``name`` and tokenizer."""
+    c = text_config(hf_config)
+    n_heads = int(c.num_attention_heads)
+    d_model = int(c.hidden_size)
+    d_head = int(getattr(c, "head_dim", None) or d_model // n_heads)
+    kv = getattr(c, "num_key_value_heads", None)
+    model_type = str(getattr(c, "model_type", ""))
+    parallel = bool(getattr(c, "use_parallel_residual", model_type == "gptj"))
+    has_bos = getattr(tokenizer, "bos_token_id", None) is not None and model_type not in ("gpt_neox", "qwen2")
+    n_ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None) or 2048
+    return NNsightConfig(
+        model_name=name,
+        n_layers=int(c.num_hidden_layers),
+        n_heads=n_heads,
+        n_key_value_heads=int(kv) if kv is not None and int(kv) != n_heads else None,
+        d_model=d_model,
+        d_head=d_head,
+        d_vocab=int(c.vocab_size),
+        n_ctx=int(n_ctx),
+        parallel_attn_mlp=parallel,
+        positional_embedding_type="rotary" if model_type in ROTARY_TYPES else "standard",
+        default_prepend_bos=has_bos,
+        attn_implementation=str(getattr(hf_config, "_attn_implementation", None) or "eager"),
+        original_architecture=(list(getattr(hf_config, "architectures", None) or [""]) + [""])[0],
+    )

@@ -1,0 +1,224 @@
+"""The model object of the nnsight backend: a Hugging Face causal LM in an nnsight model, with the
+TransformerLens surface the toolkit reads (``cfg``, ``tokenizer``, ``to_tokens``, ``hook_dict``,
+``model(tokens) -> logits``).
+
+Every forward pass is one nnsight trace (:mod:`.nnsight_trace`): locally, or on NDIF with
+``remote=True`` (``"local"``: nnsight's serverless dry run, which serialises the request, rebuilds it
+with the project's modules hidden and runs it here). Hooks added at the emulated hook points
+(:class:`HookPoint`) run inside the trace; what a remote run returns is only what the trace saves, so
+the backend reports which hooks ran from the trace's own record (``on_fire`` callbacks run here,
+after the trace). :attr:`NNsightModel.usage` counts requests (traces) and tokens.
+
+nnsight is imported only when a model is built (:func:`require_nnsight`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..hooks import HookFn
+from .nnsight_layout import config_of, layout_of
+from .nnsight_trace import Invoke, run_trace
+
+INSTALL_HINT = "pip install 'af1-circuits[nnsight]'"
+POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_resid_post")
+
+
+def require_nnsight() -> Any:
+    """The ``nnsight`` module; ``ImportError`` with the install command when it is missing."""
+    try:
+        import nnsight
+    except ImportError:
+        raise ImportError(f"the nnsight backend needs the nnsight package: {INSTALL_HINT}") from None
+    return nnsight
+
+
+class HookHandle:
+    """What :func:`interventions.edits.without_user_hooks` reads of a hook (``hook.id``, ``is_permanent``)."""
+
+    def __init__(self, hook_id: int, is_permanent: bool):
+        self.hook = self
+        self.id = hook_id
+        self.is_permanent = is_permanent
+
+
+class HookPoint:
+    """An emulated hook point: the functions added at ``name`` (by level), run inside each trace."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._forward_hooks: "OrderedDict[int, HookFn]" = OrderedDict()
+        self.levels: dict[int, int] = {}
+        self.on_fire: dict[int, Callable[[], None]] = {}
+        self.permanent: set[int] = set()
+        self.next_id = 0
+
+    def add_hook(self, fn: HookFn, dir: str = "fwd", level: int | None = None,
+                 on_fire: Callable[[], None] | None = None, is_permanent: bool = False) -> None:
+        """Add forward hook ``fn`` with ``level``; ``on_fire()`` runs here after each trace in which it ran.
+        A permanent hook (e.g. a planted mask) is removed only by ``remove_hooks(including_permanent=True)``."""
+        if dir != "fwd":
+            raise ValueError(f"the nnsight backend has forward hooks only, not dir={dir!r}")
+        self.next_id += 1
+        self._forward_hooks[self.next_id] = fn
+        self.levels[self.next_id] = level
+        if is_permanent:
+            self.permanent.add(self.next_id)
+        if on_fire is not None:
+            self.on_fire[self.next_id] = on_fire
+
+    def remove_hooks(self, dir: str = "fwd", level: int | None = None, including_permanent: bool = False) -> None:
+        """Remove the hooks added with ``level`` (every hook when ``level`` is None), permanent ones only
+        with ``including_permanent``."""
+        for hook_id in [k for k, v in self.levels.items() if (level is None or v == level)
+                        and (including_permanent or k not in self.permanent)]:
+            self._forward_hooks.pop(hook_id, None)
+            self.levels.pop(hook_id, None)
+            self.on_fire.pop(hook_id, None)
+
+    @property
+    def fwd_hooks(self) -> list[HookHandle]:
+        return [HookHandle(k, k in self.permanent) for k in self._forward_hooks]
+
+    def fired(self) -> None:
+        """Run the ``on_fire`` callbacks of the hooks present now (after a trace in which they ran)."""
+        for hook_id, callback in list(self.on_fire.items()):
+            if hook_id in self._forward_hooks:
+                callback()
+
+
+@dataclass
+class Usage:
+    """Requests (traces, one forward pass each) and tokens (prompt tokens over every invoke) so far."""
+
+    requests: int = 0
+    invokes: int = 0
+    tokens: int = 0
+
+
+def point_names(n_layers: int) -> list[str]:
+    """Every emulated hook name of a model with ``n_layers`` blocks (0-indexed), in forward order."""
+    return [f"blocks.{l}.{kind}" for l in range(n_layers) for kind in POINT_KINDS]
+
+
+class NNsightModel(torch.nn.Module):
+    """A Hugging Face causal LM wrapped in nnsight, read like a TransformerLens model.
+
+    ``lm``: the nnsight model; ``hf``: the Hugging Face module (the meta-device skeleton when
+    ``remote`` is set); ``cfg``: shapes under TransformerLens names
+    (:class:`~.nnsight_layout.NNsightConfig`); ``remote``: ``False`` (run here), ``True`` (NDIF, the
+    API key from the ``NDIF_API_KEY`` environment variable) or ``"local"`` (nnsight's serverless dry run).
+    """
+
+    def __init__(self, lm: Any, name: str, tokenizer: Any, remote: bool | str = False):
+        super().__init__()
+        self.hf = lm._module
+        object.__setattr__(self, "lm", lm)
+        self.layout = layout_of(self.hf)
+        self.cfg = config_of(self.hf.config, name, tokenizer)
+        param = next(self.hf.parameters())
+        self.cfg.device, self.cfg.dtype = param.device, param.dtype
+        self.tokenizer = tokenizer
+        self.remote = remote
+        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in point_names(self.cfg.n_layers)}
+        self.usage = Usage()
+
+    # --- TransformerLens surface ------------------------------------------------------------
+    @property
+    def W_E(self) -> torch.Tensor:
+        """The token embedding matrix ``[d_vocab, d_model]`` (on the meta device when remote)."""
+        return self.hf.get_input_embeddings().weight
+
+    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool | None = None, **_: Any) -> torch.Tensor:
+        """Token ids ``[batch, pos]`` of ``text`` (one string or a list of one token length), with BOS (the
+        EOS token where the tokenizer has no BOS) at position 0 when ``prepend_bos`` (default:
+        ``cfg.default_prepend_bos``)."""
+        texts = [text] if isinstance(text, str) else list(text)
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        if prepend_bos if prepend_bos is not None else self.cfg.default_prepend_bos:
+            bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+            ids = [[bos] + list(row) for row in ids]
+        if len({len(row) for row in ids}) != 1:
+            raise ValueError("to_tokens got texts of different token lengths: tokenize one layout at a time")
+        return torch.tensor(ids, dtype=torch.long)
+
+    def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
+        """Decoded text of ``tokens`` (one string per row of a ``[batch, pos]`` tensor)."""
+        t = torch.as_tensor(tokens)
+        if t.ndim == 2:
+            return [self.tokenizer.decode(row.tolist()) for row in t]
+        return self.tokenizer.decode(t.tolist())
+
+    def to_str_tokens(self, text: str | torch.Tensor, prepend_bos: bool | None = None) -> list[str]:
+        """The text of each token of ``text`` (a string, or token ids of one prompt)."""
+        ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).flatten()
+        return [self.tokenizer.decode([int(t)]) for t in ids]
+
+    # --- running ----------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, **_: Any) -> torch.Tensor:
+        """Logits ``[batch, pos, d_vocab]`` of ``tokens`` with the hooks added at :attr:`hook_dict`."""
+        return self.run([Invoke(tokens)])[0]["logits"]
+
+    def run(self, invokes: list[Invoke]) -> list[dict[str, Any]]:
+        """Run ``invokes`` in one trace (see :func:`~.nnsight_trace.run_trace`). Each invoke's own hooks run
+        before the hooks added at :attr:`hook_dict` (which apply to every invoke)."""
+        if len({int(inv.tokens.shape[1]) for inv in invokes}) != 1:
+            raise ValueError("the invokes of one trace need prompts of one token length (no padding): "
+                             "group prompts by layout")
+        device = torch.device("cpu") if self.remote else self.cfg.device
+        everywhere = {name: list(p._forward_hooks.values()) for name, p in self.hook_dict.items() if p._forward_hooks}
+        for inv in invokes:
+            inv.tokens = inv.tokens.to(device)
+            for name, fns in everywhere.items():
+                inv.hooks[name] = list(inv.hooks.get(name, [])) + fns
+        kwargs: dict[str, Any] = {"use_cache": False}
+        if self.remote:
+            kwargs["remote"] = self.remote
+        out = run_trace(self.lm, self.layout, self.cfg.n_layers, self.cfg.n_heads, invokes, kwargs)
+        self.usage.requests += 1
+        self.usage.invokes += len(invokes)
+        self.usage.tokens += sum(int(inv.tokens.numel()) for inv in invokes)
+        for res in out:
+            for name in set(res["visited"]):
+                if name in self.hook_dict:
+                    self.hook_dict[name].fired()
+        return out
+
+
+def check_remote(remote: bool | str) -> None:
+    """``ValueError`` unless a remote run can start: ``NDIF_API_KEY`` must be set (it is read from the
+    environment only, never written anywhere); ``"local"`` needs nothing."""
+    if remote is True and not os.environ.get("NDIF_API_KEY"):
+        raise ValueError("--remote needs an NDIF API key in the environment: export NDIF_API_KEY=... "
+                         "(from https://login.ndif.us; it is never written to a file)")
+
+
+def wrap(hf_model: Any, tokenizer: Any, name: str, remote: bool | str = False) -> NNsightModel:
+    """Wrap the Hugging Face causal LM ``hf_model`` (with ``tokenizer``) in nnsight as an
+    :class:`NNsightModel` called ``name``, in eval mode."""
+    nnsight = require_nnsight()
+    hf_model.eval()
+    lm = nnsight.TransformersModel(hf_model, tokenizer=tokenizer, task="text-generation")
+    return NNsightModel(lm, name, tokenizer, remote=remote).eval()
+
+
+def from_pretrained(name: str, device: str = "cpu", dtype: torch.dtype | None = None,
+                    remote: bool | str = False) -> NNsightModel:
+    """The pretrained causal LM ``name`` (a Hugging Face repository, or a local folder) as an
+    :class:`NNsightModel`. ``remote=True``: only the config and tokenizer are read (the weights stay on
+    NDIF, the local model is a meta-device skeleton); otherwise the weights are loaded on ``device``
+    in ``dtype`` (default float32) with SDPA attention."""
+    nnsight = require_nnsight()
+    check_remote(remote)
+    kwargs: dict[str, Any] = {"task": "text-generation"}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if not remote:
+        kwargs.update(dispatch=True, device_map=device)
+    lm = nnsight.TransformersModel(name, **kwargs)
+    return NNsightModel(lm, name, lm.tokenizer, remote=remote).eval()

@@ -1,0 +1,162 @@
+"""The body of every nnsight trace of the toolkit: hook points emulated on a Hugging Face causal LM.
+
+One trace holds one or more *invokes* (:class:`Invoke`): token ids ``[batch, pos]`` (every invoke of
+a trace has the same ``pos``), the hook functions of that invoke by hook name, the hook names whose
+activations to return, and whether to return logits (``"all"`` positions, the ``"last"`` one, or
+``"none"``). Per block ``l`` (0-indexed), in the order the forward pass reaches them:
+
+* ``blocks.{l}.hook_resid_pre``: the block's input hidden states ``[batch, pos, d_model]``;
+* ``blocks.{l}.attn.hook_attn_mask``: the boolean ``[query_pos, key_pos]`` mask of the keys each query
+  may attend to (causal to begin with). If a hook changes it, the attention module gets it as its
+  ``attention_mask`` (additive: 0 allowed, the dtype's minimum elsewhere, ``[batch, 1, q, k]``), which
+  eager and SDPA attention honour alike;
+* ``blocks.{l}.attn.hook_z``: the input of the attention output projection, viewed per query head
+  ``[batch, pos, n_heads, d_head]``;
+* ``blocks.{l}.hook_resid_post``: the block's output hidden states.
+
+A hook is ``fn(activation, hook)`` returning ``None`` (observe) or the replacement, as on
+TransformerLens. Only points with hooks or reads are touched. :func:`run_trace` returns, per invoke,
+the activations read, the logits asked for and the names of the points whose hooks ran; nothing else
+comes back from a remote run. This module never imports nnsight: the model wrapper passes the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .nnsight_layout import Layout
+
+LOGITS = ("all", "last", "none")
+
+
+@dataclass
+class Invoke:
+    """One invoke of a trace: ``tokens`` ``[batch, pos]``, ``hooks`` (hook name -> functions, run in
+    order), ``reads`` (hook names whose activation, after the hooks, is returned) and ``logits``
+    (one of :data:`LOGITS`)."""
+
+    tokens: torch.Tensor
+    hooks: dict[str, list[Callable[..., Any]]] = field(default_factory=dict)
+    reads: tuple[str, ...] = ()
+    logits: str = "all"
+
+
+class HookInfo:
+    """What a hook function gets as its second argument: the hook point's ``name``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def envoy_at(root: Any, path: str) -> Any:
+    """The envoy (or module) at dotted attribute path ``path`` below ``root``."""
+    out = root
+    for part in path.split("."):
+        out = getattr(out, part)
+    return out
+
+
+def call_hooks(name: str, act: torch.Tensor, fns: list[Callable[..., Any]]) -> torch.Tensor:
+    """``act`` after every function in ``fns`` (each sees the previous one's result; ``None`` keeps it)."""
+    info = HookInfo(name)
+    for fn in fns:
+        out = fn(act, info)
+        if out is not None:
+            act = out
+    return act
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, q, k]`` additive attention mask of the boolean ``allowed`` ``[q, k]``: 0 where allowed, the
+    smallest value of ``dtype`` elsewhere (what Hugging Face's own causal masks hold)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, out: dict[str, Any],
+                visited: list[str]) -> None:
+    """Apply ``inv``'s hooks and reads at the hook points of block ``l`` (see the module docstring)."""
+    names = (f"blocks.{l}.hook_resid_pre", f"blocks.{l}.attn.hook_attn_mask", f"blocks.{l}.attn.hook_z",
+             f"blocks.{l}.hook_resid_post")
+    wanted = [n in inv.hooks or n in inv.reads for n in names]
+    pre, mask, z, post = names
+    if wanted[0]:
+        x = block.input
+        if pre in inv.hooks:
+            new = call_hooks(pre, x, inv.hooks[pre])
+            visited.append(pre)
+            if new is not x:
+                block.input = new
+            x = new
+        if pre in inv.reads:
+            out[pre] = x.save()
+    if wanted[1]:
+        attention = envoy_at(block, layout.attention)
+        args, kwargs = attention.inputs
+        n = inv.tokens.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=inv.tokens.device).tril()
+        allowed = call_hooks(mask, causal, inv.hooks.get(mask, []))
+        visited.append(mask)
+        if not torch.equal(allowed, causal):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            # One mask per row of this invoke: the invokes of a trace are rows of one batch.
+            new = additive_mask(allowed.to(hidden.device), hidden.dtype).expand(hidden.shape[0], 1, n, n)
+            attention.inputs = (args, {**kwargs, "attention_mask": new})
+        if mask in inv.reads:
+            out[mask] = allowed
+    if wanted[2]:
+        proj = envoy_at(block, layout.out_proj)
+        flat = proj.input
+        heads = flat.view(*flat.shape[:-1], n_heads, flat.shape[-1] // n_heads)
+        if z in inv.hooks:
+            new = call_hooks(z, heads, inv.hooks[z])
+            visited.append(z)
+            if new is not heads:
+                proj.input = new.reshape(flat.shape)
+            heads = new
+        if z in inv.reads:
+            out[z] = heads.save()
+    if wanted[3]:
+        output = block.output
+        h = output if isinstance(output, torch.Tensor) else output[0]
+        if post in inv.hooks:
+            new = call_hooks(post, h, inv.hooks[post])
+            visited.append(post)
+            if new is not h:
+                block.output = new if isinstance(output, torch.Tensor) else (new, *output[1:])
+            h = new
+        if post in inv.reads:
+            out[post] = h.save()
+
+
+def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> dict[str, Any]:
+    """Everything one invoke does inside the trace; returns its saved results (see :func:`run_trace`)."""
+    out: dict[str, Any] = {}
+    visited: list[str] = []
+    blocks = envoy_at(lm, layout.blocks)
+    for l in range(n_layers):
+        visit_block(blocks[l], layout, l, n_heads, inv, out, visited)
+    if inv.logits != "none":
+        logits = envoy_at(lm, layout.head).output
+        out["logits"] = (logits[:, -1:] if inv.logits == "last" else logits).save()
+    out["visited"] = visited
+    return out
+
+
+def run_trace(lm: Any, layout: Layout, n_layers: int, n_heads: int, invokes: list[Invoke],
+              trace_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``invokes`` in one nnsight trace of ``lm`` (``trace_kwargs`` go to ``lm.trace``, e.g.
+    ``remote=True``). Per invoke: ``{hook name: activation}`` for its reads, ``"logits"`` unless
+    ``logits="none"`` (``[batch, pos or 1, d_vocab]``) and ``"visited"`` (the hook names whose hooks ran)."""
+    from nnsight import save
+
+    with lm.trace(**trace_kwargs) as tracer:
+        results = save([])
+        for inv in invokes:
+            with tracer.invoke(inv.tokens):
+                results.append(visit(lm, layout, n_layers, n_heads, inv))
+    return list(results)
