@@ -35,11 +35,17 @@ def zoo_names() -> list[str]:
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None) -> Any:
+def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None,
+               remote: bool | str = False) -> Any:
     """The model called ``name`` on ``device``, in eval mode, on ``backend``, with weights in ``dtype``.
 
-    ``backend``: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x) or ``"bridge"``
-    (``TransformerBridge``); ``None`` picks ``"hooked"`` where it exists, else ``"bridge"`` (4.x).
+    ``backend``: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"``
+    (``TransformerBridge``) or ``"nnsight"`` (the Hugging Face model in nnsight,
+    :class:`interventions.backends.nnsight.NNsightModel`; zoo models with their unembedding bias);
+    ``None`` picks ``"hooked"`` where it exists, else ``"bridge"`` (4.x).
+
+    ``remote`` (``"nnsight"`` only): ``True`` runs every forward pass on NDIF (only the config and the
+    tokenizer are read here; the API key comes from ``NDIF_API_KEY``); see ``docs/remote.md``.
 
     A zoo name (``circuits.zoo.available()``) loads the embedded zoo model. Any other name is a
     pretrained model (e.g. ``"gpt2"``, ``"meta-llama/Meta-Llama-3-8B"``): on ``"hooked"`` through
@@ -59,7 +65,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     backend = iv.resolve_backend(backend)
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not valid: choose one of {', '.join(DTYPES)}")
+    if remote and backend != "nnsight":
+        raise ValueError(f"remote={remote!r} needs backend='nnsight' (remote runs go through nnsight to NDIF)")
     names = zoo_names()
+    if name in names and remote:
+        raise ValueError(f"zoo model {name!r} is not hosted on NDIF: load it without remote")
     if name in names:
         from circuits import zoo
 
@@ -69,8 +79,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     kwargs: dict[str, Any] = {"device": device}
     if dtype is not None:
         kwargs["dtype"] = getattr(torch, dtype)
-    loader = ("HookedTransformer.from_pretrained" if backend == "hooked"
-              else "TransformerBridge.boot_transformers")
+    loader = {"hooked": "HookedTransformer.from_pretrained", "bridge": "TransformerBridge.boot_transformers",
+              "nnsight": "nnsight.TransformersModel"}[backend]
     if backend == "hooked":
         check_builtin_config(name)
     try:
@@ -78,6 +88,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
             from transformer_lens import HookedTransformer
 
             model = HookedTransformer.from_pretrained(name, **kwargs)
+        elif backend == "nnsight":
+            from interventions.backends.nnsight import from_pretrained, require_nnsight
+
+            require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
+            model = from_pretrained(name, device=device, dtype=kwargs.get("dtype"), remote=remote)
         else:
             from transformer_lens.model_bridge import TransformerBridge
 

@@ -19,10 +19,17 @@ MAX_PROMPTS = 100_000
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """``--backend hooked|bridge`` (default: hooked on TransformerLens 3.x, bridge on 4.x) and ``--dtype``."""
-    parser.add_argument("--backend", choices=("hooked", "bridge"), default=None,
-                        help="TransformerLens model class: hooked (HookedTransformer, 3.x) or bridge "
-                             "(TransformerBridge); default hooked where it exists, else bridge")
+    """``--backend hooked|bridge|nnsight`` (default: hooked on TransformerLens 3.x, bridge on 4.x), ``--remote``
+    and ``--dtype``."""
+    from interventions.adapter import BACKENDS
+
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="model class: hooked (HookedTransformer, 3.x), bridge (TransformerBridge) or nnsight "
+                             "(the Hugging Face model in nnsight; pip install 'af1-circuits[nnsight]'); default "
+                             "hooked where it exists, else bridge")
+    parser.add_argument("--remote", action="store_true",
+                        help="with --backend nnsight: run every forward pass on NDIF (the API key is read from "
+                             "the NDIF_API_KEY environment variable); see docs/remote.md")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                         help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
 
@@ -129,8 +136,28 @@ def check_task(task: str, n_prompts: int | None = None, source: str = "build") -
             )
 
 
+def check_backend(args: argparse.Namespace) -> None:
+    """``--remote`` needs ``--backend nnsight``, a pretrained model name (zoo models are not on NDIF) and
+    ``NDIF_API_KEY`` in the environment."""
+    if not getattr(args, "remote", False):
+        return
+    if args.backend != "nnsight":
+        raise ArgumentError("--remote runs on NDIF through nnsight: add --backend nnsight")
+    from circuits.loading import zoo_names
+
+    models = list(getattr(args, "models", None) or []) or [getattr(args, "model", None)]
+    zoo = [m for m in models if m in zoo_names()]
+    if zoo:
+        raise ArgumentError(f"--remote: {', '.join(zoo)} is a zoo model, which NDIF does not host: run it locally "
+                            f"(drop --remote) or name a model NDIF serves, e.g. meta-llama/Meta-Llama-3.1-70B")
+    if not os.environ.get("NDIF_API_KEY"):
+        raise ArgumentError("--remote needs an NDIF API key in the environment: export NDIF_API_KEY=... "
+                            "(it is read from there only and never written to a file)")
+
+
 def check_common(args: argparse.Namespace) -> None:
     """The checks every search-like command makes before loading anything."""
+    check_backend(args)
     check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
     check_positive("--batch-size", args.batch_size)
     if getattr(args, "max_checked", None) is not None:
@@ -145,7 +172,8 @@ def prepare(args: argparse.Namespace):
     """Load the model and the prompts named by ``args``; prints what it uses."""
     from circuits.loading import load_model, prepare_prompts
 
-    model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype,
+                       remote=getattr(args, "remote", False))
     options = {"progress": not args.no_progress, "prepend_bos": args.prepend_bos}
     if args.max_checked is not None:
         options["max_checked"] = args.max_checked

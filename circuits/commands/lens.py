@@ -37,8 +37,9 @@ def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_device, check_out, check_positive, check_task
+    from circuits.commands.common import check_backend, check_device, check_out, check_positive, check_task
 
+    check_backend(args)
     check_positive("--n-prompts", args.n_prompts)
     check_positive("--batch-size", args.batch_size)
     check_positive("--top-k", args.top_k)
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size).validate()
     t0 = time.time()
     with Run(args.out, "lens") as held:
-        model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype)
+        model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype, remote=args.remote)
         prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
         meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 
 from circuits.commands.common import (  # noqa: F401 - re-exported: other commands and scripts import them here
-    add_backend_argument, add_common_arguments, check_common, check_fraction, command_line, meta_of, prepare,
+    add_backend_argument, add_common_arguments, check_common, check_fraction, check_positive, command_line,
+    meta_of, prepare,
 )
 
 
@@ -25,12 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ablation after the wait block: cama (default) or the mean/zero baselines")
     parser.add_argument("--method", choices=("fast", "naive"), default="fast",
                         help="fast (default, exact shortcuts) or naive (one full forward per configuration)")
+    parser.add_argument("--configs-per-pass", type=int, default=8,
+                        help="configurations of one wait evaluated in one forward pass where the backend allows "
+                             "it (nnsight: one request each; default 8)")
 
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
     check_common(args)
     check_fraction("--threshold", args.threshold)
+    check_positive("--configs-per-pass", args.configs_per_pass)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,9 +44,16 @@ def run(args: argparse.Namespace) -> int:
     from circuits.runner import execute
 
     config = SearchConfig(threshold=args.threshold, grid=args.grid, ablation=args.ablation, method=args.method,
-                          seed=args.seed, batch_size=args.batch_size).validate()
+                          seed=args.seed, batch_size=args.batch_size, configs_per_pass=args.configs_per_pass).validate()
     with Run(args.out, "search") as held:
         model, prompts = prepare(args)
+        if args.remote:
+            from circuits.search.cost import search_cost
+
+            n_prompts, n_pos = (int(v) for v in prompts.tokens.shape)
+            print("remote cost: " + search_cost(model.cfg.n_layers, n_prompts, n_pos, batch_size=args.batch_size,
+                                                configs_per_pass=args.configs_per_pass,
+                                                needs_means=config.needs_means).line())
         result = execute(SEARCH, model, prompts.tokens, prompts.answers, config, out_dir=args.out, held=held,
                          meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress)
     print(result.table())
@@ -49,4 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if result.n_resumed:
         print(f"resumed {result.n_resumed} configuration(s) from {args.out}/results.jsonl")
     print(f"{len(result.results)} configurations in {result.seconds:.1f} s; report: {args.out}/report.html")
+    usage = getattr(model, "usage", None)
+    if args.remote and usage is not None:
+        print(f"remote usage of this run (prompt preparation included): {usage.requests} requests, "
+              f"{usage.tokens:,} prompt tokens")
     return 0

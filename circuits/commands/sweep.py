@@ -56,6 +56,8 @@ def config_of(args: argparse.Namespace):
             raw["seeds"] = [int(x) for x in args.seeds.split(",") if x.strip()]
         except ValueError:
             raise ArgumentError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 42,123,999") from None
+    if args.remote:
+        raw["remote"] = True
     for key in ("n_prompts", "wait", "transfer", "threshold", "batch_size", "device", "backend", "dtype"):
         if getattr(args, key) is not None:
             raw[key] = getattr(args, key)
@@ -69,9 +71,10 @@ def config_of(args: argparse.Namespace):
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_device, check_out
+    from circuits.commands.common import check_backend, check_device, check_out
 
     config = config_of(args)
+    check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models))
     check_device(config.device)
     check_out(args.out)
 

@@ -49,7 +49,8 @@ grid's.
 
 from circuits.search.analysis import SEARCH, load_summary, run_search, search_af1, write_outputs
 from circuits.search.config import SearchConfig
-from circuits.search.evaluators import Evaluator, FastEvaluator, NaiveEvaluator, PerPrompt, two_position_exact
+from circuits.search.evaluators import (BatchedEvaluator, Evaluator, FastEvaluator, NaiveEvaluator, PerPrompt, make_evaluator,
+                                        two_position_exact)
 from circuits.search.results import ConfigResult, SearchResult
 from circuits.search.rule import (
     ABLATIONS, GRIDS, METHODS, NOT_EVALUATED, Config, check_config, configurations, scan, select,
@@ -57,7 +58,8 @@ from circuits.search.rule import (
 )
 
 __all__ = [
-    "ABLATIONS", "GRIDS", "METHODS", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator", "FastEvaluator",
+    "ABLATIONS", "BatchedEvaluator", "GRIDS", "METHODS", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator",
+    "FastEvaluator", "make_evaluator",
     "NaiveEvaluator", "PerPrompt", "SEARCH", "SearchConfig", "SearchResult", "run_search", "check_config", "configurations", "load_summary", "scan",
     "search_af1", "select", "smallest_transfers", "two_position_exact", "write_outputs",
 ]

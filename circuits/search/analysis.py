@@ -18,7 +18,7 @@ from circuits.records import Field, RecordSchema, faithfulness_fields, layer_fie
 from circuits.runner import Analysis, RunContext, execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
 from circuits.search.config import SearchConfig
-from circuits.search.evaluators import FastEvaluator, NaiveEvaluator
+from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
 from interventions.types import Tokens
@@ -43,6 +43,7 @@ def search_af1(
     progress: bool = True,
     method: Literal["fast", "naive"] = "fast",
     n_boot: int = 1000,
+    configs_per_pass: int = 8,
     meta: Mapping[str, Any] | None = None,
     prompts: Sequence[Mapping[str, Any]] | None = None,
 ) -> SearchResult:
@@ -63,7 +64,11 @@ def search_af1(
             Re-running into the same directory resumes; a different command raises ``RunMismatchError``.
         seed: seed of the bootstrap confidence intervals (recorded in the run identity).
         batch_size: prompts per forward pass. ``progress``: show tqdm bars.
-        method: ``"fast"`` (exact shortcuts) or ``"naive"`` (one full forward pass per configuration).
+        method: ``"fast"`` (exact shortcuts) or ``"naive"`` (one full forward pass per configuration); on a
+            backend that skips no blocks but runs several configurations per pass (nnsight) both evaluate
+            ``configs_per_pass`` configurations per forward pass (see :func:`~circuits.search.evaluators.make_evaluator`).
+        configs_per_pass: configurations of one wait evaluated in one forward pass where the backend allows
+            it (a remote search needs about ``1 / configs_per_pass`` as many requests).
         n_boot: bootstrap resamples per confidence interval.
         meta: identity of the command (e.g. ``model``, ``task``, ``source``, ``command``); recorded in
             ``run.json`` / ``summary.json``. ``base_accuracy``/``n_checked`` there override the values
@@ -72,7 +77,7 @@ def search_af1(
             (default: token ids and answer token ids).
     """
     config = SearchConfig(threshold=threshold, grid=grid, ablation=ablation, method=method, seed=seed,
-                          batch_size=batch_size, n_boot=n_boot)
+                          batch_size=batch_size, n_boot=n_boot, configs_per_pass=configs_per_pass)
     result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache, meta=meta,
                      prompts=prompts, progress=progress)
     result.out_dir = Path(out_dir) if out_dir is not None else None
@@ -89,8 +94,9 @@ def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResul
     for rec in ctx.store.records():
         r = ConfigResult.from_dict(rec)
         known[r.config] = r
-    evaluator_cls = FastEvaluator if config.method == "fast" else NaiveEvaluator
-    evaluator = evaluator_cls(model, ctx.tokens, ctx.answers, ctx.cache, config.ablation, config.batch_size)
+    evaluator = make_evaluator(model, ctx.tokens, ctx.answers, ctx.cache, ablation=config.ablation,
+                               batch_size=config.batch_size, method=config.method,
+                               configs_per_pass=config.configs_per_pass)
     counts = {"evaluated": 0, "resumed": 0}
 
     def evaluate(w: int, t: int) -> ConfigResult:

@@ -39,7 +39,8 @@ class SearchConfig:
     ``threshold``: faithfulness (fraction in [0, 1]) a configuration needs; ``grid``: ``"auto"`` (what
     the selection needs) or ``"full"``; ``ablation``: ``"cama"``, ``"mean"`` or ``"zero"`` after block
     ``wait``; ``method``: ``"fast"`` (exact shortcuts) or ``"naive"``; ``seed``: bootstrap seed;
-    ``batch_size``: prompts per forward pass; ``n_boot``: bootstrap resamples per interval.
+    ``batch_size``: prompts per forward pass; ``n_boot``: bootstrap resamples per interval;
+    ``configs_per_pass``: configurations per forward pass where the backend runs several at once (nnsight).
     """
 
     threshold: float = 0.9
@@ -49,6 +50,7 @@ class SearchConfig:
     seed: int = 0
     batch_size: int = 128
     n_boot: int = 1000
+    configs_per_pass: int = 8
 
     def validate(self, info: Any = None) -> "SearchConfig":
         """Raise :class:`ArgumentError` naming the first bad field (``info``: unused, every model fits)."""
@@ -59,6 +61,7 @@ class SearchConfig:
         check_int("seed", self.seed, -(2**63))
         check_int("batch_size", self.batch_size, 1)
         check_int("n_boot", self.n_boot, 1)
+        check_int("configs_per_pass", self.configs_per_pass, 1)
         return self
 
     @property
@@ -66,6 +69,6 @@ class SearchConfig:
         return self.ablation in ("cama", "mean")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that determine the results (grid, method and batch size do not)."""
+        """The fields that determine the results (grid, method, batch size and configurations per pass do not)."""
         return {"threshold": float(self.threshold), "ablation": self.ablation, "seed": int(self.seed),
                 "n_boot": int(self.n_boot)}

@@ -1,6 +1,8 @@
 """Evaluators of AF1 configurations: per-prompt metrics of ``(wait, transfer)`` on fixed prompts.
 
 * :class:`NaiveEvaluator`: one complete intervened forward pass per configuration (the reference).
+* :class:`BatchedEvaluator`: the same passes, several configurations of one wait per forward pass
+  (:func:`interventions.run_many`; one request per prompt batch on a remote nnsight model).
 * :class:`FastEvaluator`: exact shortcuts (ablated residual by lookup, shared transfer prefix, a
   last-position self-peek tail, one evaluation per distinct last token when ``transfer = 0``); see
   :mod:`circuits.search` for why each is exact.
@@ -64,6 +66,52 @@ class NaiveEvaluator(Evaluator):
             self.passes += 1
             logits.append(out[:, -1].float())
         return torch.cat(logits)
+
+
+class BatchedEvaluator(NaiveEvaluator):
+    """:class:`NaiveEvaluator`'s numbers with ``configs_per_pass`` configurations in each forward pass: asked
+    for ``(wait, transfer)``, it evaluates that configuration and the next transfers of the same wait
+    (up to ``configs_per_pass`` in all) together and keeps the others for when they are asked for. Needs
+    nothing of the adapter; with the ``configs_per_pass`` capability the configurations share one pass."""
+
+    def __init__(self, *args: Any, configs_per_pass: int = 8, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.configs_per_pass = int(configs_per_pass)
+        self.ready: dict[tuple[int, int], torch.Tensor] = {}
+
+    def group(self, wait: int, transfer: int) -> list[tuple[int, int]]:
+        """The configurations evaluated with ``(wait, transfer)``: it and the next transfers of ``wait``."""
+        last = min(self.n_layers - 1 - wait, transfer + self.configs_per_pass - 1)
+        return [(wait, t) for t in range(transfer, last + 1)]
+
+    @torch.inference_mode()
+    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+        if (wait, transfer) not in self.ready:
+            group = self.group(wait, transfer)
+            subgraphs = [iv.af1_subgraph(self.n_layers, w, t, self.cache, self.ablation) for w, t in group]
+            parts: list[list[torch.Tensor]] = [[] for _ in group]
+            for sl in self.batches():
+                outs = iv.run_many(self.model, [(self.tokens[sl], ivs) for ivs in subgraphs], logits="last")
+                self.passes += 1
+                for part, out in zip(parts, outs):
+                    part.append(out[:, -1].float())
+            self.ready = {c: torch.cat(part) for c, part in zip(group, parts)}
+        return self.ready.pop((wait, transfer))
+
+
+def make_evaluator(model: Any, tokens: Tokens, answers: torch.Tensor, cache: Any, *, ablation: str,
+                   batch_size: int, method: str, configs_per_pass: int) -> Evaluator:
+    """The evaluator for ``method`` on this model, chosen by the adapter's capabilities: ``"fast"`` is
+    :class:`FastEvaluator` where the adapter skips blocks (``skips_blocks``), otherwise, like
+    ``"naive"``, :class:`BatchedEvaluator` where it runs several configurations per pass
+    (``configs_per_pass``) and :class:`NaiveEvaluator` elsewhere."""
+    caps = iv.adapt(model).capabilities
+    args = (model, tokens, answers, cache, ablation, batch_size)
+    if method == "fast" and caps.skips_blocks:
+        return FastEvaluator(*args)
+    if caps.configs_per_pass:
+        return BatchedEvaluator(*args, configs_per_pass=configs_per_pass)
+    return FastEvaluator(*args) if method == "fast" else NaiveEvaluator(*args)
 
 
 def two_position_exact(cfg: Any) -> bool:

@@ -15,7 +15,8 @@ A sweep config is a TOML file with one ``[sweep]`` table::
     lens = false                       # also run early decoding per (model, task, seed)
 
 Optional keys: ``threshold`` (0.9), ``grid`` (``"full"``), ``source`` (``"build"``), ``batch_size``
-(128), ``device`` (``"cpu"``), ``backend``, ``dtype``.
+(128), ``device`` (``"cpu"``), ``backend``, ``dtype``, ``remote`` (``false``; ``true`` with
+``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class SweepConfig:
     device: str = "cpu"
     backend: str | None = None
     dtype: str | None = None
+    remote: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
