@@ -42,6 +42,8 @@ class Invoke:
     hooks: dict[str, list[Callable[..., Any]]] = field(default_factory=dict)
     reads: tuple[str, ...] = ()
     logits: str = "all"
+    rows: tuple[int, int, int] = (0, 0, 0)
+    """``(first row, rows, rows of the whole trace)`` of this invoke in the trace's batch (set by :func:`run_trace`)."""
 
 
 class HookInfo:
@@ -69,12 +71,33 @@ def call_hooks(name: str, act: torch.Tensor, fns: list[Callable[..., Any]]) -> t
     return act
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[1, 1, q, k]`` additive attention mask of the boolean ``allowed`` ``[q, k]``: 0 where allowed, the
-    smallest value of ``dtype`` elsewhere (what Hugging Face's own causal masks hold)."""
+def mask_like(allowed: torch.Tensor, current: Any, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, q, k]`` attention mask of the boolean ``allowed`` ``[q, k]`` in the form of the model's own
+    mask ``current``: boolean (True = attend) if that is boolean, else additive, 0 where allowed and the
+    smallest value of the dtype elsewhere (what Hugging Face's own causal masks hold; ``dtype`` when the
+    model passes no mask)."""
+    if isinstance(current, torch.Tensor) and current.dtype == torch.bool:
+        return allowed[None, None]
+    if isinstance(current, torch.Tensor) and current.is_floating_point():
+        dtype = current.dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def batch_mask(allowed: torch.Tensor, causal: torch.Tensor, current: Any, hidden: torch.Tensor,
+               rows: tuple[int, int, int]) -> torch.Tensor:
+    """The attention mask to give a block's attention in one invoke: ``allowed`` for this invoke's rows.
+
+    The invokes of a trace are rows of one batch. A mask nnsight already narrowed to this invoke's rows
+    (a batched tensor) gets this invoke's rows only; otherwise (no mask, as with SDPA's causal kernel, or
+    one shared by every row) the whole batch gets one, causal in the other invokes' rows, which they
+    then narrow and edit in turn."""
+    first, size, total = rows
+    ours = mask_like(allowed.to(hidden.device), current, hidden.dtype).expand(size, -1, -1, -1)
+    if getattr(current, "_nnsight_batch", False) or total == size:
+        return ours
+    others = mask_like(causal.to(hidden.device), current, hidden.dtype).expand(total, -1, -1, -1)
+    return torch.cat([others[:first], ours, others[first + size:]])
 
 
 def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, out: dict[str, Any],
@@ -103,8 +126,7 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
         visited.append(mask)
         if not torch.equal(allowed, causal):
             hidden = args[0] if args else kwargs["hidden_states"]
-            # One mask per row of this invoke: the invokes of a trace are rows of one batch.
-            new = additive_mask(allowed.to(hidden.device), hidden.dtype).expand(hidden.shape[0], 1, n, n)
+            new = batch_mask(allowed, causal, kwargs.get("attention_mask"), hidden, inv.rows)
             attention.inputs = (args, {**kwargs, "attention_mask": new})
         if mask in inv.reads:
             out[mask] = allowed
@@ -154,6 +176,10 @@ def run_trace(lm: Any, layout: Layout, n_layers: int, n_heads: int, invokes: lis
     ``logits="none"`` (``[batch, pos or 1, d_vocab]``) and ``"visited"`` (the hook names whose hooks ran)."""
     from nnsight import save
 
+    total, first = sum(int(inv.tokens.shape[0]) for inv in invokes), 0
+    for inv in invokes:
+        inv.rows = (first, int(inv.tokens.shape[0]), total)
+        first += inv.rows[1]
     with lm.trace(**trace_kwargs) as tracer:
         results = save([])
         for inv in invokes:

@@ -1,0 +1,126 @@
+"""The nnsight backend against TransformerBridge on stand-in checkpoints of real architectures: GPT-2
+(learned positions), Llama-3 (grouped-query attention: 4 query heads, 2 key-value heads), Qwen2 (no BOS
+token, grouped-query attention) and Pythia (GPT-NeoX: parallel attention and MLP, partial rotary).
+
+Both load the same checkpoint with ``circuits.loading.load_model``. The bridge runs in compatibility
+mode (LayerNorm folded, writing weights and the unembedding centred), so its logits differ from the
+checkpoint's by a constant per position and its residual stream by a constant per position and
+feature: log-probabilities, faithfulness and search results are what must be equal, and are (to 1e-4
+in float32). nnsight runs the checkpoint's own attention (SDPA): peeking there is the mask form.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interventions as iv
+from circuits.faithfulness import faithfulness
+from circuits.necessity import necessity_sweep
+from circuits.search import configurations, search_af1
+from circuits.search.cost import search_cost
+from tests import standins
+
+pytest.importorskip("nnsight", reason="nnsight is not installed: pip install 'af1-circuits[nnsight]'")
+
+KEYS = ("gpt2", "llama3", "qwen2", "pythia")
+N = 24
+
+
+def log_probs(x: torch.Tensor) -> torch.Tensor:
+    return x.float().log_softmax(-1)
+
+
+@pytest.fixture(scope="module", params=KEYS)
+def pair(request, load_standin):
+    """``(bridge, nnsight model, prompts)`` of one stand-in (answers: the model's own top-1 tokens)."""
+    bridge, nn = load_standin(request.param, "bridge"), load_standin(request.param, "nnsight")
+    p = standins.self_answered(bridge, "add", N, prepend_bos=True)
+    return bridge, nn, p
+
+
+def test_architecture_is_read_from_the_checkpoint(pair):
+    bridge, nn, _ = pair
+    assert iv.adapt(nn).backend == "nnsight"
+    for field in ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_key_value_heads",
+                  "positional_embedding_type", "default_prepend_bos"):
+        assert getattr(nn.cfg, field) == getattr(bridge.cfg, field), field
+    assert iv.adapt(nn).info.n_kv_heads == iv.adapt(bridge).info.n_kv_heads
+
+
+def test_log_probs_and_every_intervention_equal_the_bridge(pair):
+    bridge, nn, p = pair
+    toks = p.tokens
+    L = nn.cfg.n_layers
+    with torch.inference_mode():
+        cb, cn = iv.MeanCache.fit(bridge, toks, progress=False), iv.MeanCache.fit(nn, toks, progress=False)
+
+        def both(make):
+            a, b = iv.run(nn, toks, make(cn)), iv.run(bridge, toks, make(cb))
+            torch.testing.assert_close(log_probs(a), log_probs(b), atol=1e-4, rtol=0)
+            return a
+
+        plain = nn(toks)
+        torch.testing.assert_close(log_probs(plain), log_probs(bridge(toks)), atol=1e-4, rtol=0)
+        changed = [
+            both(lambda c: [iv.HeadAblation([(0, 1), (1, 3)])]),
+            both(lambda c: [iv.HeadAblation([(0, 0), (1, 2)], method="mean", cache=c)]),
+            both(lambda c: [iv.MeanAblation(c, layer=0)]),
+            both(lambda c: [iv.ZeroAblation(layer=0)]),
+            both(lambda c: [iv.Peek([0, 1], mode="self", queries="all")]),
+            both(lambda c: [iv.Peek([1], mode="self", queries="last", keep_bos=False)]),
+        ]
+        changed += [both(lambda c, w=w, t=t: iv.af1_subgraph(L, w, t, c)) for w, t in configurations(L)]
+    assert all((x - plain).abs().max() > 1e-3 for x in changed)
+
+
+def test_faithfulness_and_necessity_equal_the_bridge(pair):
+    bridge, nn, p = pair
+    L = nn.cfg.n_layers
+    for ivs in ([iv.Peek([1], mode="self", queries="all")], [iv.HeadAblation([(1, 0), (1, 1)])],
+                iv.af1_subgraph(L, 0, 0, ablation="zero")):
+        a = faithfulness(nn, p.tokens, p.answers, ivs, n_boot=20)
+        b = faithfulness(bridge, p.tokens, p.answers, ivs, n_boot=20)
+        assert (a.n, a.n_faithful) == (b.n, b.n_faithful) and a.n == N
+        assert a.mean_answer_prob == pytest.approx(b.mean_answer_prob, abs=1e-4)
+        assert a.mean_logit_diff == pytest.approx(b.mean_logit_diff, abs=1e-4)
+    na = necessity_sweep(nn, p.tokens, p.answers, progress=False, n_boot=20)
+    nb = necessity_sweep(bridge, p.tokens, p.answers, progress=False, n_boot=20)
+    assert [(x.layer, x.faithfulness, x.ci_low, x.ci_high) for x in na.blocks] == \
+           [(x.layer, x.faithfulness, x.ci_low, x.ci_high) for x in nb.blocks]
+
+
+def test_search_equals_the_bridge_and_costs_what_was_estimated(pair):
+    """The full-grid search on nnsight (several configurations per trace, chosen by capability) gives the
+    bridge's fast search's results; its requests are exactly :func:`search_cost`'s estimate."""
+    bridge, nn, p = pair
+    L = nn.cfg.n_layers
+    before = nn.usage.requests, nn.usage.tokens
+    a = search_af1(nn, p.tokens, p.answers, grid="full", progress=False, n_boot=20, configs_per_pass=2)
+    used = nn.usage.requests - before[0], nn.usage.tokens - before[1]
+    b = search_af1(bridge, p.tokens, p.answers, grid="full", progress=False, n_boot=20)
+    rows = lambda r: {c.config: (c.n_faithful, c.ci_low, c.ci_high) for c in r.results}  # noqa: E731
+    assert rows(a) == rows(b) and sorted(rows(a)) == sorted(configurations(L))
+    for x, y in zip(a.results, b.results):
+        assert x.mean_answer_prob == pytest.approx(y.mean_answer_prob, abs=1e-4)
+    assert (a.selected is None) == (b.selected is None)
+    if a.selected is not None:
+        assert a.selected.config == b.selected.config
+    cost = search_cost(L, N, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=2)
+    assert a.passes == cost.search_requests
+    assert used == (cost.requests, cost.tokens)
+    auto = search_af1(nn, p.tokens, p.answers, grid="auto", progress=False, n_boot=20)
+    assert (auto.selected and auto.selected.config) == (a.selected and a.selected.config)
+
+
+def test_masks_of_several_invokes_stay_in_their_rows(pair):
+    """SDPA attention gets no mask of its own; invokes with and without peeks in one trace each get theirs."""
+    _, nn, p = pair
+    t = p.tokens
+    runs = [(t[:5], []), (t[5:12], [iv.Peek([0, 1], "self", "all")]), (t[12:13], [iv.ZeroAblation(0)]),
+            (t[13:], [iv.Peek([1], "self", "last", keep_bos=False), iv.HeadAblation([(0, 2)])])]
+    with torch.inference_mode():
+        together = iv.run_many(nn, runs, logits="all")
+        for (toks, ivs), out in zip(runs, together):
+            alone = iv.run(nn, toks, ivs) if ivs else nn(toks)
+            torch.testing.assert_close(out, alone, atol=1e-5, rtol=0)
