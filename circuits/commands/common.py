@@ -168,12 +168,20 @@ def check_common(args: argparse.Namespace) -> None:
 
 
 # --- loading -----------------------------------------------------------------------------------------
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`circuits.loading.load_model` the flags give: ``device``, ``backend``,
+    ``dtype``, and ``remote`` when ``--remote`` is set."""
+    options: dict[str, Any] = {"device": args.device, "backend": args.backend, "dtype": args.dtype}
+    if getattr(args, "remote", False):
+        options["remote"] = True
+    return options
+
+
 def prepare(args: argparse.Namespace):
     """Load the model and the prompts named by ``args``; prints what it uses."""
     from circuits.loading import load_model, prepare_prompts
 
-    model = load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype,
-                       remote=getattr(args, "remote", False))
+    model = load_model(args.model, **model_options(args))
     options = {"progress": not args.no_progress, "prepend_bos": args.prepend_bos}
     if args.max_checked is not None:
         options["max_checked"] = args.max_checked

@@ -52,6 +52,7 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from circuits import loading
+    from circuits.commands.common import model_options
     from circuits.lens.analysis import LENS, LensConfig
     from circuits.runner import Run, execute
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size).validate()
     t0 = time.time()
     with Run(args.out, "lens") as held:
-        model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype, remote=args.remote)
+        model = loading.load_model(args.model, **model_options(args))
         prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
         meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}

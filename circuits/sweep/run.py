@@ -99,7 +99,7 @@ class _State:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             try:
                 self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype,
-                                        remote=cfg.remote)
+                                        **({"remote": True} if cfg.remote else {}))
             except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
                 self.model_error = message(err)
         key = (cell.model, cell.task, cell.seed)

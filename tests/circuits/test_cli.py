@@ -17,8 +17,8 @@ def tiny_loading(monkeypatch):
     model = build_default("gpt2")
     tokens = random_tokens(24, 6, seed=4, values=5)
 
-    def load_model(name, device="cpu", backend=None, dtype=None):
-        assert name == "tiny" and backend in (None, "hooked", "bridge")
+    def load_model(name, device="cpu", backend=None, dtype=None, remote=False):
+        assert name == "tiny" and backend in (None, "hooked", "bridge") and not remote
         return model
 
     def prepare_prompts(model_, task, n_prompts, seed=0, **kw):
