@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention")
+MID_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm")
 OUTPUT_PROJECTION_NAMES = ("o_proj", "c_proj", "dense", "out_proj")
 ROTARY_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gpt_neox", "gptj", "phi3", "olmo")
 
@@ -27,13 +29,17 @@ class Layout:
 
     ``blocks``: the decoder blocks (index ``l`` is block ``l``, 0-indexed); ``attention``: a block's
     attention module, relative to the block; ``out_proj``: the attention's output projection, relative
-    to the block; ``embed``: the token embedding; ``head``: the unembedding (``lm_head``)."""
+    to the block; ``mid_norm``: the norm before the MLP, relative to the block (``None`` for parallel
+    blocks, whose MLP reads the block's input); ``embed``: the token embedding; ``head``: the unembedding
+    (``lm_head``); ``final_norm``: the norm before it (``None`` if there is none)."""
 
     blocks: str
     attention: str
     out_proj: str
+    mid_norm: str | None
     embed: str
     head: str
+    final_norm: str | None
 
 
 def child_named(module: torch.nn.Module, names: tuple[str, ...], what: str) -> str:
@@ -59,7 +65,15 @@ def layout_of(hf_model: torch.nn.Module) -> Layout:
     out_proj = child_named(block.get_submodule(attention), OUTPUT_PROJECTION_NAMES, "attention output projection")
     embed = next(name for name, m in hf_model.named_modules() if m is hf_model.get_input_embeddings())
     head = next(name for name, m in hf_model.named_modules() if m is hf_model.get_output_embeddings())
-    return Layout(blocks=blocks, attention=attention, out_proj=f"{attention}.{out_proj}", embed=embed, head=head)
+    parallel = bool(getattr(text_config(hf_model.config), "use_parallel_residual", False)) or \
+        text_config(hf_model.config).model_type == "gptj"
+    children = dict(block.named_children())
+    mid = None if parallel else next((n for n in MID_NORM_NAMES if n in children), None)
+    base = hf_model.get_submodule(blocks.rsplit(".", 1)[0]) if "." in blocks else hf_model
+    final = next((n for n in FINAL_NORM_NAMES if n in dict(base.named_children())), None)
+    prefix = blocks.rsplit(".", 1)[0] + "." if "." in blocks else ""
+    return Layout(blocks=blocks, attention=attention, out_proj=f"{attention}.{out_proj}", mid_norm=mid, embed=embed,
+                  head=head, final_norm=None if final is None else prefix + final)
 
 
 def text_config(config: Any) -> Any:

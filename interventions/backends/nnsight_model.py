@@ -23,10 +23,9 @@ import torch
 
 from ..hooks import HookFn
 from .nnsight_layout import config_of, layout_of
-from .nnsight_trace import Invoke, run_trace
+from .nnsight_trace import POINT_KINDS, Invoke, run_trace
 
 INSTALL_HINT = "pip install 'af1-circuits[nnsight]'"
-POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_resid_post")
 
 
 def require_nnsight() -> Any:
@@ -101,9 +100,11 @@ class Usage:
     tokens: int = 0
 
 
-def point_names(n_layers: int) -> list[str]:
-    """Every emulated hook name of a model with ``n_layers`` blocks (0-indexed), in forward order."""
-    return [f"blocks.{l}.{kind}" for l in range(n_layers) for kind in POINT_KINDS]
+def point_names(n_layers: int, parallel: bool) -> list[str]:
+    """Every emulated hook name of a model with ``n_layers`` blocks (0-indexed), in forward order
+    (``hook_resid_mid`` only for sequential blocks, as on TransformerLens)."""
+    kinds = [k for k in POINT_KINDS if not (parallel and k == "hook_resid_mid")]
+    return [f"blocks.{l}.{kind}" for l in range(n_layers) for kind in kinds]
 
 
 class NNsightModel(torch.nn.Module):
@@ -125,10 +126,20 @@ class NNsightModel(torch.nn.Module):
         self.cfg.device, self.cfg.dtype = param.device, param.dtype
         self.tokenizer = tokenizer
         self.remote = remote
-        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in point_names(self.cfg.n_layers)}
+        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in point_names(self.cfg.n_layers, self.layout.mid_norm is None)}
         self.usage = Usage()
 
     # --- TransformerLens surface ------------------------------------------------------------
+    @property
+    def ln_final(self) -> torch.nn.Module | None:
+        """The final norm module (``None`` if the model has none); needs the weights here (not remote)."""
+        return None if self.layout.final_norm is None else self.hf.get_submodule(self.layout.final_norm)
+
+    @property
+    def unembed(self) -> torch.nn.Module:
+        """The unembedding (``lm_head``, with any bias): residual ``[..., d_model]`` to logits."""
+        return self.hf.get_submodule(self.layout.head)
+
     @property
     def W_E(self) -> torch.Tensor:
         """The token embedding matrix ``[d_vocab, d_model]`` (on the meta device when remote)."""

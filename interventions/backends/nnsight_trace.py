@@ -12,6 +12,8 @@ activations to return, and whether to return logits (``"all"`` positions, the ``
   eager and SDPA attention honour alike;
 * ``blocks.{l}.attn.hook_z``: the input of the attention output projection, viewed per query head
   ``[batch, pos, n_heads, d_head]``;
+* ``blocks.{l}.hook_attn_out``: the attention module's output (what is added to the residual stream);
+* ``blocks.{l}.hook_resid_mid`` (sequential blocks; read-only): the input of the norm before the MLP;
 * ``blocks.{l}.hook_resid_post``: the block's output hidden states.
 
 A hook is ``fn(activation, hook)`` returning ``None`` (observe) or the replacement, as on
@@ -30,6 +32,9 @@ import torch
 from .nnsight_layout import Layout
 
 LOGITS = ("all", "last", "none")
+POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
+               "hook_resid_post")
+"""The emulated hook points of each block, in the order a forward pass reaches them."""
 
 
 @dataclass
@@ -100,24 +105,39 @@ def batch_mask(allowed: torch.Tensor, causal: torch.Tensor, current: Any, hidden
     return torch.cat([others[:first], ours, others[first + size:]])
 
 
+def at_point(name: str, value: torch.Tensor, inv: Invoke, out: dict[str, Any], visited: list[str]) -> torch.Tensor:
+    """``value`` after ``inv``'s hooks at hook point ``name`` (recorded in ``visited``); saved into ``out`` if
+    ``name`` is read."""
+    if name in inv.hooks:
+        value = call_hooks(name, value, inv.hooks[name])
+        visited.append(name)
+    if name in inv.reads:
+        out[name] = value.save()
+    return value
+
+
+def first_of(output: Any) -> torch.Tensor:
+    """The hidden states of a module output (a tensor, or a tuple whose first element they are)."""
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+def with_first(output: Any, new: torch.Tensor) -> Any:
+    """``output`` with its hidden states replaced by ``new``."""
+    return new if isinstance(output, torch.Tensor) else (new, *output[1:])
+
+
 def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, out: dict[str, Any],
                 visited: list[str]) -> None:
-    """Apply ``inv``'s hooks and reads at the hook points of block ``l`` (see the module docstring)."""
-    names = (f"blocks.{l}.hook_resid_pre", f"blocks.{l}.attn.hook_attn_mask", f"blocks.{l}.attn.hook_z",
-             f"blocks.{l}.hook_resid_post")
-    wanted = [n in inv.hooks or n in inv.reads for n in names]
-    pre, mask, z, post = names
-    if wanted[0]:
+    """Apply ``inv``'s hooks and reads at the hook points of block ``l`` (see the module docstring), in the
+    order the forward pass reaches them."""
+    pre, mask, z, attn, mid, post = (f"blocks.{l}.{kind}" for kind in POINT_KINDS)
+    wanted = {n for n in (pre, mask, z, attn, mid, post) if n in inv.hooks or n in inv.reads}
+    if pre in wanted:
         x = block.input
-        if pre in inv.hooks:
-            new = call_hooks(pre, x, inv.hooks[pre])
-            visited.append(pre)
-            if new is not x:
-                block.input = new
-            x = new
-        if pre in inv.reads:
-            out[pre] = x.save()
-    if wanted[1]:
+        new = at_point(pre, x, inv, out, visited)
+        if new is not x:
+            block.input = new
+    if mask in wanted:
         attention = envoy_at(block, layout.attention)
         args, kwargs = attention.inputs
         n = inv.tokens.shape[1]
@@ -130,29 +150,32 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
             attention.inputs = (args, {**kwargs, "attention_mask": new})
         if mask in inv.reads:
             out[mask] = allowed
-    if wanted[2]:
+    if z in wanted:
         proj = envoy_at(block, layout.out_proj)
         flat = proj.input
         heads = flat.view(*flat.shape[:-1], n_heads, flat.shape[-1] // n_heads)
-        if z in inv.hooks:
-            new = call_hooks(z, heads, inv.hooks[z])
-            visited.append(z)
-            if new is not heads:
-                proj.input = new.reshape(flat.shape)
-            heads = new
-        if z in inv.reads:
-            out[z] = heads.save()
-    if wanted[3]:
+        new = at_point(z, heads, inv, out, visited)
+        if new is not heads:
+            proj.input = new.reshape(flat.shape)
+    if attn in wanted:
+        attention = envoy_at(block, layout.attention)
+        output = attention.output
+        new = at_point(attn, first_of(output), inv, out, visited)
+        if new is not first_of(output):
+            attention.output = with_first(output, new)
+    if mid in wanted:
+        if layout.mid_norm is None:
+            raise ValueError(f"{mid} does not exist in parallel blocks (attention and MLP read the same input)")
+        norm = envoy_at(block, layout.mid_norm)
+        x = norm.input
+        if at_point(mid, x, inv, out, visited) is not x:
+            raise ValueError(f"{mid} is read-only on the nnsight backend (it is the input of the MLP's norm, not "
+                             f"the residual stream): edit hook_attn_out or hook_resid_post instead")
+    if post in wanted:
         output = block.output
-        h = output if isinstance(output, torch.Tensor) else output[0]
-        if post in inv.hooks:
-            new = call_hooks(post, h, inv.hooks[post])
-            visited.append(post)
-            if new is not h:
-                block.output = new if isinstance(output, torch.Tensor) else (new, *output[1:])
-            h = new
-        if post in inv.reads:
-            out[post] = h.save()
+        new = at_point(post, first_of(output), inv, out, visited)
+        if new is not first_of(output):
+            block.output = with_first(output, new)
 
 
 def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> dict[str, Any]:

@@ -124,3 +124,15 @@ def test_masks_of_several_invokes_stay_in_their_rows(pair):
         for (toks, ivs), out in zip(runs, together):
             alone = iv.run(nn, toks, ivs) if ivs else nn(toks)
             torch.testing.assert_close(out, alone, atol=1e-5, rtol=0)
+
+
+def test_early_decoding_equals_the_bridge(pair):
+    """Decoded through the final norm, the compatibility-mode bridge's centred residual gives the same
+    probabilities (also for Pythia's parallel blocks: post-attention = resid_pre + attn_out)."""
+    from circuits.lens import early_decode
+
+    bridge, nn, p = pair
+    a = early_decode(nn, p.tokens, answers=p.answers, progress=False)
+    b = early_decode(bridge, p.tokens, answers=p.answers, progress=False)
+    assert (a.answer_rank == b.answer_rank).all()
+    assert a.answer_prob == pytest.approx(b.answer_prob, abs=1e-4)

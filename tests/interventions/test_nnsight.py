@@ -180,3 +180,16 @@ def test_missing_nnsight_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"^the nnsight backend needs the nnsight package: pip install "
                                           r"'af1-circuits\[nnsight\]'$"):
         require_nnsight()
+
+
+def test_early_decoding_equals_the_bridge(pair):
+    """The lens reads hook_resid_mid / hook_attn_out and decodes with model.ln_final and model.unembed."""
+    from circuits.lens import early_decode
+
+    bridge, nn, tokens, *_ = pair
+    with torch.inference_mode():
+        answers = bridge(tokens)[:, -1].argmax(-1)
+    a = early_decode(nn, tokens, answers=answers, progress=False)
+    b = early_decode(bridge, tokens, answers=answers, progress=False)
+    assert (a.answer_rank == b.answer_rank).all()
+    close(torch.as_tensor(a.answer_prob), torch.as_tensor(b.answer_prob))
