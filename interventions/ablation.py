@@ -3,6 +3,9 @@
 ``layer`` is the 0-indexed block *after* which the residual stream is replaced; for the AF1
 analysis it is ``L_wait``, the last waiting block. Position 0 (BOS) is never replaced unless a
 baseline is given explicit ``positions`` that include it.
+
+Hooks hold plain values and tensors (one block's means), never the intervention or its whole cache: a
+remote backend sends the hooks with each request (code by value).
 """
 
 from __future__ import annotations
@@ -23,6 +26,19 @@ from .validation import check_index
 def _check_cache(cache: Any, who: str) -> None:
     if not isinstance(cache, MeanCache):
         raise InterventionError(f"{who} needs a MeanCache (from MeanCache.fit), got {type(cache).__name__}")
+
+
+def on_device(values: torch.Tensor) -> Any:
+    """``copy(like)``: ``values`` on the device and in the dtype of tensor ``like`` (copies memoised)."""
+    copies: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def copy(like: torch.Tensor) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        if key not in copies:
+            copies[key] = values.to(device=like.device, dtype=like.dtype)
+        return copies[key]
+
+    return copy
 
 
 def _positions(positions: tuple[int, ...] | None, n_pos: int, who: str) -> list[int] | slice:
@@ -62,11 +78,13 @@ class CAMA(Intervention):
         info.check_layer(self.layer, "CAMA layer")
 
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        # The hook holds this block's means and the entry lookup only (what a remote request carries).
+        index, table = self.cache.indexer(), on_device(self.cache.layer("cond_mean", self.layer))
+
         def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
-            idx = self.cache.entry_index(ctx.require_tokens("CAMA"))
-            table = self.cache.on("cond_mean", resid.device, resid.dtype)[self.layer]
+            idx = index(ctx.require_tokens("CAMA"))
             out = resid.clone()
-            out[:, 1:] = table[idx[:, 1:].to(resid.device)]
+            out[:, 1:] = table(resid)[idx[:, 1:].to(resid.device)]
             return out
 
         return [(hooks.resid_post(self.layer), body)]
@@ -95,15 +113,17 @@ class MeanAblation(Intervention):
         info.check_layer(self.layer, "MeanAblation layer")
 
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        fit_pos, positions, table = self.cache.n_pos, self.positions, on_device(self.cache.layer("pos_mean", self.layer))
+
         def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
             n_pos = resid.shape[1]
-            if n_pos != self.cache.n_pos:
+            if n_pos != fit_pos:
                 raise InterventionError(
                     f"MeanAblation: prompt length {n_pos} differs from the cache's fit layout of "
-                    f"{self.cache.n_pos} tokens"
+                    f"{fit_pos} tokens"
                 )
-            sel = _positions(self.positions, n_pos, "MeanAblation")
-            means = self.cache.on("pos_mean", resid.device, resid.dtype)[self.layer]
+            sel = _positions(positions, n_pos, "MeanAblation")
+            means = table(resid)
             out = resid.clone()
             out[:, sel] = means[sel]
             return out
@@ -127,8 +147,10 @@ class ZeroAblation(Intervention):
         info.check_layer(self.layer, "ZeroAblation layer")
 
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        positions = self.positions
+
         def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
-            sel = _positions(self.positions, resid.shape[1], "ZeroAblation")
+            sel = _positions(positions, resid.shape[1], "ZeroAblation")
             out = resid.clone()
             out[:, sel] = 0.0
             return out

@@ -66,8 +66,9 @@ class MeanCache:
         self.model_signature = dict(model_signature)
         self.source = source
         self.n_layers, self.n_pos, self.d_model = (int(s) for s in pos_mean.shape)
-        self._lookup: torch.Tensor | None = None
+        self._lookup: EntryIndexer | None = None
         self._device_copies: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
+        self._layer_copies: dict[tuple[str, int], torch.Tensor] = {}
         self._sha: str | None = None
 
     # --- fitting -----------------------------------------------------------------------------
@@ -187,37 +188,26 @@ class MeanCache:
         Raises :class:`CacheMismatchError` naming the position, token and lengths when the layout
         differs from the fit layout or a pair was never seen.
         """
-        if tokens.ndim != 2 or tokens.shape[1] != self.n_pos:
-            raise CacheMismatchError(
-                f"prompt length {tokens.shape[-1]} differs from the cache's fit layout of "
-                f"{self.n_pos} tokens: fit one MeanCache per layout (prompt token length)"
-            )
-        lookup = self._lookup_table()
-        toks = tokens.cpu()
-        in_vocab = toks < lookup.shape[1]
-        idx = torch.full_like(toks, -1)
-        pos_grid = torch.arange(self.n_pos).expand_as(toks)
-        idx[in_vocab] = lookup[pos_grid[in_vocab], toks[in_vocab]]
-        idx[:, :positions_from] = 0
-        missing = torch.nonzero(idx < 0)
-        if len(missing):
-            b, p = (int(v) for v in missing[0])
-            raise CacheMismatchError(
-                f"token {int(toks[b, p])} at position {p} (prompt {b} of the batch, length "
-                f"{self.n_pos}) never occurred at that position in the {self.n_prompts} fit prompts; "
-                f"{len(missing)} (prompt, position) pairs are uncovered: refit the cache on a set "
-                f"that covers them"
-            )
-        idx[:, :positions_from] = -1
-        return idx.to(tokens.device)
+        return self.indexer()(tokens, positions_from=positions_from)
 
-    def _lookup_table(self) -> torch.Tensor:
+    def indexer(self) -> "EntryIndexer":
+        """The ``(position, token) -> entry`` lookup alone (small: ``n_pos x`` largest token id), for hooks that
+        should not carry the whole cache (a remote request ships what its hooks hold)."""
         if self._lookup is None:
             width = int(self.entry_tok.max()) + 1 if len(self.entry_tok) else 1
             table = torch.full((self.n_pos, width), -1, dtype=torch.long)
             table[self.entry_pos, self.entry_tok] = torch.arange(len(self.entry_pos))
-            self._lookup = table
+            self._lookup = EntryIndexer(table, self.n_prompts)
         return self._lookup
+
+    def layer(self, name: str, layer: int) -> torch.Tensor:
+        """A copy of ``cond_mean``, ``pos_mean`` or ``z_mean`` of block ``layer`` (0-indexed) that shares no
+        storage with the cache (so a hook holding it carries one block's means, not every block's). One
+        copy per block (memoised): the configurations of one wait in one request share it."""
+        self.check_layer(layer)
+        if (name, layer) not in self._layer_copies:
+            self._layer_copies[name, layer] = getattr(self, name)[layer].clone()
+        return self._layer_copies[name, layer]
 
     def on(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """``cond_mean``, ``pos_mean`` or ``z_mean`` on ``device``/``dtype`` (memoised)."""
@@ -310,3 +300,38 @@ class MeanCache:
         if meta.get("sha256") and meta["sha256"] != cache.sha256:
             raise InterventionError(f"{path} is corrupt: its content hash does not match its metadata")
         return cache
+
+
+class EntryIndexer:
+    """``(position, token) -> entry`` of a :class:`MeanCache` (:meth:`MeanCache.indexer`): ``table`` is
+    ``[n_pos, width]`` long, ``-1`` for pairs the ``n_prompts`` fit prompts never held."""
+
+    def __init__(self, table: Int[torch.Tensor, "n_pos width"], n_prompts: int):
+        self.table = table
+        self.n_pos = int(table.shape[0])
+        self.n_prompts = int(n_prompts)
+
+    def __call__(self, tokens: Tokens, *, positions_from: int = 1) -> Int[torch.Tensor, "batch pos"]:
+        """:meth:`MeanCache.entry_index`."""
+        if tokens.ndim != 2 or tokens.shape[1] != self.n_pos:
+            raise CacheMismatchError(
+                f"prompt length {tokens.shape[-1]} differs from the cache's fit layout of "
+                f"{self.n_pos} tokens: fit one MeanCache per layout (prompt token length)"
+            )
+        toks = tokens.cpu()
+        in_vocab = toks < self.table.shape[1]
+        idx = torch.full_like(toks, -1)
+        pos_grid = torch.arange(self.n_pos).expand_as(toks)
+        idx[in_vocab] = self.table[pos_grid[in_vocab], toks[in_vocab]]
+        idx[:, :positions_from] = 0
+        missing = torch.nonzero(idx < 0)
+        if len(missing):
+            b, p = (int(v) for v in missing[0])
+            raise CacheMismatchError(
+                f"token {int(toks[b, p])} at position {p} (prompt {b} of the batch, length "
+                f"{self.n_pos}) never occurred at that position in the {self.n_prompts} fit prompts; "
+                f"{len(missing)} (prompt, position) pairs are uncovered: refit the cache on a set "
+                f"that covers them"
+            )
+        idx[:, :positions_from] = -1
+        return idx.to(tokens.device)

@@ -11,6 +11,7 @@ import torch
 from . import adapter as hooks
 from .adapter import ModelInfo
 from .base import ForwardContext, HookBody, Intervention, to_tuple
+from .ablation import on_device
 from .cache import MeanCache
 from .types import Head, InterventionError
 from .validation import check_choice
@@ -58,19 +59,22 @@ class HeadAblation(Intervention):
 
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
         def make(layer: int, heads: list[int]) -> HookBody:
+            # The hook holds this block's head means only (what a remote request carries).
+            cache = self.cache
+            fit_pos = cache.n_pos if cache is not None else 0
+            table = on_device(cache.layer("z_mean", layer)) if cache is not None and self.method == "mean" else None
+
             def body(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
                 out = z.clone()
-                if self.method == "zero":
+                if table is None:
                     out[:, :, heads] = 0.0
                     return out
-                assert self.cache is not None
-                if z.shape[1] != self.cache.n_pos:
+                if z.shape[1] != fit_pos:
                     raise InterventionError(
                         f"HeadAblation(method='mean'): prompt length {z.shape[1]} differs from the "
-                        f"cache's fit layout of {self.cache.n_pos} tokens"
+                        f"cache's fit layout of {fit_pos} tokens"
                     )
-                means = self.cache.on("z_mean", z.device, z.dtype)[layer]
-                out[:, :, heads] = means[:, heads]
+                out[:, :, heads] = table(z)[:, heads]
                 return out
 
             return body

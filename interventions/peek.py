@@ -91,8 +91,10 @@ class Peek(Intervention):
         """The peek as per-block attention masks: each block's mask is restricted to :meth:`allowed` (same
         numbers as the pattern edit of :meth:`hooks`: softmax over the allowed keys)."""
 
+        mode, queries, keep_bos = self.mode, self.queries, self.keep_bos  # the hook holds these, not the Peek
+
         def body(mask: torch.Tensor, hook: Any = None) -> torch.Tensor:
-            return mask & self.allowed(mask.shape[-1], mask.device)
+            return mask & allowed_keys(mask.shape[-1], mode, queries, keep_bos, mask.device)
 
         return [(hooks.attn_mask(layer), body) for layer in self.layers]
 

@@ -190,6 +190,9 @@ class NNsightModel(torch.nn.Module):
         kwargs: dict[str, Any] = {"use_cache": False}
         if self.remote:
             kwargs["remote"] = self.remote
+            ship_by_value()
+            if self.remote is True:
+                use_environment_key()
         out = run_trace(self.lm, self.layout, self.cfg.n_layers, self.cfg.n_heads, invokes, kwargs)
         self.usage.requests += 1
         self.usage.invokes += len(invokes)
@@ -209,6 +212,21 @@ def check_remote(remote: bool | str) -> None:
                          "(from https://login.ndif.us; it is never written to a file)")
 
 
+def ship_by_value() -> None:
+    """Have nnsight send the ``interventions`` package's code with remote requests (by value): NDIF does not
+    have it installed, and the hooks and the trace body are defined in it."""
+    import interventions
+
+    require_nnsight().register(interventions)
+
+
+def use_environment_key() -> None:
+    """Give nnsight the API key of the ``NDIF_API_KEY`` environment variable (in memory; a key saved in
+    nnsight's own config file is not used). ``ValueError`` when the variable is not set."""
+    check_remote(True)
+    require_nnsight().CONFIG.API.APIKEY = os.environ["NDIF_API_KEY"]
+
+
 def wrap(hf_model: Any, tokenizer: Any, name: str, remote: bool | str = False) -> NNsightModel:
     """Wrap the Hugging Face causal LM ``hf_model`` (with ``tokenizer``) in nnsight as an
     :class:`NNsightModel` called ``name``, in eval mode."""
@@ -226,10 +244,13 @@ def from_pretrained(name: str, device: str = "cpu", dtype: torch.dtype | None = 
     in ``dtype`` (default float32) with SDPA attention."""
     nnsight = require_nnsight()
     check_remote(remote)
-    kwargs: dict[str, Any] = {"task": "text-generation"}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    kwargs: dict[str, Any] = {"task": "text-generation", "tokenizer": tokenizer}
     if dtype is not None:
         kwargs["dtype"] = dtype
     if not remote:
         kwargs.update(dispatch=True, device_map=device)
     lm = nnsight.TransformersModel(name, **kwargs)
-    return NNsightModel(lm, name, lm.tokenizer, remote=remote).eval()
+    return NNsightModel(lm, name, tokenizer, remote=remote).eval()

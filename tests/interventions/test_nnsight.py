@@ -150,6 +150,7 @@ def test_remote_dry_run_serialises_and_gives_the_same_numbers(pair):
     _, nn, tokens, _, cn = pair
     L = nn.cfg.n_layers
     runs = [(tokens, iv.af1_subgraph(L, w, 1, cn)) for w in (0, 2)]
+    runs += [(tokens, ivs) for ivs in interventions_of(L, cn).values()]  # every intervention travels
     with torch.inference_mode():
         local = iv.run_many(nn, runs)
         plain = nn(tokens)
