@@ -72,6 +72,9 @@ def describe(err: BaseException) -> tuple[str, int] | None:
     name = type(err).__name__
     if name == "SafetensorError":
         return f"a .safetensors file is corrupt or truncated ({err}); move it away or use a new --out directory", 2
+    if name == "RemoteError":  # nnsight: the NDIF job failed (not imported here)
+        return (f"the remote (NDIF) request failed: {one_line(err)}; finished results are saved: run the same "
+                f"command again to resume"), 2
     if name == "OutOfMemoryError":
         return "out of device memory: lower --batch-size (or use a smaller --dtype)", 2
     return None

@@ -1,0 +1,98 @@
+"""``--backend nnsight`` and ``--remote`` on the command line.
+
+The remote runs here use nnsight's serverless dry run (``remote="local"``: each request is serialised as
+for NDIF, rebuilt with the project's modules hidden and run in this process) on a zoo model, standing in
+for NDIF, which cannot be reached from the tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from circuits import cli, loading
+from circuits.commands import common
+
+pytest.importorskip("nnsight", reason="nnsight is not installed: pip install 'af1-circuits[nnsight]'")
+zoo = pytest.importorskip("circuits.zoo")
+
+SEARCH = ["search", "--model", "arith-gpt2", "--task", "add_sub", "--n-prompts", "24", "--grid", "full",
+          "--no-progress", "--batch-size", "16"]
+
+
+def results(out) -> dict:
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {(r["wait"], r["transfer"]): (r["n_faithful"], r["ci_low"], r["ci_high"]) for r in rows}
+
+
+def test_search_on_nnsight_equals_the_bridge(tmp_path, capsys):
+    assert cli.main([*SEARCH, "--backend", "bridge", "--out", str(tmp_path / "b")]) == 0
+    assert cli.main([*SEARCH, "--backend", "nnsight", "--out", str(tmp_path / "n")]) == 0
+    assert results(tmp_path / "n") == results(tmp_path / "b") and len(results(tmp_path / "b")) == 28
+    summary = json.loads((tmp_path / "n" / "summary.json").read_text())
+    assert summary["selected"] == json.loads((tmp_path / "b" / "summary.json").read_text())["selected"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--backend", "bridge"], "--remote runs on NDIF through nnsight: add --backend nnsight"),
+    (["--backend", "nnsight"], "--remote: arith-gpt2 is a zoo model, which NDIF does not host"),
+])
+def test_remote_is_checked_before_loading(extra, message, tmp_path, capsys):
+    assert cli.main([*SEARCH, *extra, "--remote", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"af1 search: error: {message}") and err.count("\n") == 1
+
+
+def test_remote_needs_the_key(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loading, "zoo_names", lambda: [])  # as for a model NDIF hosts
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    assert cli.main([*SEARCH, "--backend", "nnsight", "--remote", "--out", str(tmp_path / "r")]) == 2
+    assert "--remote needs an NDIF API key in the environment: export NDIF_API_KEY=..." in capsys.readouterr().err
+
+
+class RemoteError(Exception):
+    """Stands in for nnsight's RemoteError (a failed NDIF job)."""
+
+
+@pytest.fixture
+def dry_run_remote(monkeypatch):
+    """``--remote`` loads the zoo model in nnsight with the serverless dry run; ``fail_after[0] = k`` makes
+    the k-th request from then on fail like a failed NDIF job."""
+    model = zoo.load("arith-gpt2", backend="nnsight")
+    model.remote = "local"
+    fail_after = [None]
+    run = model.run
+
+    def flaky(invokes):
+        if fail_after[0] is not None:
+            fail_after[0] -= 1
+            if fail_after[0] < 0:
+                raise RemoteError("job failed on the server")
+        return run(invokes)
+
+    object.__setattr__(model, "run", flaky)
+    monkeypatch.setattr(common, "check_backend", lambda args: None)  # zoo model: the dry run stands in for NDIF
+    monkeypatch.setattr(loading, "load_model", lambda name, **kw: model if kw.get("remote") else None)
+    return model, fail_after
+
+
+def test_remote_search_prints_its_cost_and_resumes_after_a_failed_request(dry_run_remote, tmp_path, capsys):
+    model, fail_after = dry_run_remote
+    argv = [*SEARCH, "--backend", "nnsight", "--remote", "--configs-per-pass", "4"]
+    assert cli.main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    printed = capsys.readouterr().out
+    cost_line = next(line for line in printed.splitlines() if line.startswith("remote cost: "))
+    # 28 configurations, at most 4 per pass within a wait (7, 6, 5, 4, 3, 2, 1 -> 2+2+2+1+1+1+1 = 10 passes),
+    # for each of 2 batches of 16 prompts; 28 * 24 prompts * 7 tokens
+    assert "28 configurations in 20 requests (4,704 prompt tokens)" in cost_line
+    assert "remote usage of this run" in printed
+    fail_after[0] = 2 + 5  # base check (2) and means (2) pass, then 3 search requests, then a failure
+    assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 2
+    assert "the remote (NDIF) request failed: job failed on the server; finished results are saved" in \
+           capsys.readouterr().err
+    done = results(tmp_path / "cut")
+    assert 0 < len(done) < 28
+    fail_after[0] = None
+    assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 0
+    assert f"resumed {len(done)} configuration(s)" in capsys.readouterr().out
+    assert results(tmp_path / "cut") == results(tmp_path / "whole")
