@@ -216,23 +216,26 @@ class ModelAdapter:
                 return masks
         return item.hooks(ctx, self.info)
 
-    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: "Sequence[str]") -> dict[str, torch.Tensor]:
-        """``{hook name: activation}`` of one forward pass over ``tokens`` (after any hooks at those points;
-        the pass ends after the last block). Hooks of the model fire as in any pass."""
+    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: "Sequence[str]",
+                    summed: "Sequence[str]" = ()) -> dict[str, torch.Tensor]:
+        """``{hook name: activation}`` of one forward pass over ``tokens`` for ``names``, and the activation
+        summed over the batch (dimension 0) for ``summed`` (after any hooks at those points; the pass ends
+        after the last block). Hooks of the model fire as in any pass."""
         seen: dict[str, torch.Tensor] = {}
 
-        def keep(name: str) -> HookFn:
-            return lambda act, hook=None: seen.__setitem__(name, act.detach())
+        def keep(name: str, total: bool) -> HookFn:
+            return lambda act, hook=None: seen.__setitem__(name, act.detach().double().sum(0) if total else act.detach())
 
-        with self.hooks([(name, keep(name)) for name in names]):
+        with self.hooks([(n, keep(n, False)) for n in names] + [(n, keep(n, True)) for n in summed]):
             self.run_to_resid(tokens)
         return seen
 
     def run_configs(self, runs: "Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]]",
-                    logits: str = "last") -> list[torch.Tensor]:
+                    logits: str = "last", answers: "Sequence[torch.Tensor] | None" = None) -> list[torch.Tensor]:
         """Logits of several prompt batches in one forward pass, each with its own hooks (``(tokens, {hook
-        name: functions})``; every batch of one length). ``logits``: ``"last"`` (``[batch, 1, d_vocab]``)
-        or ``"all"`` positions. Capability ``configs_per_pass``."""
+        name: functions})``; every batch of one length). ``logits``: ``"last"`` (``[batch, 1, d_vocab]``),
+        ``"all"`` positions, or ``"answer"`` (``[batch, 4]`` readout for each run's ``answers``, see
+        :mod:`interventions.readout`). Capability ``configs_per_pass``."""
         raise NotImplementedError(self.missing("run_configs", "configs_per_pass"))
 
     def token_module(self) -> torch.nn.Module:

@@ -11,6 +11,7 @@ from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
+from .readout import answer_readout
 from .validation import check_choice, check_tokens
 
 
@@ -124,31 +125,37 @@ def run_many(
     runs: Sequence[tuple[Tokens, Intervention | Sequence[Intervention]]],
     *,
     logits: str = "last",
-) -> list[Logits]:
+    answers: Sequence[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
     """Logits of several prompt batches, each under its own interventions: ``runs`` is a list of
-    ``(tokens, interventions)``, every ``tokens`` ``[batch, pos]`` of one ``pos``. ``logits="last"`` returns
-    ``[batch, 1, d_vocab]`` per run (the last position), ``"all"`` every position.
+    ``(tokens, interventions)``, every ``tokens`` ``[batch, pos]`` of one ``pos``. Per run, ``logits="last"``
+    returns ``[batch, 1, d_vocab]`` (the last position), ``"all"`` every position, and ``"answer"`` the
+    ``[batch, 4]`` :func:`~interventions.readout.answer_readout` of the last position for that run's
+    ``answers`` (``[batch]`` token ids; all a search needs, 16 bytes per prompt from a remote backend).
 
     Where the adapter has the ``configs_per_pass`` capability (nnsight: one invoke per run in one trace,
     one request remotely) all runs share one forward pass; elsewhere each run is one :func:`run`. The
     numbers are the same either way."""
-    check_choice("logits", logits, ("last", "all"))
+    check_choice("logits", logits, ("last", "all", "answer"))
+    if logits == "answer" and (answers is None or len(answers) != len(runs)):
+        raise InterventionError("run_many(logits='answer') needs answers: one [batch] tensor of token ids per run")
     ad = adapt(model)
+    if not ad.capabilities.configs_per_pass:
+        outs = []
+        for i, (tokens, interventions) in enumerate(runs):
+            items = checked(ad, interventions)
+            out = run(model, tokens, items) if items else model(check_tokens(tokens, d_vocab=ad.info.d_vocab))
+            outs.append(answer_readout(out[:, -1], answers[i]) if logits == "answer" else
+                        out[:, -1:] if logits == "last" else out)
+        return outs
     prepared = []
     for tokens, interventions in runs:
         tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
-        items = checked(ad, interventions)
-        if not ad.capabilities.configs_per_pass:
-            out = run(model, tokens, items) if items else model(tokens)
-            prepared.append(out[:, -1:] if logits == "last" else out)
-            continue
         ctx = ForwardContext(tokens)
         hooks: dict[str, list[Any]] = {}
-        for item in items:
+        for item in checked(ad, interventions):
             for name, body in ad.intervention_hooks(item, ctx):
                 ad.hook_point(name)  # an unknown hook name raises here rather than being skipped
                 hooks.setdefault(name, []).append(body)
         prepared.append((tokens, hooks))
-    if not ad.capabilities.configs_per_pass:
-        return prepared
-    return ad.run_configs(prepared, logits)
+    return ad.run_configs(prepared, logits, answers)

@@ -84,9 +84,9 @@ class MeanCache:
         """Fit the means on ``tokens`` (``[batch, pos]`` long, one layout, BOS at position 0).
 
         Streams over batches of ``batch_size`` prompts: per batch the backend returns the activations
-        (``adapt(model).activations``; on a remote backend they are downloaded) and the sums are
-        accumulated here, so the activations of one batch (every block's residual and ``hook_z``) are
-        held at once.
+        (``adapt(model).activations``: every block's residual, and its ``hook_z`` already summed over the
+        batch; on a remote backend they are downloaded) and the sums are accumulated here, so the
+        residuals of one batch are held at once.
         """
         ad = adapt(model)
         info = ad.info
@@ -108,17 +108,17 @@ class MeanCache:
         z_sum = torch.zeros(info.n_layers, n_pos, info.n_heads, info.d_head, dtype=f64, device=device)
         inverse = inverse.to(device)
         names = [hooks.resid_post(layer) for layer in range(info.n_layers)]
-        names += [hooks.z(layer) for layer in range(info.n_layers)]
+        summed = [hooks.z(layer) for layer in range(info.n_layers)]
         with torch.inference_mode():
             for start in tqdm(range(0, n, batch_size), desc="MeanCache.fit", unit="batch", disable=not progress):
                 # Activations come back from the backend (a remote backend sends them), sums are kept here.
-                acts = ad.activations(tokens[start : start + batch_size].to(device), names)
+                acts = ad.activations(tokens[start : start + batch_size].to(device), names, summed=summed)
                 idx = inverse[start : start + batch_size].reshape(-1)
                 for layer in range(info.n_layers):
                     a = acts[hooks.resid_post(layer)].to(device=device, dtype=f64)
                     cond_sum[layer].index_add_(0, idx, a.reshape(-1, info.d_model))
                     pos_sum[layer] += a.sum(0)
-                    z_sum[layer] += acts[hooks.z(layer)].to(device=device, dtype=f64).sum(0)
+                    z_sum[layer] += acts[hooks.z(layer)].to(device=device, dtype=f64)
 
         counts = entry_count.to(device=device, dtype=f64)
         return cls(

@@ -17,6 +17,7 @@ from jaxtyping import Float
 
 import interventions as iv
 from circuits.faithfulness import last_token_metrics
+from interventions.readout import readout_metrics
 from interventions.types import Tokens
 from interventions.validation import check_choice
 
@@ -71,8 +72,10 @@ class NaiveEvaluator(Evaluator):
 class BatchedEvaluator(NaiveEvaluator):
     """:class:`NaiveEvaluator`'s numbers with ``configs_per_pass`` configurations in each forward pass: asked
     for ``(wait, transfer)``, it evaluates that configuration and the next transfers of the same wait
-    (up to ``configs_per_pass`` in all) together and keeps the others for when they are asked for. Needs
-    nothing of the adapter; with the ``configs_per_pass`` capability the configurations share one pass."""
+    (up to ``configs_per_pass`` in all) together and keeps the others for when they are asked for. Only
+    the answer readout of the last position comes back (:mod:`interventions.readout`: four numbers per
+    prompt, computed on the server by a remote backend). Needs nothing of the adapter; with the
+    ``configs_per_pass`` capability the configurations share one pass."""
 
     def __init__(self, *args: Any, configs_per_pass: int = 8, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -85,18 +88,26 @@ class BatchedEvaluator(NaiveEvaluator):
         return [(wait, t) for t in range(transfer, last + 1)]
 
     @torch.inference_mode()
-    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+    def readout(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch 4"]:
+        """:func:`interventions.readout.answer_readout` of every prompt under ``(wait, transfer)``."""
         if (wait, transfer) not in self.ready:
             group = self.group(wait, transfer)
             subgraphs = [iv.af1_subgraph(self.n_layers, w, t, self.cache, self.ablation) for w, t in group]
             parts: list[list[torch.Tensor]] = [[] for _ in group]
             for sl in self.batches():
-                outs = iv.run_many(self.model, [(self.tokens[sl], ivs) for ivs in subgraphs], logits="last")
+                outs = iv.run_many(self.model, [(self.tokens[sl], ivs) for ivs in subgraphs], logits="answer",
+                                   answers=[self.answers[sl]] * len(group))
                 self.passes += 1
                 for part, out in zip(parts, outs):
-                    part.append(out[:, -1].float())
+                    part.append(out.float().cpu())
             self.ready = {c: torch.cat(part) for c, part in zip(group, parts)}
         return self.ready.pop((wait, transfer))
+
+    def evaluate(self, wait: int, transfer: int) -> PerPrompt:
+        return readout_metrics(self.readout(wait, transfer), self.answers)
+
+    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+        raise NotImplementedError("BatchedEvaluator reads only the answer readout: use evaluate(wait, transfer)")
 
 
 def make_evaluator(model: Any, tokens: Tokens, answers: torch.Tensor, cache: Any, *, ablation: str,

@@ -73,9 +73,12 @@ class NNsightAdapter(ModelAdapter):
         return torch.device("cpu") if device.type == "meta" else device
 
     # --- running ----------------------------------------------------------------------------
-    def read(self, tokens: torch.Tensor, names: Sequence[str], hooks: dict[str, list[HookFn]] | None = None) -> dict:
-        """One pass over ``tokens`` returning ``{name: activation}`` for ``names`` (no logits)."""
-        return self.model.run([Invoke(tokens, hooks=dict(hooks or {}), reads=tuple(names), logits="none")])[0]
+    def read(self, tokens: torch.Tensor, names: Sequence[str], hooks: dict[str, list[HookFn]] | None = None,
+             summed: Sequence[str] = ()) -> dict:
+        """One pass over ``tokens`` returning ``{name: activation}`` for ``names`` and the batch sums for
+        ``summed`` (no logits)."""
+        inv = Invoke(tokens, hooks=dict(hooks or {}), reads=tuple(names), sums=tuple(summed), logits="none")
+        return self.model.run([inv])[0]
 
     def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         name = resid_post(self.info.n_layers - 1)
@@ -84,10 +87,12 @@ class NNsightAdapter(ModelAdapter):
     def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.read(tokens, [resid_pre(0)])[resid_pre(0)]
 
-    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """``{name: activation}`` saved by the trace (what a remote run sends back)."""
-        out = self.read(tokens, names)
-        return {name: out[name].detach() for name in names}
+    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: Sequence[str],
+                    summed: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+        """:meth:`ModelAdapter.activations`, saved by the trace (what a remote run sends back; the sums are
+        taken there)."""
+        out = self.read(tokens, names, summed=summed)
+        return {name: out[name].detach() for name in (*names, *summed)}
 
     def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
         """:meth:`ModelAdapter.run_from` as one whole pass: placeholder token ids (the first token of the
@@ -102,9 +107,12 @@ class NNsightAdapter(ModelAdapter):
         return self.read(tokens, [exit_name], hooks)[exit_name]
 
     def run_configs(self, runs: Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]],
-                    logits: str = "last") -> list[torch.Tensor]:
-        """:meth:`ModelAdapter.run_configs`: one invoke per run, all in one trace."""
-        out = self.model.run([Invoke(tokens, hooks=dict(hooks), logits=logits) for tokens, hooks in runs])
+                    logits: str = "last", answers: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """:meth:`ModelAdapter.run_configs`: one invoke per run, all in one trace (the ``"answer"`` readout is
+        computed there)."""
+        out = self.model.run([Invoke(tokens, hooks=dict(hooks), logits=logits,
+                                     answers=None if answers is None else answers[i])
+                              for i, (tokens, hooks) in enumerate(runs)])
         return [res["logits"] for res in out]
 
 

@@ -185,6 +185,8 @@ class NNsightModel(torch.nn.Module):
         everywhere = {name: list(p._forward_hooks.values()) for name, p in self.hook_dict.items() if p._forward_hooks}
         for inv in invokes:
             inv.tokens = inv.tokens.to(device)
+            if inv.answers is not None:
+                inv.answers = inv.answers.to(device)
             for name, fns in everywhere.items():
                 inv.hooks[name] = list(inv.hooks.get(name, [])) + fns
         kwargs: dict[str, Any] = {"use_cache": False}

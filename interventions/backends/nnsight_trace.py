@@ -17,9 +17,9 @@ activations to return, and whether to return logits (``"all"`` positions, the ``
 * ``blocks.{l}.hook_resid_post``: the block's output hidden states.
 
 A hook is ``fn(activation, hook)`` returning ``None`` (observe) or the replacement, as on
-TransformerLens. Only points with hooks or reads are touched. :func:`run_trace` returns, per invoke,
-the activations read, the logits asked for and the names of the points whose hooks ran; nothing else
-comes back from a remote run. This module never imports nnsight: the model wrapper passes the trace.
+TransformerLens. Only points with hooks, reads or sums are touched. :func:`run_trace` returns, per
+invoke, the activations read (or their sums over the batch), the logits asked for and the names of the
+points whose hooks ran; nothing else comes back from a remote run. This module never imports nnsight: the model wrapper passes the trace.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..readout import answer_readout
 from .nnsight_layout import Layout
 
-LOGITS = ("all", "last", "none")
+LOGITS = ("all", "last", "answer", "none")
 POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
                "hook_resid_post")
 """The emulated hook points of each block, in the order a forward pass reaches them."""
@@ -40,13 +41,16 @@ POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_att
 @dataclass
 class Invoke:
     """One invoke of a trace: ``tokens`` ``[batch, pos]``, ``hooks`` (hook name -> functions, run in
-    order), ``reads`` (hook names whose activation, after the hooks, is returned) and ``logits``
-    (one of :data:`LOGITS`)."""
+    order), ``reads`` (hook names whose activation, after the hooks, is returned), ``sums`` (hook names
+    whose activation summed over the batch is returned) and ``logits`` (one of :data:`LOGITS`;
+    ``"answer"``: :func:`~interventions.readout.answer_readout` of the last position for ``answers``)."""
 
     tokens: torch.Tensor
     hooks: dict[str, list[Callable[..., Any]]] = field(default_factory=dict)
     reads: tuple[str, ...] = ()
+    sums: tuple[str, ...] = ()
     logits: str = "all"
+    answers: torch.Tensor | None = None
     rows: tuple[int, int, int] = (0, 0, 0)
     """``(first row, rows, rows of the whole trace)`` of this invoke in the trace's batch (set by :func:`run_trace`)."""
 
@@ -113,6 +117,8 @@ def at_point(name: str, value: torch.Tensor, inv: Invoke, out: dict[str, Any], v
         visited.append(name)
     if name in inv.reads:
         out[name] = value.save()
+    if name in inv.sums:
+        out[name] = value.double().sum(0).save()  # float64, as MeanCache accumulates
     return value
 
 
@@ -131,7 +137,7 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
     """Apply ``inv``'s hooks and reads at the hook points of block ``l`` (see the module docstring), in the
     order the forward pass reaches them."""
     pre, mask, z, attn, mid, post = (f"blocks.{l}.{kind}" for kind in POINT_KINDS)
-    wanted = {n for n in (pre, mask, z, attn, mid, post) if n in inv.hooks or n in inv.reads}
+    wanted = {n for n in (pre, mask, z, attn, mid, post) if n in inv.hooks or n in inv.reads or n in inv.sums}
     if pre in wanted:
         x = block.input
         new = at_point(pre, x, inv, out, visited)
@@ -187,7 +193,10 @@ def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> 
         visit_block(blocks[l], layout, l, n_heads, inv, out, visited)
     if inv.logits != "none":
         logits = envoy_at(lm, layout.head).output
-        out["logits"] = (logits[:, -1:] if inv.logits == "last" else logits).save()
+        if inv.logits == "answer":
+            out["logits"] = answer_readout(logits[:, -1], inv.answers).save()
+        else:
+            out["logits"] = (logits[:, -1:] if inv.logits == "last" else logits).save()
     out["visited"] = visited
     return out
 

@@ -194,3 +194,27 @@ def test_early_decoding_equals_the_bridge(pair):
     b = early_decode(bridge, tokens, answers=answers, progress=False)
     assert (a.answer_rank == b.answer_rank).all()
     close(torch.as_tensor(a.answer_prob), torch.as_tensor(b.answer_prob))
+
+
+def test_answer_readout_gives_the_metrics_of_the_logits(pair):
+    """A remote search downloads four numbers per prompt (interventions.readout) instead of the logits; the
+    metrics they give equal those of the full logits, on nnsight (computed in the trace) and on the bridge
+    (computed here from its logits by run_many's fallback)."""
+    from circuits.faithfulness import last_token_metrics
+    from interventions.readout import readout_metrics
+
+    bridge, nn, tokens, cb, cn = pair
+    L = nn.cfg.n_layers
+    with torch.inference_mode():
+        answers = nn(tokens)[:, -1].argmax(-1)
+        runs_nn = [(tokens, iv.af1_subgraph(L, w, t, cn)) for w, t in ((2, 0), (0, 3))]
+        runs_b = [(tokens, iv.af1_subgraph(L, w, t, cb)) for w, t in ((2, 0), (0, 3))]
+        for i, (out_nn, out_b) in enumerate(zip(iv.run_many(nn, runs_nn, logits="answer", answers=[answers] * 2),
+                                                iv.run_many(bridge, runs_b, logits="answer", answers=[answers] * 2))):
+            assert out_nn.shape == (len(tokens), 4)
+            full = iv.run(nn, tokens, runs_nn[i][1])[:, -1]
+            for a, b in zip(readout_metrics(out_nn, answers), last_token_metrics(full, answers)):
+                torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+            close(out_nn, out_b)
+    with pytest.raises(InterventionError, match="needs answers"):
+        iv.run_many(nn, runs_nn, logits="answer")
