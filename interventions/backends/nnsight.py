@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from ..adapter import Capabilities, HookFn, ModelAdapter, register_backend
 from ..edits import edit_problems
 from ..hooks import resid_post, resid_pre
+from ..types import InterventionError
 from .nnsight_model import NNsightModel, from_pretrained, require_nnsight, wrap
 from .nnsight_trace import Invoke
 
@@ -52,6 +53,16 @@ class NNsightAdapter(ModelAdapter):
         """:meth:`ModelAdapter.attach`; ``on_fire`` runs after each trace in which the hook ran (the trace
         reports it, also from a remote run, where the hook itself runs on the server)."""
         point.add_hook(fn, dir="fwd", level=level, on_fire=on_fire)
+
+    def intervention_hooks(self, item: Any, ctx: Any) -> list[tuple[str, HookFn]]:
+        """:meth:`ModelAdapter.intervention_hooks`; attention masks are refused where attention runs in
+        flash-attention kernels, which take no mask of allowed keys."""
+        out = super().intervention_hooks(item, ctx)
+        impl = self.model.cfg.attn_implementation
+        if "flash" in impl and any(name.endswith(".attn.hook_attn_mask") for name, _ in out):
+            raise InterventionError(f"{type(item).__name__} needs attention that takes a mask of allowed keys, but this "
+                                    f"model runs {impl}: load it with attn_implementation='sdpa' or 'eager'")
+        return out
 
     def token_module(self) -> torch.nn.Module:
         return self.model

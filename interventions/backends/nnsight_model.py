@@ -132,13 +132,21 @@ class NNsightModel(torch.nn.Module):
     # --- TransformerLens surface ------------------------------------------------------------
     @property
     def ln_final(self) -> torch.nn.Module | None:
-        """The final norm module (``None`` if the model has none); needs the weights here (not remote)."""
-        return None if self.layout.final_norm is None else self.hf.get_submodule(self.layout.final_norm)
+        """The final norm module (``None`` if the model has none), run here (needs local weights)."""
+        return None if self.layout.final_norm is None else self.local_module(self.layout.final_norm)
 
     @property
     def unembed(self) -> torch.nn.Module:
-        """The unembedding (``lm_head``, with any bias): residual ``[..., d_model]`` to logits."""
-        return self.hf.get_submodule(self.layout.head)
+        """The unembedding (``lm_head``, with any bias): residual ``[..., d_model]`` to logits, run here."""
+        return self.local_module(self.layout.head)
+
+    def local_module(self, path: str) -> torch.nn.Module:
+        """The Hugging Face module at ``path``, to run in this process; ``ValueError`` for a remote model."""
+        module = self.hf.get_submodule(path)
+        if any(p.device.type == "meta" for p in module.parameters()):
+            raise ValueError(f"{path} of a remote model has no weights here: decoding residual states (af1 lens) "
+                             f"runs locally; run it without --remote")
+        return module
 
     @property
     def W_E(self) -> torch.Tensor:

@@ -218,3 +218,15 @@ def test_answer_readout_gives_the_metrics_of_the_logits(pair):
             close(out_nn, out_b)
     with pytest.raises(InterventionError, match="needs answers"):
         iv.run_many(nn, runs_nn, logits="answer")
+
+
+def test_flash_attention_refuses_masks(pair):
+    _, nn, tokens, *_ = pair
+    impl, nn.cfg.attn_implementation = nn.cfg.attn_implementation, "flash_attention_2"
+    try:
+        with pytest.raises(InterventionError, match="^Peek needs attention that takes a mask of allowed keys, but this "
+                                                    "model runs flash_attention_2: load it with attn_implementation="):
+            iv.run(nn, tokens, [iv.Peek([1])])
+        iv.run(nn, tokens, [iv.ZeroAblation(1)])  # other interventions do not need masks
+    finally:
+        nn.cfg.attn_implementation = impl
