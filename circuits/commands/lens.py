@@ -40,6 +40,11 @@ def check(args: argparse.Namespace) -> None:
     from circuits.commands.common import check_backend, check_device, check_out, check_positive, check_task
 
     check_backend(args)
+    if args.remote:
+        from circuits.errors import ArgumentError
+
+        raise ArgumentError("af1 lens decodes residual states here and needs the model's weights: run it without "
+                            "--remote (early decoding of a model NDIF hosts is not supported)")
     check_positive("--n-prompts", args.n_prompts)
     check_positive("--batch-size", args.batch_size)
     check_positive("--top-k", args.top_k)

@@ -96,3 +96,12 @@ def test_remote_search_prints_its_cost_and_resumes_after_a_failed_request(dry_ru
     assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 0
     assert f"resumed {len(done)} configuration(s)" in capsys.readouterr().out
     assert results(tmp_path / "cut") == results(tmp_path / "whole")
+
+
+def test_lens_refuses_remote(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loading, "zoo_names", lambda: [])  # as for a model NDIF hosts
+    monkeypatch.setenv("NDIF_API_KEY", "test-key")
+    argv = ["lens", "--model", "m", "--task", "add_sub", "--backend", "nnsight", "--remote", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith("af1 lens: error: af1 lens decodes residual states here and needs the "
+                                              "model's weights: run it without --remote")
