@@ -20,6 +20,7 @@ from circuits.necessity import necessity_sweep
 from circuits.search import configurations, search_af1
 from circuits.search.cost import search_cost
 from tests import standins
+from tests.conftest import needs_hooked
 
 pytest.importorskip("nnsight", reason="nnsight is not installed: pip install 'af1-circuits[nnsight]'")
 
@@ -136,3 +137,19 @@ def test_early_decoding_equals_the_bridge(pair):
     b = early_decode(bridge, p.tokens, answers=p.answers, progress=False)
     assert (a.answer_rank == b.answer_rank).all()
     assert a.answer_prob == pytest.approx(b.answer_prob, abs=1e-4)
+
+
+@needs_hooked
+def test_gptj_peeks_on_nnsight_as_on_hooked_transformer(load_standin):
+    """The bridge around Hugging Face's GPT-J attention cannot peek (it ignores pattern edits); nnsight gives
+    that attention a mask, with HookedTransformer's (pattern-edit) numbers."""
+    hooked, nn = load_standin("gptj", "hooked"), load_standin("gptj", "nnsight")
+    p = standins.self_answered(hooked, "add", N, prepend_bos=True)
+    L = nn.cfg.n_layers
+    with torch.inference_mode():
+        ch, cn = iv.MeanCache.fit(hooked, p.tokens, progress=False), iv.MeanCache.fit(nn, p.tokens, progress=False)
+        for w, t in configurations(L):
+            a, b = iv.run(nn, p.tokens, iv.af1_subgraph(L, w, t, cn)), iv.run(hooked, p.tokens, iv.af1_subgraph(L, w, t, ch))
+            torch.testing.assert_close(log_probs(a), log_probs(b), atol=1e-4, rtol=0)
+        peeked = iv.run(nn, p.tokens, [iv.Peek([0, 1], "self", "all")])
+        assert (log_probs(peeked) - log_probs(nn(p.tokens))).abs().max() > 1e-3
