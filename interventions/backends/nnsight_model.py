@@ -118,7 +118,7 @@ class NNsightModel(torch.nn.Module):
 
     def __init__(self, lm: Any, name: str, tokenizer: Any, remote: bool | str = False):
         super().__init__()
-        self.hf = lm._module
+        self.hf = lm._module  # the wrapped Hugging Face module: nnsight 0.8 has no public accessor
         object.__setattr__(self, "lm", lm)
         self.layout = layout_of(self.hf)
         self.cfg = config_of(self.hf.config, name, tokenizer)
