@@ -17,7 +17,7 @@ from .ablation import CAMA, MeanAblation, ZeroAblation
 from .adapter import BACKENDS, Capabilities, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
 from .af1 import af1_subgraph
 from .apply import apply, run, run_many
-from .backends import BridgeAdapter, HookedAdapter  # registers the shipped backends
+from .backends import BridgeAdapter, HookedAdapter, NNsightAdapter  # registers the shipped backends (no nnsight import)
 from .convert import bridge_from_hooked, bridge_from_hooked_state
 from .base import REGISTRY, Intervention
 from .cache import MeanCache
@@ -40,6 +40,7 @@ __all__ = [
     "MeanCache",
     "ModelAdapter",
     "ModelInfo",
+    "NNsightAdapter",
     "Peek",
     "REGISTRY",
     "ZeroAblation",

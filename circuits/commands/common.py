@@ -14,6 +14,9 @@ from typing import Any
 
 from circuits.errors import ArgumentError
 
+BACKEND_CHOICES = ("hooked", "bridge", "nnsight")
+"""``interventions.adapter.BACKENDS``, spelled out: ``af1 --help`` imports no torch (a test keeps them equal)."""
+
 MAX_PROMPTS = 100_000
 """Upper bound of ``--n-prompts`` (prompts of one layout evaluated per configuration)."""
 
@@ -21,9 +24,7 @@ MAX_PROMPTS = 100_000
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
     """``--backend hooked|bridge|nnsight`` (default: hooked on TransformerLens 3.x, bridge on 4.x), ``--remote``
     and ``--dtype``."""
-    from interventions.adapter import BACKENDS
-
-    parser.add_argument("--backend", choices=BACKENDS, default=None,
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                         help="model class: hooked (HookedTransformer, 3.x), bridge (TransformerBridge) or nnsight "
                              "(the Hugging Face model in nnsight; pip install 'af1-circuits[nnsight]'); default "
                              "hooked where it exists, else bridge")

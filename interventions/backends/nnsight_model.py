@@ -84,6 +84,10 @@ class HookPoint:
     def fwd_hooks(self) -> list[HookHandle]:
         return [HookHandle(k, k in self.permanent) for k in self._forward_hooks]
 
+    def functions(self) -> list[HookFn]:
+        """The hooks present now, in the order they were added (the order they run)."""
+        return list(self._forward_hooks.values())
+
     def fired(self) -> None:
         """Run the ``on_fire`` callbacks of the hooks present now (after a trace in which they ran)."""
         for hook_id, callback in list(self.on_fire.items()):
@@ -190,7 +194,7 @@ class NNsightModel(torch.nn.Module):
             raise ValueError("the invokes of one trace need prompts of one token length (no padding): "
                              "group prompts by layout")
         device = torch.device("cpu") if self.remote else self.cfg.device
-        everywhere = {name: list(p._forward_hooks.values()) for name, p in self.hook_dict.items() if p._forward_hooks}
+        everywhere = {name: p.functions() for name, p in self.hook_dict.items() if p.functions()}
         for inv in invokes:
             inv.tokens = inv.tokens.to(device)
             if inv.answers is not None:

@@ -103,3 +103,10 @@ def test_demo_command(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_configs_evaluated"] == summary["n_configs_total"] == 28 and summary["n_prompts"] == 20
     assert (out / "report.html").exists() and (out / "necessity" / "report.html").exists()
+
+
+def test_backend_choices_are_the_backends():
+    """``--backend`` lists interventions.BACKENDS (spelled out so that ``af1 --help`` imports no torch)."""
+    import interventions as iv
+
+    assert common.BACKEND_CHOICES == iv.BACKENDS
