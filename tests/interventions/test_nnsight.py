@@ -230,3 +230,16 @@ def test_flash_attention_refuses_masks(pair):
         iv.run(nn, tokens, [iv.ZeroAblation(1)])  # other interventions do not need masks
     finally:
         nn.cfg.attn_implementation = impl
+
+
+@pytest.mark.skipif("arith-gpt2-af1" not in zoo.available(), reason="the planted zoo model is not installed")
+def test_planted_mask_is_attached_as_attention_masks():
+    """zoo.json's planted mask becomes permanent attention-mask hooks on nnsight: the bridge's logits."""
+    bridge, nn = zoo.load("arith-gpt2-af1", backend="bridge"), zoo.load("arith-gpt2-af1", backend="nnsight")
+    tokens = nn.to_tokens(PROMPTS)
+    assert all(p.permanent for name, p in nn.hook_dict.items() if name.endswith("hook_attn_mask"))
+    with torch.inference_mode():
+        close(nn(tokens), bridge(tokens))
+        with iv.adapt(nn).hooks():  # scoped hooks come and go; the planted ones stay
+            pass
+        close(nn(tokens), bridge(tokens))
