@@ -288,8 +288,10 @@ def self_answer_prompts(model: Any, tokens: Int[torch.Tensor, "batch pos"], task
     For models without a task (e.g. randomly initialised ones): every prompt counts as answered
     correctly, so the AF1 search measures how much of the model's own prediction a subgraph keeps.
     """
+    import interventions as iv
+
     with torch.inference_mode():
-        answers = model(tokens)[:, -1].float().argmax(-1).cpu()
+        answers = iv.run_many(model, [(tokens, [])])[0][:, -1].float().argmax(-1).cpu()
     n = int(tokens.shape[0])
     return Prompts(
         tokens=tokens.long(),

@@ -78,3 +78,35 @@ def test_cost_of_a_70b_search():
     assert cost.search_requests == 2 * sum(-(-(80 - w) // 8) for w in range(-1, 80)) == 902
     assert cost.setup_requests == 4 and cost.tokens == (3321 + 2) * 200 * 7
     assert search_cost(80, 200, 7, batch_size=128, configs_per_pass=81).search_requests == 162
+
+
+def test_remote_search_served_by_a_stand_in_server(standin_hub, load_standin, monkeypatch):
+    """The whole remote path: a meta-device skeleton here, each request serialised as for NDIF and run by a
+    "server" holding the same checkpoint's weights (nnsight's LocalSimulationBackend resolving the
+    request's modules to the server's). The search equals a local one and costs what it was estimated to."""
+    from nnsight.intervention.backends.local import LocalSimulationBackend
+    from nnsight.intervention.backends.remote import RemoteBackend
+    from nnsight.modeling import huggingface
+
+    from circuits.search import search_af1
+
+    repo = standins.STANDINS["llama3"].repo
+    monkeypatch.setitem(huggingface._ID_CACHE, repo, repo)
+    monkeypatch.setenv("NDIF_API_KEY", FAKE_KEY)
+    server = load_standin("llama3", "nnsight")
+    keys: list[str] = []
+
+    def serve(self, tracer):
+        keys.append(self.api_key)
+        return LocalSimulationBackend(server.lm)(tracer)
+
+    monkeypatch.setattr(RemoteBackend, "__call__", serve)
+    client = loading.load_model(repo, backend="nnsight", remote=True)
+    p = standins.self_answered(server, "add", 24, prepend_bos=True)
+    local = search_af1(server, p.tokens, p.answers, grid="full", progress=False, n_boot=10, configs_per_pass=3)
+    remote = search_af1(client, p.tokens, p.answers, grid="full", progress=False, n_boot=10, configs_per_pass=3)
+    rows = lambda r: {c.config: (c.n_faithful, round(c.mean_answer_prob, 5)) for c in r.results}  # noqa: E731
+    assert rows(remote) == rows(local) and remote.base_accuracy == 1.0
+    cost = search_cost(client.cfg.n_layers, 24, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=3)
+    assert (client.usage.requests, client.usage.tokens) == (cost.requests, cost.tokens) == (len(keys), cost.tokens)
+    assert set(keys) == {FAKE_KEY}
