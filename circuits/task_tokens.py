@@ -321,15 +321,14 @@ def filter_correct(
 
     if len(ds) == 0:
         return ds, 0.0
-    import interventions as iv
-
-    dev = iv.adapt(model).device()  # where the model's inputs go (the CPU for a remote model)
+    dev = next(model.parameters()).device
+    if dev.type == "meta":  # a remote model (weights on NDIF): its inputs are built here, on the CPU
+        dev = torch.device("cpu")
     correct: list[int] = []
     with torch.no_grad():
         for lay in to_layouts(model, ds, prepend_bos=prepend_bos):
             for s in range(0, len(lay), batch_size):
-                # Only the last position's logits are needed (and, from a remote model, downloaded).
-                logits = iv.run_many(model, [(lay.tokens[s : s + batch_size].to(dev), [])])[0][:, -1].float()
+                logits = model(lay.tokens[s : s + batch_size].to(dev), return_type="logits")[:, -1].float()
                 hit = (logits.argmax(-1).cpu() == lay.answers[s : s + batch_size]).tolist()
                 correct += [lay.indices[s + j] for j, h in enumerate(hit) if h]
     correct.sort()

@@ -110,3 +110,7 @@ def test_remote_search_served_by_a_stand_in_server(standin_hub, load_standin, mo
     cost = search_cost(client.cfg.n_layers, 24, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=3)
     assert (client.usage.requests, client.usage.tokens) == (cost.requests, cost.tokens) == (len(keys), cost.tokens)
     assert set(keys) == {FAKE_KEY}
+    from circuits import tasks  # prompt checks put their inputs on the CPU, not on the skeleton's meta device
+
+    ds = tasks.build_task("add", 16, seed=0)
+    assert tasks.filter_correct(client, ds)[0]["prompt"] == tasks.filter_correct(server, ds)[0]["prompt"]
