@@ -40,6 +40,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--confirm-top {args.confirm_top} must be >= 1")
     if args.confirm_top is not None and args.rank != "attribution":
         raise ValueError("--confirm-top needs --rank attribution (--rank none confirms every candidate)")
+    if getattr(args, "remote", False) and args.rank == "attribution":
+        raise ValueError("--rank attribution takes gradients through the model here, which a remote model cannot "
+                         "give: add --rank none with --remote (every candidate is confirmed with forward passes)")
     check_common(args)
 
 

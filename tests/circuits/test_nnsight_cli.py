@@ -105,3 +105,12 @@ def test_lens_refuses_remote(tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.startswith("af1 lens: error: af1 lens decodes residual states here and needs the "
                                               "model's weights: run it without --remote")
+
+
+def test_prune_by_attribution_refuses_remote(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loading, "zoo_names", lambda: [])  # as for a model NDIF hosts
+    monkeypatch.setenv("NDIF_API_KEY", "test-key")
+    argv = ["prune", "--model", "m", "--task", "add_sub", "--wait", "0", "--transfer", "1", "--backend", "nnsight",
+            "--remote", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "--rank attribution takes gradients through the model here" in capsys.readouterr().err
