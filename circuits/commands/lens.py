@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     with Run(args.out, "lens") as held:
         model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype)
-        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
+        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed, progress=not args.no_progress)
         meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}
         records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
