@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=10, help="k of the operand/operator visibility test (default: 10)")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass (default: 64)")
     parser.add_argument("--no-interchange", action="store_true", help="skip the attention interchange check")
+    parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
+                        help="put BOS at position 0 (default: the model's own default; models that do not "
+                             "prepend it, e.g. Pythia, need --prepend-bos)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     with Run(args.out, "lens") as held:
         model = loading.load_model(args.model, args.device, backend=args.backend, dtype=args.dtype)
-        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
+        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed,
+                                        prepend_bos=args.prepend_bos)
         meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}
         records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
