@@ -98,7 +98,8 @@ class _State:
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             try:
-                self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype)
+                self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype,
+                                        device_map=cfg.device_map, max_memory=cfg.max_memory)
             except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
                 self.model_error = message(err)
         key = (cell.model, cell.task, cell.seed)

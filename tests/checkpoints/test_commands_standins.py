@@ -1,7 +1,7 @@
 """Every command line (``af1 search``, ``necessity``, ``prune``, ``lens``) on stand-in checkpoints of real
 architectures, in process (``circuits.cli.main``), on both backends and in float32 and bfloat16.
 
-Random models answer nothing, so :func:`self_answered_prompts` (tests only) replaces
+Random models answer nothing, so the ``self_answering`` fixture (tests only) replaces
 ``circuits.loading.prepare_prompts`` for the duration of a test: the commands then run on prompts whose
 "answers" are the model's own top-1 tokens. What the commands write is checked against the Python API
 run independently on the same prompts: the naive search (one full forward pass per configuration), the
@@ -17,28 +17,16 @@ import pytest
 import torch
 
 import interventions as iv
-from circuits import cli, loading
+from circuits import cli
 from circuits.faithfulness import faithfulness
 from circuits.necessity import necessity_sweep
 from circuits.search import search_af1
 from tests import standins
+from tests.checkpoints.conftest import self_answered_prompts
 from tests.conftest import BACKENDS
 
 N = 8
 KEYS = ("gpt2", "pythia", "gptj", "qwen2", "yi", "llama3", "gemma")
-
-
-def self_answered_prompts(model, task, n_prompts, seed=0, *, prepend_bos=None, **_options):
-    """TEST ONLY: stands in for ``circuits.loading.prepare_prompts`` (same arguments): ``n_prompts``
-    prompts of ``task`` answered by the model's own top-1 token (``standins.self_answered``)."""
-    return standins.self_answered(model, task, n_prompts, seed, prepend_bos=prepend_bos)
-
-
-@pytest.fixture
-def self_answering(monkeypatch, standin_hub):
-    """The commands load stand-ins from the offline cache and use self-answered prompts."""
-    monkeypatch.setattr(loading, "prepare_prompts", self_answered_prompts)
-    return standin_hub
 
 
 def cases():
