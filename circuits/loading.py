@@ -21,7 +21,8 @@ from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loadin
     MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
 )
 
-__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "check_bos", "check_builtin_config", "load_model",
+__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "cached_spelling", "check_bos", "check_builtin_config",
+           "has_cached_weights", "load_model",
            "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
 
 def zoo_names() -> list[str]:
@@ -142,6 +143,46 @@ def _cached(repo: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+
+
+def has_cached_weights(repo: str) -> bool:
+    """Whether ``repo``'s config and weights (``*.safetensors`` or ``*.bin``) are in the local Hugging Face
+    cache, under exactly this spelling (no network access)."""
+    from huggingface_hub import snapshot_download
+
+    if not _cached(repo):
+        return False
+    try:
+        folder = Path(snapshot_download(repo, local_files_only=True))
+    except Exception:  # noqa: BLE001 - an incomplete snapshot counts as not cached
+        return False
+    return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+
+
+def cached_spelling(name: str) -> str | None:
+    """The spelling under which the weights of ``name`` are in the local Hugging Face cache, or ``None``.
+
+    Tried in turn: ``name``; TransformerLens 3.x's official spelling (``EleutherAI/gpt-j-6b`` ->
+    ``EleutherAI/gpt-j-6B``, aliases such as ``gpt2-small`` -> ``gpt2``); a cached repository whose name
+    differs from either only in case (repository names on the hub are case-insensitive, cache folders are
+    not). No network access. Loading the result works on the bridge; ``HookedTransformer`` (3.x) needs the
+    official spelling cached (:func:`check_builtin_config` says so)."""
+    from huggingface_hub import constants
+
+    candidates = [name]
+    try:
+        from transformer_lens import loading_from_pretrained as lp
+
+        candidates.append(lp.get_official_model_name(name))
+    except Exception:  # noqa: BLE001 - TransformerLens 4.x has no name table; unknown names keep theirs
+        pass
+    cache = Path(constants.HF_HUB_CACHE)
+    folders = {p.name.lower(): p.name for p in cache.glob("models--*")} if cache.is_dir() else {}
+    for spelling in list(candidates):
+        folder = folders.get(("models--" + spelling.replace("/", "--")).lower())
+        if folder is not None:
+            candidates.append(folder[len("models--"):].replace("--", "/", 1))
+    return next((c for c in dict.fromkeys(candidates) if has_cached_weights(c)), None)
 
 
 def check_builtin_config(name: str) -> None:
