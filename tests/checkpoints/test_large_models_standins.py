@@ -113,3 +113,21 @@ def test_search_halves_the_batch_after_out_of_memory(backend, self_answering, mo
     assert len({key(r) for r in rows}) == len(rows) == len(ref) == 6  # every configuration once
     assert {key(r): r["n_faithful"] for r in rows} == {key(r): r["n_faithful"] for r in ref}
     assert json.loads((out / "summary.json").read_text())["n_prompts"] == 12
+
+
+def test_commands_take_a_device_map_and_print_the_estimate(self_answering, tmp_path, capsys):
+    """``af1 necessity --device-map sequential --max-memory cpu=1GiB`` writes what the plain command writes,
+    after printing the estimate of :func:`circuits.memory.estimate_pretrained` for its arguments."""
+    common = ["necessity", "--model", "Qwen/Qwen2.5-0.5B", "--task", "add", "--n-prompts", "8", "--backend",
+              "bridge", "--prepend-bos", "--no-progress", "--batch-size", "4"]
+    assert cli.main([*common, "--out", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert cli.main([*common, "--out", str(tmp_path / "mapped"), "--device-map", "sequential",
+                     "--max-memory", "cpu=1GiB"]) == 0
+    said = capsys.readouterr().out
+    est = memory.estimate_pretrained("Qwen/Qwen2.5-0.5B", None, "add", 8, 4)
+    assert said.splitlines()[0] == f"Qwen/Qwen2.5-0.5B: {est.describe()}"
+    blocks = [json.loads((tmp_path / d / "necessity.json").read_text())["blocks"] for d in ("plain", "mapped")]
+    assert blocks[0] == blocks[1] and len(blocks[0]) == standins.N_LAYERS
+    command = json.loads((tmp_path / "mapped" / "necessity.json").read_text())["command"]
+    assert command[command.index("--device-map") + 1] == "sequential"
