@@ -131,3 +131,18 @@ def test_commands_take_a_device_map_and_print_the_estimate(self_answering, tmp_p
     assert blocks[0] == blocks[1] and len(blocks[0]) == standins.N_LAYERS
     command = json.loads((tmp_path / "mapped" / "necessity.json").read_text())["command"]
     assert command[command.index("--device-map") + 1] == "sequential"
+
+
+def test_sweep_takes_a_device_map(self_answering, tmp_path, capsys):
+    """``af1 sweep`` with ``--device-map``/``--max-memory``: the cell's faithfulness is the one the plain
+    sweep finds; the estimate is printed before the model loads; the map is not part of the identity."""
+    common = ["sweep", "--models", "gpt2", "--tasks", "add", "--wait", "0", "--transfer", "1", "--n-prompts", "8",
+              "--backend", "bridge", "--no-progress", "--batch-size", "4"]
+    assert cli.main([*common, "--out", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert cli.main([*common, "--out", str(tmp_path / "mapped"), "--device-map", "sequential",
+                     "--max-memory", "cpu=1GiB"]) == 0
+    est = memory.estimate_pretrained("gpt2", None, "add", 8, 4)
+    assert f"gpt2: {est.describe()}" in capsys.readouterr().out
+    tables = [(tmp_path / d / "table.csv").read_text() for d in ("plain", "mapped")]
+    assert tables[0] == tables[1] and "gpt2" in tables[0]
