@@ -177,21 +177,29 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
                            batch_size=batch_size)
 
 
-def free_cuda_bytes() -> int:
-    """Free memory of the fullest visible CUDA device (bytes; a model split over several GPUs is limited by
-    the one with least room)."""
-    return min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+def model_devices(model: Any) -> list[torch.device]:
+    """The devices holding ``model``'s parameters (several when a device map spread it), CUDA ones first."""
+    found = {p.device for p in model.parameters()}
+    return sorted(found, key=lambda d: (d.type != "cuda", str(d)))
 
 
-def auto_batch_size(per_prompt: int, device: str, n_prompts: int, *, reserve: int = 0,
+def free_cuda_bytes(devices: list[torch.device] | None = None) -> int:
+    """Free memory of the fullest of ``devices`` (default: every visible CUDA device), in bytes: a model
+    split over several GPUs is limited by the one with least room."""
+    indices = [d.index or 0 for d in devices or () if d.type == "cuda"] or range(torch.cuda.device_count())
+    return min(torch.cuda.mem_get_info(i)[0] for i in indices)
+
+
+def auto_batch_size(per_prompt: int, devices: list[torch.device], n_prompts: int, *, reserve: int = 0,
                     free: int | None = None) -> int:
-    """``--batch-size auto``: :data:`AUTO_CPU_BATCH` on CPU (and MPS); on CUDA the largest batch whose
-    activations (``per_prompt`` bytes each) fit in :data:`FREE_FRACTION` of the free memory (``free``,
-    default :func:`free_cuda_bytes`, measured after the weights loaded) less ``reserve`` (the means
-    cache), between 1 and :data:`MAX_AUTO_BATCH`. Never more than ``n_prompts``."""
-    if not str(device).startswith("cuda"):
+    """``--batch-size auto`` for a model on ``devices`` (:func:`model_devices`): :data:`AUTO_CPU_BATCH` unless
+    it is on CUDA; there the largest batch whose activations (``per_prompt`` bytes each) fit in
+    :data:`FREE_FRACTION` of the free memory (``free``, default :func:`free_cuda_bytes` of ``devices``,
+    measured after the weights loaded) less ``reserve`` (the means cache), between 1 and
+    :data:`MAX_AUTO_BATCH`. Never more than ``n_prompts``."""
+    if not any(torch.device(d).type == "cuda" for d in devices):
         return max(1, min(AUTO_CPU_BATCH, n_prompts))
-    room = FREE_FRACTION * (free_cuda_bytes() if free is None else free) - reserve
+    room = FREE_FRACTION * (free_cuda_bytes([torch.device(d) for d in devices]) if free is None else free) - reserve
     return max(1, min(MAX_AUTO_BATCH, n_prompts, math.floor(room / per_prompt)))
 
 

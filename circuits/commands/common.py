@@ -208,9 +208,9 @@ def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate
     shape = memory.shape_of_model(model)
     per_prompt = memory.activation_bytes_per_prompt(shape, n_pos, args.dtype)
     reserve = memory.means_cache_bytes(shape, n_prompts * n_pos, n_pos)
-    device = str(getattr(model.cfg, "device", None) or args.device)
-    batch = memory.auto_batch_size(per_prompt, device, n_prompts, reserve=reserve)
-    print(f"--batch-size auto: {batch} prompts per forward pass on {device}")
+    devices = memory.model_devices(model)
+    batch = memory.auto_batch_size(per_prompt, devices, n_prompts, reserve=reserve)
+    print(f"--batch-size auto: {batch} prompts per forward pass on {', '.join(map(str, devices))}")
     return memory.halve_on_oom(evaluate, batch)
 
 

@@ -62,13 +62,17 @@ def test_auto_batch_size():
     shape = memory.ModelShape(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=700, n_params=1)
     per = memory.activation_bytes_per_prompt(shape, 6)
     assert per == 4 * 6 * 2 * (6 * 64 + 2 * 256 + 2 * 4 * 6) + 8 * 6 * 700
-    assert memory.auto_batch_size(per, "cpu", 500) == memory.AUTO_CPU_BATCH == 64
-    assert memory.auto_batch_size(per, "cpu", 10) == 10
+    cpu, gpus = [torch.device("cpu")], [torch.device("cuda:0"), torch.device("cuda:1")]
+    assert memory.auto_batch_size(per, cpu, 500) == memory.AUTO_CPU_BATCH == 64
+    assert memory.auto_batch_size(per, cpu, 10) == 10
     free = 10 * GIB
-    assert memory.auto_batch_size(per, "cuda:0", 10**6, free=free) == memory.MAX_AUTO_BATCH
+    assert memory.auto_batch_size(per, gpus[:1], 10**6, free=free) == memory.MAX_AUTO_BATCH
     big = 50 * 2**20  # 50 MiB per prompt, 1 GiB reserved for the means: floor((8 - 1) GiB / 50 MiB) = 143
-    assert memory.auto_batch_size(big, "cuda", 10**6, reserve=GIB, free=free) == int((0.8 * free - GIB) // big) == 143
-    assert memory.auto_batch_size(big, "cuda", 10**6, reserve=20 * GIB, free=free) == 1
+    assert memory.auto_batch_size(big, gpus, 10**6, reserve=GIB, free=free) == int((0.8 * free - GIB) // big) == 143
+    assert memory.auto_batch_size(big, gpus, 100, reserve=GIB, free=free) == 100
+    assert memory.auto_batch_size(big, gpus, 10**6, reserve=20 * GIB, free=free) == 1
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(torch.float16))
+    assert memory.model_devices(model) == cpu
 
 
 class FakeRun:
