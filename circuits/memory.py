@@ -183,6 +183,16 @@ def model_devices(model: Any) -> list[torch.device]:
     return sorted(found, key=lambda d: (d.type != "cuda", str(d)))
 
 
+def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int) -> None:
+    """Print ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
+    or its config cannot be read."""
+    from circuits.loading import zoo_names
+
+    estimate = None if name in zoo_names() else estimate_pretrained(name, dtype, task, n_prompts, batch_size)
+    if estimate is not None:
+        print(f"{name}: {estimate.describe()}")
+
+
 def free_cuda_bytes(devices: list[torch.device] | None = None) -> int:
     """Free memory of the fullest of ``devices`` (default: every visible CUDA device), in bytes: a model
     split over several GPUs is limited by the one with least room."""

@@ -180,11 +180,7 @@ def load(args: argparse.Namespace):
     the memory it will need (:func:`circuits.memory.estimate_pretrained`)."""
     from circuits import loading, memory
 
-    if args.model not in loading.zoo_names():
-        estimate = memory.estimate_pretrained(args.model, args.dtype, args.task, args.n_prompts,
-                                              first_batch_size(args))
-        if estimate is not None:
-            print(f"{args.model}: {estimate.describe()}")
+    memory.print_estimate(args.model, args.dtype, args.task, args.n_prompts, first_batch_size(args))
     spread = {k: getattr(args, k) for k in ("device_map", "max_memory") if getattr(args, k, None) is not None}
     return loading.load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype, **spread)
 

@@ -91,24 +91,15 @@ class _State:
         self.prompt_error: str | None = None
         self.progress = True
 
-    def print_estimate(self, cell: Cell) -> None:
-        """Print the memory a pretrained model will need (:func:`circuits.memory.estimate_pretrained`)."""
-        from circuits import loading, memory
-
-        if cell.model not in loading.zoo_names():
-            cfg = self.config
-            estimate = memory.estimate_pretrained(cell.model, cfg.dtype, cell.task, cfg.n_prompts, cfg.batch_size)
-            if estimate is not None:
-                print(f"{cell.model}: {estimate.describe()}")
-
     def load(self, cell: Cell) -> None:
         from circuits.loading import load_model, prepare_prompts
+        from circuits.memory import print_estimate
 
         cfg = self.config
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             try:
-                self.print_estimate(cell)
+                print_estimate(cell.model, cfg.dtype, cell.task, cfg.n_prompts, cfg.batch_size)
                 self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype,
                                         device_map=cfg.device_map, max_memory=cfg.max_memory)
             except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
