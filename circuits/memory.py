@@ -161,7 +161,7 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
                         batch_size: int) -> MemoryEstimate | None:
     """The estimate for pretrained model ``name`` on ``task``, from its config and tokenizer in the local
     Hugging Face cache (or the hub), before its weights load: ``n_pos`` is the longest tokenised prompt of
-    a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read."""
+    a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read or the model not be built from it."""
     from transformers import AutoConfig, AutoTokenizer
 
     from circuits import tasks
@@ -169,12 +169,12 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
     try:
         config = AutoConfig.from_pretrained(name)
         tokenizer = AutoTokenizer.from_pretrained(name)
-    except Exception:  # noqa: BLE001 - not cached and offline, or not a Hugging Face name: no estimate
+        shape = shape_of_hf_config(config)
+    except Exception:  # noqa: BLE001 - not cached and offline, not a Hugging Face name, custom code: no estimate
         return None
     sample = tasks.build_task(task, n=min(50, n_prompts), seed=0)
     n_pos = 1 + max(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in sample)
-    return estimate_memory(shape_of_hf_config(config), dtype, n_pos=n_pos, n_prompts=n_prompts,
-                           batch_size=batch_size)
+    return estimate_memory(shape, dtype, n_pos=n_pos, n_prompts=n_prompts, batch_size=batch_size)
 
 
 def model_devices(model: Any) -> list[torch.device]:
