@@ -161,7 +161,8 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
                         batch_size: int) -> MemoryEstimate | None:
     """The estimate for pretrained model ``name`` on ``task``, from its config and tokenizer in the local
     Hugging Face cache (or the hub), before its weights load: ``n_pos`` is the longest tokenised prompt of
-    a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read or the model not be built from it."""
+    a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read, or no model can be
+    built from the config."""
     from transformers import AutoConfig, AutoTokenizer
 
     from circuits import tasks

@@ -18,7 +18,8 @@ TEXT = "12+34="
 
 
 @pytest.mark.parametrize("key", ["gpt2", "llama3"])
-@pytest.mark.parametrize("device_map,max_memory", [("cpu", None), ("sequential", "cpu=1GiB"), ("auto", {"cpu": "1GiB"})])
+@pytest.mark.parametrize("device_map,max_memory",
+                         [("cpu", None), ("sequential", "cpu=1GiB"), ("auto", {"cpu": "1GiB"})])
 def test_bridge_device_map_on_cpu(key, device_map, max_memory, load_standin, standin_hub):
     """Dispatched by accelerate onto the CPU: the same logits as a plain load."""
     ref = load_standin(key, "bridge")
