@@ -73,7 +73,8 @@ def describe(err: BaseException) -> tuple[str, int] | None:
     if name == "SafetensorError":
         return f"a .safetensors file is corrupt or truncated ({err}); move it away or use a new --out directory", 2
     if name == "OutOfMemoryError":
-        return "out of device memory: lower --batch-size (or use a smaller --dtype)", 2
+        return ("out of device memory: lower --batch-size, use --batch-size auto (halves it and retries) or a "
+                "smaller --dtype"), 2
     return None
 
 

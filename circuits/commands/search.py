@@ -8,9 +8,11 @@ Re-running the same command resumes an interrupted run.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from circuits.commands.common import (  # noqa: F401 - re-exported: other commands and scripts import them here
-    add_backend_argument, add_common_arguments, check_common, check_fraction, command_line, meta_of, prepare,
+    add_backend_argument, add_common_arguments, check_common, check_fraction, command_line, evaluate_batched,
+    first_batch_size, meta_of, prepare,
 )
 
 
@@ -39,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from circuits.runner import execute
 
     config = SearchConfig(threshold=args.threshold, grid=args.grid, ablation=args.ablation, method=args.method,
-                          seed=args.seed, batch_size=args.batch_size).validate()
+                          seed=args.seed, batch_size=first_batch_size(args)).validate()
     with Run(args.out, "search") as held:
         model, prompts = prepare(args)
-        result = execute(SEARCH, model, prompts.tokens, prompts.answers, config, out_dir=args.out, held=held,
-                         meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress)
+        result = evaluate_batched(args, model, prompts.tokens, lambda batch_size: execute(
+            SEARCH, model, prompts.tokens, prompts.answers, replace(config, batch_size=batch_size), out_dir=args.out,
+            held=held, meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress))
     print(result.table())
     print(result.summary_line())
     if result.n_resumed:

@@ -56,7 +56,8 @@ def config_of(args: argparse.Namespace):
             raw["seeds"] = [int(x) for x in args.seeds.split(",") if x.strip()]
         except ValueError:
             raise ArgumentError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 42,123,999") from None
-    for key in ("n_prompts", "wait", "transfer", "threshold", "batch_size", "device", "backend", "dtype"):
+    for key in ("n_prompts", "wait", "transfer", "threshold", "batch_size", "device", "backend", "dtype", "device_map",
+                "max_memory"):
         if getattr(args, key) is not None:
             raw[key] = getattr(args, key)
     if args.wait is not None or args.transfer is not None:
