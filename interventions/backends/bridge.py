@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from ..adapter import Capabilities, ModelAdapter, register_backend
 from ..edits import without_user_hooks
 from ..hooks import resid_post
+from ..tokenization import prepare_tokenizer
 
 
 class StopForward(Exception):
@@ -201,8 +202,6 @@ def boot(hf_model: Any, arch: str, tokenizer: Any) -> Any:
     be renamed to hub models); ``tokenizer`` is required (otherwise TransformerLens downloads one).
     """
     from transformer_lens.model_bridge import TransformerBridge
-
-    from ..tokenization import prepare_tokenizer
 
     if tokenizer is None:
         raise ValueError("boot() needs a tokenizer (without one TransformerLens downloads one): pass "
