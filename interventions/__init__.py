@@ -16,6 +16,7 @@ from .ablation import CAMA, MeanAblation, ZeroAblation
 from .adapter import BACKENDS, Capabilities, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
 from .af1 import af1_subgraph
 from .apply import apply, run
+from . import bridge  # noqa: F401  (the historical module path interventions.bridge)
 from .backends import BridgeAdapter, HookedAdapter  # registers the shipped backends
 from .convert import bridge_from_hooked, bridge_from_hooked_state
 from .base import REGISTRY, Intervention

@@ -96,8 +96,8 @@ class BridgeAdapter(ModelAdapter):
         attention mask, position ids, rotary ``position_embeddings``, ... (batch dimension 1, broadcast
         over any batch). Key-value caches are replaced by ``None`` and ``use_cache`` is off. Captured
         from one pass over placeholder ids that stops before block 0 runs (the user's hooks hidden; no
-        block, block hook or block pre-hook runs) and memoised per model, length, positions and device."""
-        key = (n_pos, None if positions is None else tuple(int(p) for p in positions), str(device))
+        block, block hook or block pre-hook runs) and memoised per model, length, positions, device and dtype."""
+        key = (n_pos, None if positions is None else tuple(int(p) for p in positions), str(device), self.dtype())
         memo = _BLOCK_INPUTS.setdefault(self.model, {})
         if key not in memo:
             memo[key] = self.capture_block_inputs(n_pos, positions, device)
