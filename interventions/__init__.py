@@ -13,10 +13,12 @@ the 3.9 preview); see ``docs/backends.md``.
 """
 
 from .ablation import CAMA, MeanAblation, ZeroAblation
-from .adapter import BACKENDS, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
+from .adapter import BACKENDS, Capabilities, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
 from .af1 import af1_subgraph
 from .apply import apply, run
-from .bridge import BridgeAdapter, bridge_from_hooked, bridge_from_hooked_state
+from . import bridge  # noqa: F401  (the historical module path interventions.bridge)
+from .backends import BridgeAdapter, HookedAdapter  # registers the shipped backends
+from .convert import bridge_from_hooked, bridge_from_hooked_state
 from .base import REGISTRY, Intervention
 from .cache import MeanCache
 from .heads import HeadAblation
@@ -28,7 +30,9 @@ __all__ = [
     "BridgeAdapter",
     "CAMA",
     "CacheMismatchError",
+    "Capabilities",
     "HeadAblation",
+    "HookedAdapter",
     "Intervention",
     "InterventionError",
     "InterventionNotAppliedError",

@@ -1,30 +1,24 @@
 """One small adapter between the interventions and a TransformerLens model.
 
-Everything model-specific (hook lookup, hook registration, which module sees the token ids, shapes)
-goes through :class:`ModelAdapter`, so that a new backend (TransformerLens 4.x ``TransformerBridge``)
-is an addition here, not a rewrite of the interventions. Backends register with
-:func:`register_backend`; :func:`adapt` picks the first whose predicate accepts the model.
+Everything model-specific (hook lookup, hook registration, which module sees the token ids, shapes,
+running blocks from a residual) goes through :class:`ModelAdapter`, so that a backend is an addition,
+not a rewrite of the interventions. A backend is one module that subclasses :class:`ModelAdapter` and
+calls :func:`register_backend`; :func:`adapt` picks the first whose predicate accepts the model. The
+shipped backends live in :mod:`interventions.backends` (``hooked``: ``HookedTransformer``; ``bridge``:
+``TransformerBridge``).
 
-Hook names used by the toolkit (shared by TransformerLens 3.9 ``HookedTransformer`` and 4.x
-``TransformerBridge``) are built by the helpers :func:`resid_post`, :func:`pattern` and :func:`z`.
+What a backend offers beyond hooks is declared in :attr:`ModelAdapter.capabilities`
+(:class:`Capabilities`); callers such as the fast AF1 search ask for a capability, never for a
+backend's name.
 
-Edits are verified once per model: a backend may only *observe* an activation that its computation
-already consumed (TransformerLens 4.x wrapping Hugging Face GPT-J: ``attn.hook_pattern``), so an edit
-returned there would silently do nothing. The first :func:`adapt` of a model runs a short probe
-(four tokens; per checked hook kind one forward pass with a probe edit at every block, the user's
-hooks hidden) and remembers which kinds ignore edits (the logits do not move, or the backend warns
-that an edit was discarded at some block); a hook
-added through :meth:`ModelAdapter.add_hook` at such a point raises :class:`InterventionError` as soon
-as it returns an edit. Read-only hooks (returning ``None``) stay allowed.
+Edits are verified once per model (:mod:`interventions.edits`): a hook added through
+:meth:`ModelAdapter.add_hook` at a hook kind whose edits the model ignores raises
+:class:`InterventionError` as soon as it returns an edit. Read-only hooks stay allowed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
-import warnings
-import weakref
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -32,38 +26,15 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from jaxtyping import Float, Int
 
+from .edits import edit_kind, edit_problems, refusing_edits
+from .hooks import HookFn, attn_out, mlp_out, new_hook_level, pattern, resid_mid, resid_post, resid_pre, z
 from .types import InterventionError
 
-
-def resid_pre(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_pre"
-
-
-def resid_mid(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_mid"
-
-
-def resid_post(layer: int) -> str:
-    """Residual stream after block ``layer`` (0-indexed)."""
-    return f"blocks.{layer}.hook_resid_post"
-
-
-def pattern(layer: int) -> str:
-    """Post-softmax attention pattern of block ``layer``: ``[batch, n_heads, query_pos, key_pos]``."""
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-def z(layer: int) -> str:
-    """Per-head attention output before ``W_O``: ``[batch, pos, n_heads, d_head]`` (query heads)."""
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def attn_out(layer: int) -> str:
-    return f"blocks.{layer}.hook_attn_out"
-
-
-def mlp_out(layer: int) -> str:
-    return f"blocks.{layer}.hook_mlp_out"
+__all__ = [
+    "BACKENDS", "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_out",
+    "check_block_range", "edit_kind", "mlp_out", "new_hook_level", "pattern", "register_backend",
+    "resid_mid", "resid_post", "resid_pre", "resolve_backend", "z",
+]
 
 
 @dataclass(frozen=True)
@@ -105,15 +76,21 @@ class ModelInfo:
         }
 
 
-_levels = itertools.count(10_000)
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter offers beyond hooks, for callers that take shortcuts (the fast AF1 search).
 
+    * ``skips_blocks``: :meth:`ModelAdapter.run_from` executes only blocks ``start..stop-1`` (no work,
+      no hook, in earlier blocks).
+    * ``positions``: :meth:`ModelAdapter.run_from` honours ``positions`` (row ``p`` of the residual is
+      treated as sitting at position ``positions[p]``, e.g. for rotary embeddings).
+    * ``frozen_bos_kv``: :meth:`ModelAdapter.bos_key_values` and :meth:`ModelAdapter.run_last_from`
+      run one position against the constant key and value of BOS.
+    """
 
-def new_hook_level() -> int:
-    """A fresh hook level: hooks added with it are removed together and touch no other hook."""
-    return next(_levels)
-
-
-HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
+    skips_blocks: bool = False
+    positions: bool = False
+    frozen_bos_kv: bool = False
 
 
 class HookScope:
@@ -137,16 +114,20 @@ class HookScope:
 
 
 class ModelAdapter:
-    """Access to a TransformerLens ``HookedTransformer`` (3.x). Subclass for other backends.
+    """Access to a TransformerLens model with ``cfg``, ``hook_dict``, ``embed`` and ``W_E``: the hook
+    interface every backend shares. Backends (:mod:`interventions.backends`) subclass it and implement
+    running (:meth:`embed`, :meth:`run_from`, :meth:`run_to_resid`) and any :class:`Capabilities`.
 
     ``edit_problems`` maps a hook kind (``"pattern"``, ``"z"``, ``"resid_post"``) whose returned
     edits this model ignores to the reason; it is empty when every checked kind honours edits.
     """
 
-    backend = "hooked"
+    backend = "generic"
+    capabilities = Capabilities()
 
     def __init__(self, model: Any):
         self.model = model
+        self.hook_dict: dict[str, Any] = model.hook_dict  # a property on a bridge: read once
         cfg = model.cfg
         self.info = ModelInfo(
             n_layers=int(cfg.n_layers),
@@ -159,26 +140,26 @@ class ModelAdapter:
             parallel_attn_mlp=bool(getattr(cfg, "parallel_attn_mlp", False)),
             backend=self.backend,
         )
-        self.edit_problems: dict[str, str] = _edit_problems(self)
+        self.edit_problems: dict[str, str] = edit_problems(self)
 
     # --- hooks -------------------------------------------------------------------------------
     def hook_point(self, name: str) -> Any:
         try:
-            return self.model.hook_dict[name]
+            return self.hook_dict[name]
         except KeyError:
             raise InterventionError(
                 f"hook point {name!r} does not exist on this {self.backend} model "
-                f"({self.info.n_layers} blocks)"
+                f"({self.info.n_layers} blocks): check the name against adapt(model).hook_points()"
             ) from None
 
     def has_hook(self, name: str) -> bool:
-        return name in self.model.hook_dict
+        return name in self.hook_dict
 
     def hook_points(self) -> dict[str, Any]:
         """``{name: HookPoint}`` of every hook point of the model."""
-        return self.model.hook_dict
+        return self.hook_dict
 
-    def add_hook(self, name: str, fn: Callable[[torch.Tensor, Any], torch.Tensor | None], level: int) -> None:
+    def add_hook(self, name: str, fn: HookFn, level: int) -> None:
         """Add ``fn(activation, hook)`` as a forward hook at ``name``, tagged with ``level``.
 
         At a hook kind whose edits this model ignores (:attr:`edit_problems`), ``fn`` may still
@@ -187,7 +168,7 @@ class ModelAdapter:
         point = self.hook_point(name)
         kind = edit_kind(name)
         if kind in self.edit_problems:
-            fn = _refusing_edits(fn, self.edit_problems[kind])
+            fn = refusing_edits(fn, self.edit_problems[kind])
         point.add_hook(fn, dir="fwd", level=level)
 
     def remove_hooks(self, names: list[str], level: int) -> None:
@@ -215,7 +196,7 @@ class ModelAdapter:
     def register_forward_pre_hook(self, fn: Callable[..., Any]) -> Any:
         return self.model.register_forward_pre_hook(fn, with_kwargs=True)
 
-    # --- identity and running ----------------------------------------------------------------
+    # --- identity ----------------------------------------------------------------------------
     def embedding_matrix(self) -> torch.Tensor:
         return self.model.W_E
 
@@ -226,37 +207,76 @@ class ModelAdapter:
         sample = w[::stride][:64].to(device="cpu", dtype=torch.float32).contiguous()
         return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
 
-    def run_to_resid(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run every block but skip the final norm and unembedding (saves the vocab projection)."""
-        return self.model(tokens, stop_at_layer=self.info.n_layers)
-
-    def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
-        """The residual entering block 0 (``blocks.0.hook_resid_pre``: token plus any absolute position
-        embedding)."""
-        return self.model(tokens, stop_at_layer=0)
-
-    def run_from(
-        self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None = None
-    ) -> torch.Tensor:
-        """Run blocks ``start .. stop-1`` (0-indexed) on ``resid``, the residual entering block ``start``
-        (``start = n_layers``: none). ``stop=None``: continue through the final norm and unembedding and
-        return logits ``[batch, pos, d_vocab]``; otherwise return the residual entering block ``stop``
-        (``[batch, pos, d_model]``, ``start < stop <= n_layers``). Hooks (and so interventions) in the
-        blocks that run fire as in a full pass, ``blocks.{start}.hook_resid_pre`` included (it sees
-        ``resid``); hooks of earlier blocks may fire on some backends but never change the result.
-        Position ``p`` of ``resid`` is treated as position ``p``.
-        """
-        check_block_range(self.info.n_layers, start, stop)
-        return self.model(resid, start_at_layer=start, stop_at_layer=stop)
-
     def device(self) -> torch.device:
         return self.embedding_matrix().device
 
     def dtype(self) -> torch.dtype:
         return self.embedding_matrix().dtype
 
+    # --- running (implemented by each backend) -----------------------------------------------
+    def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        """Run every block but skip the final norm and unembedding (saves the vocab projection)."""
+        raise NotImplementedError(self.missing("run_to_resid"))
 
-# --- edit verification ---------------------------------------------------------------------------
+    def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The residual entering block 0 (``blocks.0.hook_resid_pre``: token plus any absolute position
+        embedding)."""
+        raise NotImplementedError(self.missing("embed"))
+
+    def run_from(
+        self,
+        resid: Float[torch.Tensor, "batch pos d_model"],
+        start: int,
+        stop: int | None = None,
+        positions: Int[torch.Tensor, "pos"] | None = None,
+    ) -> torch.Tensor:
+        """Run blocks ``start .. stop-1`` (0-indexed) on ``resid``, the residual entering block ``start``
+        (``start = n_layers``: none). ``stop=None``: continue through the final norm and unembedding and
+        return logits ``[batch, pos, d_vocab]``; otherwise return the residual entering block ``stop``
+        (``[batch, pos, d_model]``, ``start < stop <= n_layers``). Hooks (and so interventions) in the
+        blocks that run fire as in a full pass, ``blocks.{start}.hook_resid_pre`` included (it sees
+        ``resid``); without :attr:`Capabilities.skips_blocks` hooks of earlier blocks may fire too, but
+        never change the result. Row ``p`` of ``resid`` sits at position ``positions[p]`` (token
+        positions, 0 = BOS; default ``p``); only adapters with :attr:`Capabilities.positions` accept
+        ``positions``. Absolute position embeddings are part of ``resid`` already and unaffected.
+        """
+        check_block_range(self.info.n_layers, start, stop)
+        if positions is not None:
+            if not self.capabilities.positions:
+                raise NotImplementedError(self.missing("run_from(positions=...)", "positions"))
+            if positions.shape != (resid.shape[1],):
+                raise ValueError(f"positions has shape {tuple(positions.shape)}: give one position per row "
+                                 f"of resid, shape ({resid.shape[1]},)")
+        return self.forward_from(resid, start, stop, positions)
+
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`run_from` after its arguments were checked: what a backend implements."""
+        raise NotImplementedError(self.missing("run_from"))
+
+    def bos_key_values(self, bos: Int[torch.Tensor, "1 1"]) -> Any:
+        """An opaque per-block record of the key and value of the single token ``bos`` at position 0,
+        for :meth:`run_last_from` (capability ``frozen_bos_kv``). Runs one forward pass over ``bos``;
+        hooks fire as in any pass."""
+        raise NotImplementedError(self.missing("bos_key_values", "frozen_bos_kv"))
+
+    def run_last_from(
+        self, resid: Float[torch.Tensor, "batch 1 d_model"], start: int, bos_kv: Any, position: int
+    ) -> Float[torch.Tensor, "batch 1 d_vocab"]:
+        """Logits of one token at token position ``position`` (>= 1) attending to itself and to BOS,
+        whose keys and values are ``bos_kv`` (from :meth:`bos_key_values`): blocks ``start..n_layers-1``
+        (0-indexed) on ``resid``, the token's residual entering block ``start``, then the final norm and
+        unembedding. Hooks of those blocks fire for the token's row (the pattern has 2 key positions:
+        BOS, then the token). Capability ``frozen_bos_kv``."""
+        raise NotImplementedError(self.missing("run_last_from", "frozen_bos_kv"))
+
+    def missing(self, method: str, capability: str | None = None) -> str:
+        """The error message for a method this backend does not implement."""
+        what = f" (capability {capability})" if capability else ""
+        return (f"{type(self).__name__} (backend {self.backend!r}) does not implement {method}{what}: check "
+                f"adapt(model).capabilities first, or implement it in the backend's adapter")
+
+
+# --- backend registry ------------------------------------------------------------------------------
 def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
     """``ValueError`` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <= n_layers``)."""
     if not 0 <= start <= n_layers:
@@ -265,128 +285,7 @@ def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
         raise ValueError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
 
 
-def _self_only(pattern: torch.Tensor) -> torch.Tensor:
-    n_q, n_k = pattern.shape[-2:]
-    return torch.eye(n_q, n_k, dtype=pattern.dtype, device=pattern.device).expand_as(pattern).clone()
-
-
-# hook kind -> (hook name of a block, a probe edit that must change the logits, what relies on it)
-_PROBES: dict[str, tuple[Callable[[int], str], Callable[[torch.Tensor], torch.Tensor], str]] = {
-    "pattern": (pattern, _self_only, "Peek (attention peeking, and the AF1 subgraph)"),
-    "z": (z, torch.zeros_like, "HeadAblation"),
-    # A feature permutation (a constant shift would vanish in the next LayerNorm).
-    "resid_post": (resid_post, lambda r: r.roll(1, dims=-1), "CAMA, MeanAblation and ZeroAblation"),
-}
-
-_VERDICTS: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
-
-
-def edit_kind(name: str) -> str | None:
-    """The checked hook kind of hook name ``name`` (``"pattern"``, ``"z"``, ``"resid_post"``) or None."""
-    for kind, (name_of, _, _) in _PROBES.items():
-        suffix = name_of(0).split(".", 2)[2]
-        if name.startswith("blocks.") and name.endswith("." + suffix):
-            return kind
-    return None
-
-
-def _refusing_edits(fn: Callable[[torch.Tensor, Any], Any], reason: str) -> Callable[[torch.Tensor, Any], Any]:
-    def hook(act: torch.Tensor, hook: Any = None) -> Any:
-        out = fn(act, hook)
-        if out is not None and out is not act:
-            raise InterventionError(reason)
-        return out
-
-    return hook
-
-
-@contextmanager
-def _without_user_hooks(ad: "ModelAdapter") -> Iterator[None]:
-    """Hide the non-permanent hooks of every hook point (the user's), restoring them in order after."""
-    saved: list[tuple[Any, OrderedDict]] = []
-    try:
-        # One hook point may be listed under several names (a bridge aliases e.g. hook_resid_post).
-        points = {id(point): point for point in ad.hook_points().values()}
-        for point in points.values():
-            ids = {h.hook.id for h in getattr(point, "fwd_hooks", []) if not h.is_permanent}
-            if ids:
-                saved.append((point, OrderedDict(point._forward_hooks)))
-                for hook_id in ids:
-                    point._forward_hooks.pop(hook_id, None)
-        yield
-    finally:
-        for point, hooks in saved:
-            point._forward_hooks.clear()
-            point._forward_hooks.update(hooks)
-
-
-def _edit_problems(ad: "ModelAdapter") -> dict[str, str]:
-    """Which checked hook kinds of ``ad.model`` ignore returned edits (memoised per model)."""
-    try:
-        return _VERDICTS[ad.model]
-    except (KeyError, TypeError):
-        pass
-    model, info = ad.model, ad.info
-    n = max(2, min(4, info.n_ctx))
-    tokens = (torch.arange(n) % info.d_vocab).unsqueeze(0).to(ad.device())
-    problems: dict[str, str] = {}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), _without_user_hooks(ad), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            base = model(tokens)
-            tol = 1e-4 * (1.0 + float(base.abs().max()))
-            for kind, (name_of, edit, users) in _PROBES.items():
-                names = [name_of(layer) for layer in range(info.n_layers) if ad.has_hook(name_of(layer))]
-                if not names:
-                    continue
-                del caught[:]
-                level = new_hook_level()
-                for name in names:
-                    ad.hook_point(name).add_hook(lambda act, hook=None, e=edit: e(act), dir="fwd", level=level)
-                try:
-                    edited = model(tokens)
-                finally:
-                    ad.remove_hooks(names, level)
-                warned = [str(w.message) for w in caught if "discard" in str(w.message).lower()]
-                if warned or not float((edited - base).abs().max()) > tol:
-                    problems[kind] = _problem_message(model, names[0], users, warned)
-    except Exception as err:  # a model the probe cannot run (unusual inputs): interventions still work
-        warnings.warn(
-            f"could not verify that edits at attn.hook_pattern / attn.hook_z / hook_resid_post reach the "
-            f"logits of this {type(model).__name__} ({type(err).__name__}: {err}); check that an "
-            f"intervention changes the logits before trusting it",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        problems = {}
-    finally:
-        model.train(was_training)
-    try:
-        _VERDICTS[model] = problems
-    except TypeError:  # an object that cannot be weakly referenced: check again next time
-        pass
-    return problems
-
-
-def _problem_message(model: Any, name: str, users: str, warned: list[str]) -> str:
-    inner = getattr(model, "original_model", None)
-    what = type(model).__name__ + (f" wrapping {type(inner).__name__}" if inner is not None else "")
-    seen = f" (the backend warned: {warned[0]!r})" if warned else ""
-    return (
-        f"this {what} ignores edits returned at {name.replace('blocks.0.', 'blocks.{l}.')}: a probe edit "
-        f"there did not reach the logits{seen}, so {users} would silently do nothing. The model's "
-        f"backend only observes this activation after its own module consumed it. Use a model whose "
-        f"attention TransformerLens computes itself: on TransformerLens 3.9 HookedTransformer; on 4.x "
-        f"the weights converted with interventions.bridge_from_hooked_state (GPT-J-shaped models run "
-        f"in the NeoX attention class), or a TransformerBridge architecture adapter that reimplements "
-        f"this attention. Interventions at other hook points are unaffected."
-    )
-
-
 _BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []
-
 
 BACKENDS = ("hooked", "bridge")
 """Backend names: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"`` (``TransformerBridge``)."""
@@ -411,17 +310,6 @@ def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAd
     _BACKENDS.insert(0, (predicate, adapter_cls))
 
 
-def _is_hooked_transformer(model: Any) -> bool:
-    try:
-        from transformer_lens import HookedTransformer
-    except ImportError:  # TransformerLens 4.x removed it
-        return False
-    return isinstance(model, HookedTransformer)
-
-
-register_backend(_is_hooked_transformer, ModelAdapter)
-
-
 def adapt(model: Any) -> ModelAdapter:
     """The adapter for ``model``; raises ``TypeError`` for objects no backend accepts."""
     if isinstance(model, ModelAdapter):
@@ -431,5 +319,5 @@ def adapt(model: Any) -> ModelAdapter:
             return cls(model)
     raise TypeError(
         f"expected a TransformerLens model (HookedTransformer or TransformerBridge), got "
-        f"{type(model).__name__}"
+        f"{type(model).__name__}: pass one of those, or register an adapter with register_backend"
     )

@@ -28,15 +28,16 @@ Two evaluation methods give the same numbers:
   key and value supplied as a frozen key-value cache (``tail="last"``; ``tail="pair"`` runs ``[BOS,
   last]``). That is exact for learned absolute positions (already in the residual) and for rotary
   embeddings, whose last-position query and key are rotated to their true position ``n_pos-1``
-  (``hook_rot_q``/``hook_rot_k``); other position schemes (ALiBi, local attention, ...) keep every
+  (``run_from(positions=...)``); other position schemes (ALiBi, local attention, ...) keep every
   position (``tail="full"``). Only the last position is unembedded. (4) With ``transfer = 0`` the answer depends only on
   the last token (its ablated state is a cached mean, a constant or an embedding) and BOS: one prompt per
   distinct last token is evaluated.
 
-Both backends run the fast method through ``interventions.adapt(model).run_from`` (blocks from a given
-residual). ``tail="last"`` and the rotary re-rotation of ``tail="pair"`` read HookedTransformer's
-key-value cache and rotary tables, so a ``TransformerBridge`` uses ``tail="pair"`` for learned absolute
-positions and ``tail="full"`` for rotary ones (same numbers, more work per tail).
+Both backends run the fast method through ``interventions.adapt(model)``: ``run_from`` (only the blocks
+after a given residual) and the adapter's ``capabilities`` choose the tail: ``tail="last"`` where the
+adapter offers a frozen BOS key-value cache (``HookedTransformer``), else ``tail="pair"`` with the last
+token placed at its true position (``TransformerBridge``: position ids given to the model's rotary
+module), else ``tail="full"``; the numbers are the same.
 
 ``grid="full"`` evaluates every configuration; ``grid="auto"`` scans waits from the largest down,
 each with transfers from 0 upward, stops a wait at its first sufficient transfer and stops descending

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Iterator
 
 import torch
@@ -86,69 +85,67 @@ class FastEvaluator(Evaluator):
     """Exact shortcuts (see the module docstring): ablated residual by lookup, shared transfer prefix,
     self-peek tail on the last position only (``tail="last"``; ``"pair"``: ``[BOS, last]``; ``"full"``:
     every position), one evaluation per distinct last token when ``transfer = 0``, last-position
-    unembedding."""
+    unembedding.
+
+    The tail is chosen by the adapter's :class:`~interventions.adapter.Capabilities`: ``"last"`` needs
+    ``frozen_bos_kv``; ``"pair"`` needs ``positions`` when the model's positions are rotary (the last
+    token is run at its true position ``n_pos - 1``); ``"full"`` needs nothing. ``tail=None`` takes the
+    first of these the adapter offers (``"full"`` when two positions are not exact for the model).
+    """
 
     TAILS = ("last", "pair", "full")
 
     def __init__(self, *args: Any, tail: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        model = self.model
         self.n_pos = int(self.tokens.shape[1])
         if bool((self.tokens[:, 0] != self.tokens[0, 0]).any()):
             raise ValueError("position 0 must hold the same token (BOS) in every prompt")
-        exact = two_position_exact(model.cfg)
-        self.rotary = getattr(model.cfg, "positional_embedding_type", None) == "rotary"
-        ad = self.adapter = iv.adapt(model)
-        hooked = ad.backend == "hooked"
-        # "last" reads HookedTransformer's key-value cache and "pair" with rotary positions its rotary
-        # tables; a bridge gets "pair" where positions live in the residual, "full" otherwise.
-        default = "last" if hooked else ("pair" if not self.rotary else "full")
-        self.tail = (default if exact else "full") if tail is None else tail
+        exact = two_position_exact(self.model.cfg)
+        # Whether the tails pass the last token's true position (rotary positions live in the blocks;
+        # learned absolute ones are part of the residual already).
+        self.rotary = getattr(self.model.cfg, "positional_embedding_type", None) == "rotary"
+        ad = self.adapter = iv.adapt(self.model)
+        caps = ad.capabilities
+        usable = {"last": caps.frozen_bos_kv, "pair": caps.positions or not self.rotary, "full": True}
+        if tail is None:
+            tail = next(t for t in self.TAILS if usable[t]) if exact else "full"
+        self.tail = tail
         check_choice("tail", self.tail, self.TAILS)
         if self.tail != "full" and not exact:
             raise ValueError(f"tail={self.tail!r} is not exact for this model's positions: use tail='full'")
-        if not hooked and (self.tail == "last" or (self.tail == "pair" and self.rotary)):
+        if not usable[self.tail]:
+            need = "frozen_bos_kv" if self.tail == "last" else "positions"
+            other = next(t for t in self.TAILS if usable[t])
             raise ValueError(
-                f"tail={self.tail!r} on this {ad.backend} model needs HookedTransformer internals (its "
-                f"key-value cache{'' if self.tail == 'last' else ' and rotary tables'}): use "
-                f"tail={'pair' if not self.rotary else 'full'!r} or leave tail=None")
+                f"tail={self.tail!r} needs the {need} capability, which this {ad.backend} adapter lacks "
+                f"({'a frozen BOS key-value cache' if self.tail == 'last' else 'rotary positions'}): use "
+                f"tail={other!r} or leave tail=None")
         self.device, self.dtype = ad.device(), ad.dtype()
         # The model's own BOS state (and, for tail="last", its key and value) in every block. BOS
         # attends only to itself (also under every AF1 intervention), so they are the same in every
-        # prompt and configuration. The keys and values are taken from TransformerLens's own key-value
-        # cache of a BOS-only pass, i.e. exactly as attention stores them (after any q/k norm or
-        # clipping, before rotary).
+        # prompt and configuration.
         bos: list[torch.Tensor] = []
-        level = iv.adapter.new_hook_level()
-        names = [iv.adapter.resid_post(i) for i in range(self.n_layers)]
-        for name in names:
-            ad.add_hook(name, lambda act, hook=None: bos.append(act[0, 0].detach().clone()), level)
         bos_tok = self.tokens[:1, :1].to(self.device)
-        try:
-            with torch.inference_mode():
-                if self.tail == "last":
-                    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
-                    kv_cache = TransformerLensKeyValueCache.init_cache(model.cfg, self.device, batch_size=1)
-                    self.model(bos_tok, past_kv_cache=kv_cache, attention_mask=torch.ones_like(bos_tok),
-                               return_type=None)
-                    self.bos_k = [e.past_keys[0, 0].clone() for e in kv_cache.entries]  # [n_kv_heads, d_head]
-                    self.bos_v = [e.past_values[0, 0].clone() for e in kv_cache.entries]
-                else:
-                    ad.run_to_resid(bos_tok)
-                self.passes += 1
-        finally:
-            ad.remove_hooks(names, level)
+        names = [iv.adapter.resid_post(i) for i in range(self.n_layers)]
+        self.bos_kv: Any = None
+        with torch.inference_mode(), ad.hooks([(n, lambda act, hook=None: bos.append(act[0, 0].detach().clone()))
+                                               for n in names]):
+            if self.tail == "last":
+                self.bos_kv = ad.bos_key_values(bos_tok)
+            else:
+                ad.run_to_resid(bos_tok)
+        self.passes += 1
         self.bos = torch.stack(bos)  # [n_layers, d_model]
         self.entry_idx = (
             self.cache.entry_index(self.tokens) if (self.cache is not None and self.ablation == "cama") else None
         )
-        self._wait: int | None = None
-        self._states: list[torch.Tensor] = []
-        self._depth = 0  # transfer blocks applied to self._states
+        self.wait: int | None = None
+        self.states: list[torch.Tensor] = []
+        self.depth = 0  # transfer blocks applied to self.states
 
-    # residual after block `wait`, ablated (wait >= 0) or the embeddings (wait = -1)
-    def _start(self, wait: int, sl: slice | torch.Tensor) -> torch.Tensor:
+    def start(self, wait: int, sl: slice | torch.Tensor) -> Float[torch.Tensor, "batch pos d_model"]:
+        """Residual after block ``wait`` of prompts ``sl``, ablated (``wait >= 0``), or the embeddings
+        (``wait = -1``)."""
         toks = self.tokens[sl].to(self.device)
         if wait < 0:
             self.passes += 1
@@ -166,24 +163,24 @@ class FastEvaluator(Evaluator):
         return resid
 
     def begin_wait(self, wait: int) -> None:
-        self._wait = wait
-        self._states = []
-        self._depth = 0
+        self.wait = wait
+        self.states = []
+        self.depth = 0
 
     @torch.inference_mode()
-    def _advance(self) -> None:
+    def advance(self) -> None:
         """Apply one more transfer block (last token full peek, others self peek) to every batch."""
-        layer = self._wait + 1 + self._depth
+        layer = self.wait + 1 + self.depth
         peek = [iv.Peek([layer], mode="self", queries="others")]
-        for i, resid in enumerate(self._states):
+        for i, resid in enumerate(self.states):
             with iv.apply(self.model, peek, check_fired=True):
-                self._states[i] = self.adapter.run_from(resid, layer, layer + 1)
+                self.states[i] = self.adapter.run_from(resid, layer, layer + 1)
             self.passes += 1
-        self._depth += 1
+        self.depth += 1
 
     @torch.inference_mode()
     def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
-        if wait != self._wait:
+        if wait != self.wait:
             self.begin_wait(wait)
         if transfer == 0:
             # No transfer block: every block after `wait` self-peeks, so the answer depends only on the
@@ -191,85 +188,45 @@ class FastEvaluator(Evaluator):
             # constant or an embedding) and BOS. Evaluate one prompt per distinct last token.
             uniq, inverse = torch.unique(self.tokens[:, -1], return_inverse=True)
             rep = torch.empty(len(uniq), dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
-            logits = torch.cat([
-                self._tail(self._start(wait, rep[s : s + self.batch_size]), wait + 1)
-                for s in range(0, len(rep), self.batch_size)
-            ])
+            starts = [self.start(wait, rep[s : s + self.batch_size]) for s in range(0, len(rep), self.batch_size)]
+            logits = self.tail_logits(starts, wait + 1)
             return logits[inverse.to(logits.device)]
-        if not self._states:
-            self._states = [self._start(wait, sl) for sl in self.batches()]
-        if transfer < self._depth:
-            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order ({transfer} < {self._depth})")
-        while self._depth < transfer:
-            self._advance()
+        if not self.states:
+            self.states = [self.start(wait, sl) for sl in self.batches()]
+        if transfer < self.depth:
+            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order ({transfer} < {self.depth})")
+        while self.depth < transfer:
+            self.advance()
         start = wait + 1 + transfer
-        return torch.cat([self._tail(resid, start) for resid in self._states])
+        return self.tail_logits(self.states, start)
 
-    def _tail(self, resid: torch.Tensor, start: int) -> torch.Tensor:
-        """Last-position logits after blocks ``start..n_layers-1`` with every token self-peeking."""
+    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]], start: int) -> Float[torch.Tensor, "n d_vocab"]:
+        """Last-position logits after blocks ``start..n_layers-1`` (0-indexed) with every token
+        self-peeking, for the prompts of every batch in ``resids`` (residuals entering block ``start``),
+        concatenated. The "pair" and "last" tails keep only the rows they need and run them in chunks
+        of ``batch_size * (n_pos // rows kept)`` prompts (about the memory of one batch)."""
+        if self.tail == "full" and start < self.n_layers:
+            return torch.cat([self.tail_chunk(resid, start) for resid in resids])
+        cols = [0, self.n_pos - 1] if self.tail == "pair" else [self.n_pos - 1]
+        rows = torch.cat([resid[:, cols] for resid in resids])
+        step = self.batch_size * max(1, self.n_pos // len(cols))
+        return torch.cat([self.tail_chunk(rows[i : i + step], start) for i in range(0, len(rows), step)])
+
+    def tail_chunk(self, x: Float[torch.Tensor, "batch rows d_model"], start: int) -> Float[torch.Tensor, "batch d_vocab"]:
+        """One tail pass (see :meth:`tail_logits`) over ``x``: every position (``"full"``), ``[BOS, last]``
+        (``"pair"``) or ``[last]`` (``"last"``) of the residual entering block ``start``."""
         self.passes += 1
+        ad = self.adapter
         if start >= self.n_layers:
-            return self.adapter.run_from(resid[:, -1:], self.n_layers)[:, -1].float()
-        layers = list(range(start, self.n_layers))
+            return ad.run_from(x[:, -1:], self.n_layers)[:, -1].float()
+        last = self.n_pos - 1 if self.rotary else None  # the last token's position inside the blocks
         if self.tail == "full":
+            layers = list(range(start, self.n_layers))
             with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
-                return self.adapter.run_from(resid, start)[:, -1].float()
+                return ad.run_from(x, start)[:, -1].float()
         # With only BOS and the last token "self peek" is the ordinary causal row: no mask is needed.
         if self.tail == "pair":
-            x, kv = resid[:, [0, self.n_pos - 1]], None
-        else:  # "last": BOS enters only through its (constant) key and value, as a frozen KV cache
-            from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
-
-            b = resid.shape[0]
-            kv = [None] * self.n_layers
-            for i in layers:
-                kv[i] = TransformerLensKeyValueCacheEntry(
-                    past_keys=self.bos_k[i].expand(b, 1, *self.bos_k[i].shape),
-                    past_values=self.bos_v[i].expand(b, 1, *self.bos_v[i].shape),
-                    frozen=True,
-                )
-            x = resid[:, -1:]
-        shift = self.n_pos - 2  # the last token sits at position 1 in these passes, truly at n_pos-1
-        needs_shift = self.rotary and shift != 0
-        if kv is None and not needs_shift:
-            return self.adapter.run_from(x, start)[:, -1].float()
-        # HookedTransformer only (see __init__): a frozen BOS cache and/or the re-rotated last position
-        with _rotary_shift(self.model, layers, shift) if needs_shift else contextlib.nullcontext():
-            return self.model(x, start_at_layer=start, past_kv_cache=kv)[:, -1].float()
-
-
-class _rotary_shift:
-    """Rotate the query and key of the last position (position 1) by ``shift`` more positions in blocks
-    ``layers``, so that in a pass over ``[BOS, last]`` (or ``last`` after a cached BOS) the last token
-    sits at its true position ``1 + shift``. Rotations compose: ``R(shift) R(1) = R(1 + shift)``; BOS
-    stays at position 0."""
-
-    def __init__(self, model: Any, layers: list[int], shift: int):
-        self.model, self.layers, self.shift = model, layers, shift
-        self.ad = iv.adapt(model)
-        self.level = iv.adapter.new_hook_level()
-        self.names: list[str] = []
-
-    def _hook(self, attn: Any):
-        rd = int(attn.cfg.rotary_dim)
-        if self.shift >= attn.rotary_cos.shape[0]:
-            raise ValueError(f"rotary tables hold {attn.rotary_cos.shape[0]} positions, need {self.shift + 1}")
-        cos, sin = attn.rotary_cos[self.shift], attn.rotary_sin[self.shift]
-
-        def fn(x: torch.Tensor, hook: Any = None) -> torch.Tensor:
-            out = x.clone()
-            last = x[:, -1, :, :rd]
-            out[:, -1, :, :rd] = last * cos.to(x.dtype) + attn.rotate_every_two(last) * sin.to(x.dtype)
-            return out
-
-        return fn
-
-    def __enter__(self) -> None:
-        for layer in self.layers:
-            attn = self.model.blocks[layer].attn
-            for name in (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k"):
-                self.ad.add_hook(name, self._hook(attn), self.level)
-                self.names.append(name)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.ad.remove_hooks(self.names, self.level)
+            positions = None if last is None else torch.tensor([0, last])
+            return ad.run_from(x, start, positions=positions)[:, -1].float()
+        # "last": BOS enters only through its (constant) key and value
+        return ad.run_last_from(x, start, self.bos_kv, 1 if last is None else last)[:, -1].float()

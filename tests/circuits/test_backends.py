@@ -66,7 +66,7 @@ def test_head_pruning_agrees(twins):
 
 
 def test_load_model_picks_the_backend():
-    assert type(iv.adapt(loading.load_model("arith-gpt2", backend="hooked"))) is iv.ModelAdapter
+    assert type(iv.adapt(loading.load_model("arith-gpt2", backend="hooked"))) is iv.HookedAdapter
     assert type(iv.adapt(loading.load_model("arith-gpt2", backend="bridge"))) is iv.BridgeAdapter
     assert iv.resolve_backend(None) == "hooked"  # TransformerLens 3.x
     with pytest.raises(ValueError, match="backend='tl4' is not valid: choose 'hooked' or 'bridge'"):

@@ -82,13 +82,15 @@ def test_naive_evaluator_matches_faithfulness_module(model, data):
         assert int(correct.sum()) == ref.n_faithful
 
 
-@needs_hooked
-def test_two_position_tail_needs_the_rotary_shift():
-    """Without re-rotating the last position the two-position tail is wrong: the shift is not a no-op."""
-    model = build_hooked("llama")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_position_tail_needs_the_rotary_shift(backend):
+    """Without moving the last token to its true position the short tail is wrong: the shift is not a
+    no-op (hooked: ``tail="last"`` re-rotated; bridge: ``tail="pair"`` with position ids)."""
+    model = build_model("llama", backend)
     tokens = random_tokens(24, 7, seed=1, values=5)
     answers = own_answers(model, tokens)
     fast = S.FastEvaluator(model, tokens, answers, None, "zero", 24)
+    assert fast.tail == ("last" if backend == "hooked" else "pair")
     naive = S.NaiveEvaluator(model, tokens, answers, None, "zero", 24)
     ref = naive.evaluate(-1, 0)[2]
     torch.testing.assert_close(fast.evaluate(-1, 0)[2], ref, atol=1e-4, rtol=0)
@@ -97,18 +99,22 @@ def test_two_position_tail_needs_the_rotary_shift():
     assert (fast.evaluate(-1, 0)[2] - ref).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("tail", ["pair", "full"])
+@pytest.mark.parametrize("tail", ["last", "pair", "full"])
 def test_other_tails_also_exact(model, data, tail):
-    """The tail variants: [BOS, last] pairs, and every position (the fallback for other position schemes)."""
+    """The tail variants: BOS as a frozen key and value, [BOS, last] pairs, and every position (the
+    fallback for other position schemes), on every backend that offers the capability."""
     tokens, answers, cache = data
-    if iv.adapt(model).backend != "hooked" and tail == "pair" and model.cfg.positional_embedding_type == "rotary":
-        with pytest.raises(ValueError, match="needs HookedTransformer internals.*tail='full'"):
+    if tail == "last" and not iv.adapt(model).capabilities.frozen_bos_kv:
+        with pytest.raises(ValueError, match="tail='last' needs the frozen_bos_kv capability.*use tail='pair'"):
             S.FastEvaluator(model, tokens, answers, cache, "cama", 16, tail=tail)
         return
     fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 16, tail=tail)
     naive = S.NaiveEvaluator(model, tokens, answers, cache, "cama", 16)
-    for w, t in [(-1, 2), (0, 0), (2, 1)]:
-        assert torch.equal(fast.evaluate(w, t)[0], naive.evaluate(w, t)[0])
+    for w, t in [(-1, 2), (0, 0), (2, 1), (3, 0)]:
+        cf, _, df = fast.evaluate(w, t)
+        cn, _, dn = naive.evaluate(w, t)
+        assert torch.equal(cf, cn)
+        torch.testing.assert_close(df, dn, atol=1e-4, rtol=0)
 
 
 def test_fast_uses_fewer_forward_blocks(data, model):
@@ -119,6 +125,38 @@ def test_fast_uses_fewer_forward_blocks(data, model):
     # 15 tails + 10 prefix blocks + 2 embedding passes (wait -1: transfer 0, then >= 1) + BOS pass,
     # versus 15 complete passes of 4 blocks each.
     assert fast.passes == 15 + 10 + 2 + 1
+
+
+def test_fast_runs_no_block_below_its_start(data, model):
+    """Counted at every block module: the full grid runs 34 blocks (BOS pass 4, transfer prefixes
+    4+3+2+1, tails sum over (wait, transfer) of 3-wait-transfer = 20), on every backend, against 60 for
+    the naive evaluator (15 passes of 4 blocks). A backend whose run_from also ran the blocks before
+    ``start`` would count 4 per call."""
+    tokens, answers, cache = data
+    counts = [0] * N_LAYERS
+
+    def count(i):
+        def hook(module, args):
+            counts[i] += 1
+        return hook
+
+    handles = [block.register_forward_pre_hook(count(i)) for i, block in enumerate(model.blocks)]
+    try:
+        fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 32)
+        for w, t in S.configurations(N_LAYERS):
+            fast.evaluate(w, t)
+        fast_counts, counts[:] = list(counts), [0] * N_LAYERS
+        naive = S.NaiveEvaluator(model, tokens, answers, cache, "cama", 32)
+        for w, t in S.configurations(N_LAYERS):
+            naive.evaluate(w, t)
+    finally:
+        for h in handles:
+            h.remove()
+    assert sum(fast_counts) == 4 + (4 + 3 + 2 + 1) + 20
+    # block k runs in the BOS pass, as the transfer block of waits -1..k-1, and in the tails of the
+    # (k+1)(k+2)/2 configurations whose tail starts (wait + 1 + transfer) at or below k
+    assert fast_counts == [1 + 1 + 1, 1 + 2 + 3, 1 + 3 + 6, 1 + 4 + 10]
+    assert counts == [15] * N_LAYERS
 
 
 # --- selection rule and grids ---------------------------------------------------------------------
@@ -325,15 +363,25 @@ def test_given_cache_is_part_of_the_identity(tmp_path):
         S.search_af1(model, tokens, answers, cache=other, threshold=0.5, out_dir=out, progress=False, n_boot=10)
 
 
-def test_bridge_evaluator_refuses_hooked_only_tails():
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_evaluator_tail_follows_capabilities(arch, monkeypatch):
+    """The tail is chosen from the adapter's capabilities, not the backend's name: a bridge (positions,
+    no frozen BOS cache) runs "pair"; an adapter without positions falls back to "full" where positions
+    are rotary, and refuses "pair" there with a message naming the capability."""
     from tests.conftest import build_bridge
 
-    bridge = build_bridge("llama")
+    bridge = build_bridge(arch)
     tokens = random_tokens(8, 6, seed=5, values=5)
     answers = own_answers(bridge, tokens)
-    assert S.FastEvaluator(bridge, tokens, answers, None, "zero", 8).tail == "full"
-    with pytest.raises(ValueError, match="tail='last'.*key-value cache.*use tail='full'"):
+    assert S.FastEvaluator(bridge, tokens, answers, None, "zero", 8).tail == "pair"
+    with pytest.raises(ValueError, match="tail='last' needs the frozen_bos_kv capability.*use tail='pair'"):
         S.FastEvaluator(bridge, tokens, answers, None, "zero", 8, tail="last")
+    monkeypatch.setattr(iv.BridgeAdapter, "capabilities", iv.Capabilities(skips_blocks=True))
+    rotary = arch == "llama"
+    assert S.FastEvaluator(bridge, tokens, answers, None, "zero", 8).tail == ("full" if rotary else "pair")
+    if rotary:
+        with pytest.raises(ValueError, match="tail='pair' needs the positions capability.*use tail='full'"):
+            S.FastEvaluator(bridge, tokens, answers, None, "zero", 8, tail="pair")
 
 
 @needs_hooked

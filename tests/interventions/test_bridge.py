@@ -37,7 +37,7 @@ VALUES = 6
 # ----------------------------------------------------------------------------- adapter on the suite's models
 def test_adapter_reports_shapes_and_backend(model, arch, backend):
     ad = iv.adapt(model)
-    assert type(ad) is (iv.BridgeAdapter if backend == "bridge" else iv.ModelAdapter)
+    assert type(ad) is (iv.BridgeAdapter if backend == "bridge" else iv.HookedAdapter)
     assert ad.info.backend == backend
     assert (ad.info.n_layers, ad.info.n_heads, ad.info.d_head, ad.info.d_model, ad.info.d_vocab) == (4, 4, 8, 32, 40)
     assert ad.info.n_kv_heads == (2 if arch == "llama" else 4)
