@@ -82,8 +82,10 @@ def test_estimate_before_loading(standin_hub):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_search_halves_the_batch_after_out_of_memory(backend, self_answering, monkeypatch, tmp_path, capsys):
     """``--batch-size auto`` (on CPU: 64, at most the 12 prompts) with a model that runs out of memory for
-    batches above 4 once two configurations are written: the command halves the batch (12 -> 6 -> 3),
-    resumes, and writes every configuration once, with the counts of a run at batch 3."""
+    more than 4 prompts' worth of tokens (4 x 5 positions) per pass once two configurations are written:
+    the command halves the batch (12 -> 6 -> 3), resumes, and writes every configuration once, with the
+    counts of a run at batch 3. (Memory counts tokens: the fast search's last-position tail packs the rows
+    of several batches into one pass of about one batch's tokens.)"""
     out = tmp_path / "auto"
     load = loading.load_model
 
@@ -93,7 +95,7 @@ def test_search_halves_the_batch_after_out_of_memory(backend, self_answering, mo
         def hook(module, args, kwargs):
             x = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
             done = (out / "results.jsonl").exists() and len(read_jsonl(out / "results.jsonl")) >= 2
-            if x.shape[0] > 4 and done:
+            if x.shape[0] * x.shape[1] > 4 * 5 and done:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
         model.blocks[-1].register_forward_pre_hook(hook, with_kwargs=True)
