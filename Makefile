@@ -2,9 +2,9 @@
 # `demo` runs in .venv (TransformerLens 3.9). `test` runs the whole suite in .venv, where the
 # interventions are tested on both backends (HookedTransformer and TransformerBridge) against each
 # other and tests/packaging builds the wheel and installs it into a fresh throwaway venv (newest
-# TransformerLens 4.x, about a minute), then the intervention and analysis tests in .venv-tl4
-# (TransformerLens 4.x, TransformerBridge only). Both install the nnsight extra, so the nnsight backend
-# is tested in both. Each venv is created on first use and reinstalled
+# TransformerLens 4.x, about a minute), then the intervention and analysis tests, the stand-in
+# checkpoints and notebook 04 on a stand-in in .venv-tl4 (TransformerLens 4.x, TransformerBridge only).
+# Both install the nnsight extra, so the nnsight backend is tested in both. Each venv is created on first use and reinstalled
 # when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -38,4 +38,5 @@ demo: $(STAMP)
 
 test: $(STAMP) $(STAMP4)
 	$(VENV)/bin/python -m pytest -q
-	$(VENV4)/bin/python -m pytest -q tests/interventions tests/circuits
+	$(VENV4)/bin/python -m pytest -q tests/interventions tests/circuits tests/checkpoints \
+		tests/notebooks/test_notebooks.py::test_real_models_notebook_runs_on_a_standin

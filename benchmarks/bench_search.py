@@ -4,21 +4,25 @@ The straightforward approach (as in the paper's public demo) runs one complete i
 per configuration (``iv.run`` with ``af1_subgraph``) with batch size 20. The fast method
 (``circuits.search.FastEvaluator``) skips the waiting blocks (ablation lookup), shares the transfer
 prefix between transfers, runs the self-peek tail on the last position alone (BOS's constant key and
-value as a cache), evaluates ``transfer = 0`` once per distinct last token and unembeds only the last
-position.
+value as a cache, where the adapter offers that capability) or on ``[BOS, last]`` with the last token
+at its true position (a ``TransformerBridge``), evaluates ``transfer = 0`` once per distinct last token
+and unembeds only the last position.
 
-Prints, on a 6-block model (the default zoo model on task prompts when available, else a random model
-of the same shape whose answers are its own predictions):
+Prints, on the default zoo model on task prompts (when available), or on a random model of
+``--layers`` blocks and width ``--d-model`` whose answers are its own predictions:
 
-* naive (batch 20) time / fast time            (target >= 5x)
-* naive (same batch as fast) time / fast time  (target >= 2x)
+* naive (batch 20) time / fast time
+* naive (same batch as fast) time / fast time  (unless ``--no-naive-eq``)
 
 and asserts that both methods give identical per-configuration correctness counts and last-position
 logits within 1e-4. The methods take turns (best of ``--repeats``) so background load hits all alike.
+``--naive-configs K`` times the per-configuration passes on ``K`` configurations spread evenly over
+the grid and scales their time to the full grid (said in the output), for deep models whose naive
+full grid takes many minutes. The output names the TransformerLens version and the fast tail.
 
 Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]
-[--threads 1] [--backend hooked|bridge] [--random]`` (``bridge``: the same model as a
-``TransformerBridge``; ``--random``: the random model even for gpt2).
+[--threads 1] [--backend hooked|bridge] [--random] [--layers 6] [--d-model 256] [--naive-configs 0]
+[--no-naive-eq]``. Measured figures: ``docs/backends.md`` (Search benchmarks).
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ def describe(err: BaseException) -> tuple[str, int] | None:
         return (f"the remote (NDIF) request failed: {one_line(err)}; finished results are saved: run the same "
                 f"command again to resume"), 2
     if name == "OutOfMemoryError":
-        return "out of device memory: lower --batch-size (or use a smaller --dtype)", 2
+        return ("out of device memory: lower --batch-size, use --batch-size auto (halves it and retries) or a "
+                "smaller --dtype"), 2
     return None
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from circuits import placement
 from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loading import prepare_prompts
     MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
 )
 
-__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "check_bos", "check_builtin_config", "load_model",
+__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "cached_spelling", "check_bos", "check_builtin_config",
+           "has_cached_weights", "load_model",
            "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
 
 def zoo_names() -> list[str]:
@@ -36,6 +38,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None,
+               device_map: str | None = None, max_memory: str | dict | None = None,
                remote: bool | str = False) -> Any:
     """The model called ``name`` on ``device``, in eval mode, on ``backend``, with weights in ``dtype``.
 
@@ -57,6 +60,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
     ``dtype`` (one of :data:`DTYPES`, ``None``: the loader's default, float32) applies to pretrained
     models, e.g. ``"bfloat16"`` for Llama-3-8B on a GPU; zoo models ship in float32 only.
+
+    ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or a device name; replaces ``device``) and
+    ``max_memory`` (``{0: "70GiB", "cpu": "100GiB"}`` or ``"0=70GiB,cpu=100GiB"``, needs ``device_map``)
+    spread a pretrained model over several devices: on the bridge through Hugging Face/accelerate dispatch,
+    on hooked as ``n_devices`` (see :mod:`circuits.placement`).
     """
     import torch
 
@@ -67,6 +75,13 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         raise ValueError(f"dtype={dtype!r} is not valid: choose one of {', '.join(DTYPES)}")
     if remote and backend != "nnsight":
         raise ValueError(f"remote={remote!r} needs backend='nnsight' (remote runs go through nnsight to NDIF)")
+    if remote and device_map is not None:
+        raise ValueError("device_map places weights here; a remote model's weights stay on NDIF: drop device_map")
+    if device_map is not None:
+        device_map = placement.check_device_map(device_map)
+    max_memory = placement.parse_max_memory(max_memory)
+    if max_memory is not None and device_map is None:
+        raise ValueError("max_memory (--max-memory) needs device_map (--device-map auto, balanced or sequential)")
     names = zoo_names()
     if name in names and remote:
         raise ValueError(f"zoo model {name!r} is not hosted on NDIF: load it without remote")
@@ -75,8 +90,16 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
         if dtype not in (None, "float32"):
             raise ValueError(f"zoo model {name!r} ships in float32; dtype={dtype!r} applies to pretrained models")
+        if device_map is not None:
+            raise ValueError(f"zoo model {name!r} is small: device_map applies to pretrained models; use device")
         return zoo.load(name, device=device, backend=backend).eval()
     kwargs: dict[str, Any] = {"device": device}
+    if device_map is not None and backend in ("bridge", "nnsight"):
+        kwargs = {"device": None, "device_map": device_map, "max_memory": max_memory}
+    elif device_map is not None:
+        n_devices = placement.hooked_n_devices(device_map, max_memory)
+        gpu = "cuda" if torch.cuda.is_available() else "cpu"
+        kwargs = {"device": gpu if device_map in placement.DEVICE_MAPS else device_map, "n_devices": n_devices}
     if dtype is not None:
         kwargs["dtype"] = getattr(torch, dtype)
     loader = {"hooked": "HookedTransformer.from_pretrained", "bridge": "TransformerBridge.boot_transformers",
@@ -92,7 +115,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
             from interventions.backends.nnsight import from_pretrained, require_nnsight
 
             require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
-            model = from_pretrained(name, device=device, dtype=kwargs.get("dtype"), remote=remote)
+            model = from_pretrained(name, device=device, dtype=kwargs.get("dtype"), remote=remote,
+                                    device_map=kwargs.get("device_map"), max_memory=kwargs.get("max_memory"))
         else:
             from transformer_lens.model_bridge import TransformerBridge
 
@@ -105,10 +129,12 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     except Exception as err:  # noqa: BLE001 - any failure becomes one clear user error
         zoo_hint = f"zoo models: {', '.join(names)}" if names else "the model zoo is not installed"
         first = str(err).splitlines()[0] if str(err) else ""
+        need = ("pretrained models need their weights in the local Hugging Face cache or network access"
+                if device_map is None else "with a device map the model must fit on the GPUs (or all on the CPU) "
+                "within max_memory: TransformerLens refuses disk and CPU offload")
         raise ValueError(
             f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and {loader} failed "
-            f"({type(err).__name__}: {first}); pretrained models need their weights in the local "
-            f"Hugging Face cache or network access"
+            f"({type(err).__name__}: {first}); {need}"
         ) from err
     return model.eval()
 
@@ -135,6 +161,46 @@ def _cached(repo: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+
+
+def has_cached_weights(repo: str) -> bool:
+    """Whether ``repo``'s config and weights (``*.safetensors`` or ``*.bin``) are in the local Hugging Face
+    cache, under exactly this spelling (no network access)."""
+    from huggingface_hub import snapshot_download
+
+    if not _cached(repo):
+        return False
+    try:
+        folder = Path(snapshot_download(repo, local_files_only=True))
+    except Exception:  # noqa: BLE001 - an incomplete snapshot counts as not cached
+        return False
+    return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+
+
+def cached_spelling(name: str) -> str | None:
+    """The spelling under which the weights of ``name`` are in the local Hugging Face cache, or ``None``.
+
+    Tried in turn: ``name``; TransformerLens 3.x's official spelling (``EleutherAI/gpt-j-6b`` ->
+    ``EleutherAI/gpt-j-6B``, aliases such as ``gpt2-small`` -> ``gpt2``); a cached repository whose name
+    differs from either only in case (repository names on the hub are case-insensitive, cache folders are
+    not). No network access. Loading the result works on the bridge; ``HookedTransformer`` (3.x) needs the
+    official spelling cached (:func:`check_builtin_config` says so)."""
+    from huggingface_hub import constants
+
+    candidates = [name]
+    try:
+        from transformer_lens import loading_from_pretrained as lp
+
+        candidates.append(lp.get_official_model_name(name))
+    except Exception:  # noqa: BLE001 - TransformerLens 4.x has no name table; unknown names keep theirs
+        pass
+    cache = Path(constants.HF_HUB_CACHE)
+    folders = {p.name.lower(): p.name for p in cache.glob("models--*")} if cache.is_dir() else {}
+    for spelling in list(candidates):
+        folder = folders.get(("models--" + spelling.replace("/", "--")).lower())
+        if folder is not None:
+            candidates.append(folder[len("models--"):].replace("--", "/", 1))
+    return next((c for c in dict.fromkeys(candidates) if has_cached_weights(c)), None)
 
 
 def check_builtin_config(name: str) -> None:

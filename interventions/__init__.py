@@ -17,6 +17,7 @@ from .ablation import CAMA, MeanAblation, ZeroAblation
 from .adapter import BACKENDS, Capabilities, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
 from .af1 import af1_subgraph
 from .apply import apply, run, run_many
+from . import bridge  # noqa: F401  (the historical module path interventions.bridge)
 from .backends import BridgeAdapter, HookedAdapter, NNsightAdapter  # registers the shipped backends (no nnsight import)
 from .convert import bridge_from_hooked, bridge_from_hooked_state
 from .base import REGISTRY, Intervention

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from circuits.errors import ArgumentError
 
 BACKEND_CHOICES = ("hooked", "bridge", "nnsight")
 """``interventions.adapter.BACKENDS``, spelled out: ``af1 --help`` imports no torch (a test keeps them equal)."""
+
+T = TypeVar("T")
 
 MAX_PROMPTS = 100_000
 """Upper bound of ``--n-prompts`` (prompts of one layout evaluated per configuration)."""
@@ -33,6 +35,21 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
                              "the NDIF_API_KEY environment variable); see docs/remote.md")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                         help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
+    parser.add_argument("--device-map", default=None,
+                        help="spread a pretrained model over devices: auto, balanced, sequential or a device "
+                             "(replaces --device; bridge: Hugging Face/accelerate dispatch, hooked: n_devices)")
+    parser.add_argument("--max-memory", default=None,
+                        help="memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=100GiB")
+
+
+def batch_size_argument(text: str) -> int | str:
+    """``--batch-size``: a positive integer, or ``auto`` (see :func:`circuits.memory.auto_batch_size`)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'auto'") from None
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
@@ -53,7 +70,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
                         help="put BOS at position 0 (default: the model's own default; CAMA and the search need "
                              "it, so models that do not prepend it, e.g. Pythia, need --prepend-bos)")
-    parser.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass (default 128)")
+    parser.add_argument("--batch-size", type=batch_size_argument, default=128,
+                        help="prompts per forward pass (default 128); auto: the largest that fits (on CPU "
+                             "64), halved and retried when the GPU runs out of memory")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     add_backend_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -138,8 +157,9 @@ def check_task(task: str, n_prompts: int | None = None, source: str = "build") -
 
 
 def check_backend(args: argparse.Namespace) -> None:
-    """``--remote`` needs ``--backend nnsight``, a pretrained model name (zoo models are not on NDIF) and
-    ``NDIF_API_KEY`` in the environment."""
+    """``--remote`` needs ``--backend nnsight``, a pretrained model name (zoo models are not on NDIF),
+    ``NDIF_API_KEY`` in the environment, and neither ``--batch-size auto`` nor ``--device-map`` (both size or
+    place things on this machine's devices)."""
     if not getattr(args, "remote", False):
         return
     if args.backend != "nnsight":
@@ -154,13 +174,33 @@ def check_backend(args: argparse.Namespace) -> None:
     if not os.environ.get("NDIF_API_KEY"):
         raise ArgumentError("--remote needs an NDIF API key in the environment: export NDIF_API_KEY=... "
                             "(it is read from there only and never written to a file)")
+    if getattr(args, "batch_size", None) == "auto":
+        raise ArgumentError("--batch-size auto sizes batches for this machine's devices: give a number with --remote")
+    if getattr(args, "device_map", None) is not None:
+        raise ArgumentError("--device-map places weights here; a remote model's weights stay on NDIF: drop it")
+
+
+def check_placement(args: argparse.Namespace) -> None:
+    """``--batch-size`` (an integer >= 1 or ``auto``), ``--device-map`` and ``--max-memory`` (which needs it)."""
+    from circuits import placement
+
+    if args.batch_size != "auto":
+        check_positive("--batch-size", args.batch_size)
+    try:
+        if args.device_map is not None:
+            placement.check_device_map(args.device_map)
+        placement.parse_max_memory(args.max_memory)
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
+    if args.max_memory is not None and args.device_map is None:
+        raise ArgumentError("--max-memory needs --device-map (auto, balanced or sequential)")
 
 
 def check_common(args: argparse.Namespace) -> None:
     """The checks every search-like command makes before loading anything."""
     check_backend(args)
     check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
-    check_positive("--batch-size", args.batch_size)
+    check_placement(args)
     if getattr(args, "max_checked", None) is not None:
         check_positive("--max-checked", args.max_checked)
     check_task(args.task, args.n_prompts, getattr(args, "source", "build"))
@@ -169,20 +209,48 @@ def check_common(args: argparse.Namespace) -> None:
 
 
 # --- loading -----------------------------------------------------------------------------------------
-def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of :func:`circuits.loading.load_model` the flags give: ``device``, ``backend``,
-    ``dtype``, and ``remote`` when ``--remote`` is set."""
-    options: dict[str, Any] = {"device": args.device, "backend": args.backend, "dtype": args.dtype}
-    if getattr(args, "remote", False):
-        options["remote"] = True
-    return options
+def load(args: argparse.Namespace):
+    """The model named by ``args`` (device, backend, dtype, device map, ``--remote``); for a pretrained model
+    that runs here, first prints the memory it will need (:func:`circuits.memory.estimate_pretrained`)."""
+    from circuits import loading, memory
+
+    if getattr(args, "remote", False):  # a remote model needs no memory here
+        return loading.load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype, remote=True)
+    memory.print_estimate(args.model, args.dtype, args.task, args.n_prompts, first_batch_size(args))
+    spread = {k: getattr(args, k) for k in ("device_map", "max_memory") if getattr(args, k, None) is not None}
+    return loading.load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype, **spread)
+
+
+def first_batch_size(args: argparse.Namespace) -> int:
+    """The batch size a config is validated with before loading (``auto`` is resolved after loading)."""
+    from circuits import memory
+
+    return memory.AUTO_CPU_BATCH if args.batch_size == "auto" else args.batch_size
+
+
+def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate: Callable[[int], T]) -> T:
+    """``evaluate(batch_size)`` with ``--batch-size``; with ``auto`` the largest batch of ``tokens``
+    (``[n_prompts, n_pos]``) that fits (:func:`circuits.memory.auto_batch_size`), halved and retried on a
+    device out-of-memory error (the analyses resume from the run's results file: nothing finished is lost)."""
+    from circuits import memory
+
+    if args.batch_size != "auto":
+        return evaluate(args.batch_size)
+    n_prompts, n_pos = int(tokens.shape[0]), int(tokens.shape[1])
+    shape = memory.shape_of_model(model)
+    per_prompt = memory.activation_bytes_per_prompt(shape, n_pos, args.dtype)
+    reserve = memory.means_cache_bytes(shape, n_prompts * n_pos, n_pos)
+    devices = memory.model_devices(model)
+    batch = memory.auto_batch_size(per_prompt, devices, n_prompts, reserve=reserve)
+    print(f"--batch-size auto: {batch} prompts per forward pass on {', '.join(map(str, devices))}")
+    return memory.halve_on_oom(evaluate, batch)
 
 
 def prepare(args: argparse.Namespace):
     """Load the model and the prompts named by ``args``; prints what it uses."""
-    from circuits.loading import load_model, prepare_prompts
+    from circuits.loading import prepare_prompts
 
-    model = load_model(args.model, **model_options(args))
+    model = load(args)
     options = {"progress": not args.no_progress, "prepend_bos": args.prepend_bos}
     if args.max_checked is not None:
         options["max_checked"] = args.max_checked

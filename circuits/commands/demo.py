@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
         name = zoo.DEFAULT_MODEL
         model = load_model(name)
-        prompts = prepare_prompts(model, args.task, args.n_prompts, seed=0, min_prompts=min(20, args.n_prompts))
+        prompts = prepare_prompts(model, args.task, args.n_prompts, seed=0, min_prompts=min(20, args.n_prompts),
+                                  progress=not args.no_progress)
         task = args.task
     else:
         print("af1 demo: the model zoo (circuits.zoo) is not installed; running the search on a small "

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from circuits.commands.common import add_backend_argument
+from circuits.commands.common import add_backend_argument, batch_size_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,11 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", choices=("final_norm", "raw"), default="final_norm",
                         help="final_norm: ln_final then unembedding (default); raw: unembedding only")
     parser.add_argument("--top-k", type=int, default=10, help="k of the operand/operator visibility test (default: 10)")
-    parser.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass (default: 64)")
+    parser.add_argument("--batch-size", type=batch_size_argument, default=64,
+                        help="prompts per forward pass (default: 64; auto: the largest that fits)")
     parser.add_argument("--no-interchange", action="store_true", help="skip the attention interchange check")
+    parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
+                        help="put BOS at position 0 (default: the model's own default; models that do not "
+                             "prepend it, e.g. Pythia, need --prepend-bos)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
@@ -37,7 +42,8 @@ def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_backend, check_device, check_out, check_positive, check_task
+    from circuits.commands.common import (check_backend, check_device, check_out, check_placement, check_positive,
+                                          check_task)
 
     check_backend(args)
     if args.remote:
@@ -46,7 +52,7 @@ def check(args: argparse.Namespace) -> None:
         raise ArgumentError("af1 lens decodes residual states here and needs the model's weights: run it without "
                             "--remote (early decoding of a model NDIF hosts is not supported)")
     check_positive("--n-prompts", args.n_prompts)
-    check_positive("--batch-size", args.batch_size)
+    check_placement(args)
     check_positive("--top-k", args.top_k)
     check_task(args.task, args.n_prompts)
     check_device(args.device)
@@ -56,23 +62,27 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from circuits import loading
-    from circuits.commands.common import model_options
+    from circuits.commands.common import evaluate_batched, first_batch_size, load
     from circuits.lens.analysis import LENS, LensConfig
     from circuits.runner import Run, execute
 
     check(args)
     config = LensConfig(decode=args.decode, top_k=args.top_k, interchange=not args.no_interchange, seed=args.seed,
-                        batch_size=args.batch_size).validate()
+                        batch_size=first_batch_size(args)).validate()
     t0 = time.time()
     with Run(args.out, "lens") as held:
-        model = loading.load_model(args.model, **model_options(args))
-        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed)
+        model = load(args)
+        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed,
+                                       prepend_bos=args.prepend_bos, progress=not args.no_progress)
         meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}
         records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
-        result, inter = execute(LENS, model, prep.tokens, prep.answers, config, out_dir=args.out, held=held,
-                                meta=meta, prompts=records, progress=False)
+        result, inter = evaluate_batched(args, model, prep.tokens, lambda batch_size: execute(
+            LENS, model, prep.tokens, prep.answers, replace(config, batch_size=batch_size), out_dir=args.out,
+            held=held, meta=meta, prompts=records, progress=False))
     out = Path(args.out)
     rows = result.rows(n_boot=200)
     first = next((r for r in rows if r["answer_top1"] >= 0.5), None)

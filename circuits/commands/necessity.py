@@ -6,8 +6,11 @@ Writes ``necessity.jsonl`` (resumable), ``necessity.json`` and ``report.html`` (
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from circuits.commands.common import add_common_arguments, check_common, meta_of, prepare
+from circuits.commands.common import (
+    add_common_arguments, check_common, evaluate_batched, first_batch_size, meta_of, prepare,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,11 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from circuits.necessity import NECESSITY, NecessityConfig
     from circuits.runner import Run, execute
 
-    config = NecessityConfig(seed=args.seed, batch_size=args.batch_size).validate()
+    config = NecessityConfig(seed=args.seed, batch_size=first_batch_size(args)).validate()
     with Run(args.out, "necessity") as held:
         model, prompts = prepare(args)
-        result = execute(NECESSITY, model, prompts.tokens, prompts.answers, config, out_dir=args.out, held=held,
-                         meta=meta_of(args, prompts), progress=not args.no_progress)
+        result = evaluate_batched(args, model, prompts.tokens, lambda batch_size: execute(
+            NECESSITY, model, prompts.tokens, prompts.answers, replace(config, batch_size=batch_size),
+            out_dir=args.out, held=held, meta=meta_of(args, prompts), progress=not args.no_progress))
     print(result.table())
     print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {args.out}/report.html")
     return 0

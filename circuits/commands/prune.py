@@ -51,16 +51,19 @@ check = check_arguments
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
-    from circuits.commands.common import meta_of, prepare
+    from dataclasses import replace
+
+    from circuits.commands.common import evaluate_batched, first_batch_size, meta_of, prepare
     from circuits.prune import PRUNE, PruneConfig
     from circuits.runner import Run, execute
 
     config = PruneConfig(args.wait, args.transfer, args.ablation, args.method, float(args.target), args.rank,
-                         args.confirm_top, args.batch_size, 1000, args.seed)
+                         args.confirm_top, first_batch_size(args), 1000, args.seed)
     with Run(args.out, "prune") as held:
         model, data = prepare(args)
-        result = execute(PRUNE, model, data.tokens, data.answers, config, out_dir=args.out, held=held,
-                         meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress)
+        result = evaluate_batched(args, model, data.tokens, lambda batch_size: execute(
+            PRUNE, model, data.tokens, data.answers, replace(config, batch_size=batch_size), out_dir=args.out,
+            held=held, meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress))
     n_all = len(result.transfer_heads)
     if result.smallest_head_set is None:
         found = f"no head set reaches faithfulness {args.target} (unpruned: {result.curve[0].faithfulness:.3f})"

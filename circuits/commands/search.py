@@ -8,10 +8,11 @@ Re-running the same command resumes an interrupted run.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from circuits.commands.common import (  # noqa: F401 - re-exported: other commands and scripts import them here
     add_backend_argument, add_common_arguments, check_common, check_fraction, check_positive, command_line,
-    meta_of, prepare,
+    evaluate_batched, first_batch_size, meta_of, prepare,
 )
 
 
@@ -44,18 +45,20 @@ def run(args: argparse.Namespace) -> int:
     from circuits.runner import execute
 
     config = SearchConfig(threshold=args.threshold, grid=args.grid, ablation=args.ablation, method=args.method,
-                          seed=args.seed, batch_size=args.batch_size, configs_per_pass=args.configs_per_pass).validate()
+                          seed=args.seed, batch_size=first_batch_size(args),
+                          configs_per_pass=args.configs_per_pass).validate()
     with Run(args.out, "search") as held:
         model, prompts = prepare(args)
-        if args.remote:
+        if args.remote:  # --batch-size is a number with --remote (check_backend)
             from circuits.search.cost import search_cost
 
             n_prompts, n_pos = (int(v) for v in prompts.tokens.shape)
             print("remote cost: " + search_cost(model.cfg.n_layers, n_prompts, n_pos, batch_size=args.batch_size,
                                                 configs_per_pass=args.configs_per_pass,
                                                 needs_means=config.needs_means).line())
-        result = execute(SEARCH, model, prompts.tokens, prompts.answers, config, out_dir=args.out, held=held,
-                         meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress)
+        result = evaluate_batched(args, model, prompts.tokens, lambda batch_size: execute(
+            SEARCH, model, prompts.tokens, prompts.answers, replace(config, batch_size=batch_size), out_dir=args.out,
+            held=held, meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress))
     print(result.table())
     print(result.summary_line())
     if result.n_resumed:

@@ -58,7 +58,8 @@ def config_of(args: argparse.Namespace):
             raise ArgumentError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 42,123,999") from None
     if args.remote:
         raw["remote"] = True
-    for key in ("n_prompts", "wait", "transfer", "threshold", "batch_size", "device", "backend", "dtype"):
+    for key in ("n_prompts", "wait", "transfer", "threshold", "batch_size", "device", "backend", "dtype", "device_map",
+                "max_memory"):
         if getattr(args, key) is not None:
             raw[key] = getattr(args, key)
     if args.wait is not None or args.transfer is not None:
@@ -74,7 +75,8 @@ def check(args: argparse.Namespace) -> None:
     from circuits.commands.common import check_backend, check_device, check_out
 
     config = config_of(args)
-    check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models))
+    check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models,
+                                     batch_size=config.batch_size, device_map=config.device_map))
     check_device(config.device)
     check_out(args.out)
 

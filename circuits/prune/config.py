@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from interventions.validation import check_choice
 
@@ -63,6 +64,12 @@ class PruneConfig:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
         if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or self.n_boot < 1:
             raise ValueError(f"n_boot={self.n_boot!r} must be an integer >= 1")
+
+    def subgraph_fields(self) -> dict[str, Any]:
+        """The fields that name the pruned subgraph and the pruning method (shared by the run identity and
+        the summary)."""
+        return {"wait": self.wait, "transfer": self.transfer, "ablation": self.ablation, "method": self.method,
+                "rank": self.rank, "confirm_top": self.confirm_top}
 
     @property
     def needs_means(self) -> bool:

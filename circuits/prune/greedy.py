@@ -157,12 +157,7 @@ def prune_identity(cfg: PruneConfig, ctx: RunContext, model: Any) -> dict[str, A
     ad = adapt(model)
     return {
         "command": "prune",
-        "wait": cfg.wait,
-        "transfer": cfg.transfer,
-        "ablation": cfg.ablation,
-        "method": cfg.method,
-        "rank": cfg.rank,
-        "confirm_top": cfg.confirm_top,
+        **cfg.subgraph_fields(),
         "n_boot": cfg.n_boot,
         "seed": cfg.seed,
         "prompts_sha256": tokens_sha256(ctx.given_tokens, ctx.given_answers),

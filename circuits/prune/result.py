@@ -119,12 +119,7 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
     smallest = result.curve[result.smallest_step] if result.smallest_step is not None else None
     return {
         **{k: v for k, v in meta.items()},
-        "wait": cfg.wait,
-        "transfer": cfg.transfer,
-        "ablation": cfg.ablation,
-        "method": cfg.method,
-        "rank": cfg.rank,
-        "confirm_top": cfg.confirm_top,
+        **cfg.subgraph_fields(),
         "target": cfg.target,
         "n_prompts": result.n_prompts,
         "n_dropped": result.n_dropped,

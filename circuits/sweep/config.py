@@ -15,8 +15,10 @@ A sweep config is a TOML file with one ``[sweep]`` table::
     lens = false                       # also run early decoding per (model, task, seed)
 
 Optional keys: ``threshold`` (0.9), ``grid`` (``"full"``), ``source`` (``"build"``), ``batch_size``
-(128), ``device`` (``"cpu"``), ``backend``, ``dtype``, ``remote`` (``false``; ``true`` with
-``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``).
+(128), ``device`` (``"cpu"``), ``backend``, ``dtype``, ``device_map`` (``"auto"``, ``"balanced"``,
+``"sequential"``: a large model over several GPUs) and ``max_memory`` (``"0=70GiB,1=70GiB"`` or a table
+``{0 = "70GiB", 1 = "70GiB"}``; needs ``device_map``), see :mod:`circuits.placement`; ``remote``
+(``false``; ``true`` with ``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from circuits import placement
 from circuits.errors import ArgumentError
 
 MODES = ("search", "fixed")
@@ -76,6 +79,8 @@ class SweepConfig:
     device: str = "cpu"
     backend: str | None = None
     dtype: str | None = None
+    device_map: str | None = None
+    max_memory: Any = None
     remote: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -144,6 +149,14 @@ class SweepConfig:
             raise ArgumentError("n_prompts and batch_size must be integers >= 1")
         if len(set(self.models)) != len(self.models) or len(set(self.seeds)) != len(self.seeds):
             raise ArgumentError("models and seeds must not repeat")
+        try:
+            if self.device_map is not None:
+                placement.check_device_map(self.device_map)
+            placement.parse_max_memory(self.max_memory)
+        except ValueError as err:
+            raise ArgumentError(f"sweep key {str(err).lstrip('-').replace('-', '_', 1)}") from None
+        if self.max_memory is not None and self.device_map is None:
+            raise ArgumentError("sweep key max_memory needs device_map (auto, balanced or sequential)")
         return self
 
     def cells(self) -> Iterator[Cell]:
@@ -159,8 +172,8 @@ class SweepConfig:
                         yield Cell(model, task, "lens", seed)
 
     def identity(self) -> dict[str, Any]:
-        """What determines the sweep's table (everything but the device and the batch size)."""
+        """What determines the sweep's table (everything but the device, the device map and the batch size)."""
         d = dataclasses.asdict(self)
-        for key in ("extra", "device", "batch_size"):
+        for key in ("extra", "device", "batch_size", "device_map", "max_memory"):
             d.pop(key)
         return d

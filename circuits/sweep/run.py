@@ -93,12 +93,16 @@ class _State:
 
     def load(self, cell: Cell) -> None:
         from circuits.loading import load_model, prepare_prompts
+        from circuits.memory import print_estimate
 
         cfg = self.config
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             try:
+                if not cfg.remote:  # a remote model needs no memory here
+                    print_estimate(cell.model, cfg.dtype, cell.task, cfg.n_prompts, cfg.batch_size)
                 self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype,
+                                        device_map=cfg.device_map, max_memory=cfg.max_memory,
                                         **({"remote": True} if cfg.remote else {}))
             except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
                 self.model_error = message(err)

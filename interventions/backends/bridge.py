@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from ..adapter import Capabilities, ModelAdapter, register_backend
 from ..edits import without_user_hooks
 from ..hooks import resid_post
+from ..tokenization import prepare_tokenizer
 
 
 class StopForward(Exception):
@@ -95,8 +96,8 @@ class BridgeAdapter(ModelAdapter):
         attention mask, position ids, rotary ``position_embeddings``, ... (batch dimension 1, broadcast
         over any batch). Key-value caches are replaced by ``None`` and ``use_cache`` is off. Captured
         from one pass over placeholder ids that stops before block 0 runs (the user's hooks hidden; no
-        block, block hook or block pre-hook runs) and memoised per model, length, positions and device."""
-        key = (n_pos, None if positions is None else tuple(int(p) for p in positions), str(device))
+        block, block hook or block pre-hook runs) and memoised per model, length, positions, device and dtype."""
+        key = (n_pos, None if positions is None else tuple(int(p) for p in positions), str(device), self.dtype())
         memo = _BLOCK_INPUTS.setdefault(self.model, {})
         if key not in memo:
             memo[key] = self.capture_block_inputs(n_pos, positions, device)
@@ -201,8 +202,6 @@ def boot(hf_model: Any, arch: str, tokenizer: Any) -> Any:
     be renamed to hub models); ``tokenizer`` is required (otherwise TransformerLens downloads one).
     """
     from transformer_lens.model_bridge import TransformerBridge
-
-    from ..tokenization import prepare_tokenizer
 
     if tokenizer is None:
         raise ValueError("boot() needs a tokenizer (without one TransformerLens downloads one): pass "

@@ -251,11 +251,12 @@ def wrap(hf_model: Any, tokenizer: Any, name: str, remote: bool | str = False) -
 
 
 def from_pretrained(name: str, device: str = "cpu", dtype: torch.dtype | None = None,
-                    remote: bool | str = False) -> NNsightModel:
+                    remote: bool | str = False, device_map: Any = None, max_memory: Any = None) -> NNsightModel:
     """The pretrained causal LM ``name`` (a Hugging Face repository, or a local folder) as an
     :class:`NNsightModel`. ``remote=True``: only the config and tokenizer are read (the weights stay on
     NDIF, the local model is a meta-device skeleton); otherwise the weights are loaded on ``device``
-    in ``dtype`` (default float32) with SDPA attention."""
+    in ``dtype`` (default float32) with SDPA attention, on ``device`` or spread by ``device_map`` (a
+    Hugging Face device map such as ``"auto"``, with ``max_memory`` per device)."""
     nnsight = require_nnsight()
     check_remote(remote)
     from transformers import AutoTokenizer
@@ -265,6 +266,8 @@ def from_pretrained(name: str, device: str = "cpu", dtype: torch.dtype | None = 
     if dtype is not None:
         kwargs["dtype"] = dtype
     if not remote:
-        kwargs.update(dispatch=True, device_map=device)
+        kwargs.update(dispatch=True, device_map=device if device_map is None else device_map)
+        if max_memory is not None:
+            kwargs["max_memory"] = max_memory
     lm = nnsight.TransformersModel(name, **kwargs)
     return NNsightModel(lm, name, tokenizer, remote=remote).eval()

@@ -46,3 +46,19 @@ def load_standin(standin_root):
 def combos(keys=None):
     """``(key, backend)`` pairs of the stand-ins on this TransformerLens, as pytest params."""
     return [pytest.param(k, b, id=f"{k}-{b}") for k in (keys or standins.STANDINS) for b in BACKENDS]
+
+
+def self_answered_prompts(model, task, n_prompts, seed=0, *, prepend_bos=None, **_options):
+    """TEST ONLY: stands in for ``circuits.loading.prepare_prompts`` (same arguments): ``n_prompts``
+    prompts of ``task`` answered by the model's own top-1 token (``standins.self_answered``)."""
+    return standins.self_answered(model, task, n_prompts, seed, prepend_bos=prepend_bos)
+
+
+@pytest.fixture
+def self_answering(monkeypatch, standin_hub):
+    """For one test, commands load stand-ins from the offline cache and use self-answered prompts
+    (``circuits.loading.prepare_prompts`` replaced by :func:`self_answered_prompts`)."""
+    from circuits import loading
+
+    monkeypatch.setattr(loading, "prepare_prompts", self_answered_prompts)
+    return standin_hub

@@ -122,3 +122,23 @@ def test_transformerlens_spelling_of_a_cached_name(tmp_path):
                                              r"'EleutherAI/gpt-j-6B', which is not in the local Hugging Face cache"):
             loading.load_model("EleutherAI/gpt-j-6b", backend="hooked")
         assert loading.load_model("EleutherAI/gpt-j-6b", backend="bridge").cfg.d_model == standins.D_MODEL
+
+
+def test_cached_spelling_finds_the_weights_under_either_spelling(tmp_path):
+    """GPT-J is 'EleutherAI/gpt-j-6b' on the hub and 'EleutherAI/gpt-j-6B' in TransformerLens 3.x: whichever is
+    asked for, the spelling in the cache is found (cache folders are case-sensitive, the hub is not)."""
+    lower, upper = tmp_path / "lower", tmp_path / "upper"
+    standins.save_standin(standins.StandIn("gptj", "EleutherAI/gpt-j-6b", "gptj", "gpt2"), lower)
+    standins.save_standin(standins.StandIn("gptj", "EleutherAI/gpt-j-6B", "gptj", "gpt2"), upper)
+    for cache, spelling in ((lower, "EleutherAI/gpt-j-6b"), (upper, "EleutherAI/gpt-j-6B")):
+        with standins.offline_cache(cache):
+            for asked in ("EleutherAI/gpt-j-6b", "EleutherAI/gpt-j-6B", "eleutherai/GPT-J-6B"):
+                assert loading.cached_spelling(asked) == spelling
+            assert loading.cached_spelling("meta-llama/Meta-Llama-3-8B") is None
+    # A config without weights is not a cached model.
+    snapshot = lower / "models--EleutherAI--gpt-j-6b" / "snapshots" / standins.REVISION
+    for weights in snapshot.glob("*.safetensors"):
+        weights.unlink()
+    with standins.offline_cache(lower):
+        assert not loading.has_cached_weights("EleutherAI/gpt-j-6b")
+        assert loading.cached_spelling("EleutherAI/gpt-j-6B") is None

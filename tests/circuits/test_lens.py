@@ -327,7 +327,8 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     values = [7, 7, 5, 0, 2]
     fake = SimpleNamespace(
         load_model=lambda name, device, backend=None, dtype=None: model,
-        prepare_prompts=lambda m, task, n, seed: SimpleNamespace(
+        zoo_names=lambda: ["tiny"],
+        prepare_prompts=lambda m, task, n, seed, prepend_bos=None, **kw: SimpleNamespace(
             tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
             prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5),
     )

@@ -136,6 +136,20 @@ CLI_CASES = [
     ("unknown model", ["search", "--model", "no-such-model-xyz", "--task", "add_sub", "--no-progress"], fresh,
      "cannot load model 'no-such-model-xyz'"),
     ("zoo eval unknown", ["zoo", "eval", "no-such-model"], None, "unknown zoo model"),
+    ("zoo train unknown", ["zoo", "train", "no-such-model"], None, "unknown zoo model"),
+    ("device cuda, no GPU", ["search", *ZOO, "--device", "cuda"], fresh, "no CUDA GPU is available"),
+    ("out not creatable", ["search", *ZOO], lambda tmp: Path("/proc/af1-no-such-dir"), "/proc/af1-no-such-dir"),
+    ("max-checked 0", ["search", *ZOO, "--max-checked", "0"], fresh, "--max-checked 0 is out of range"),
+    ("prune wait too late", ["prune", *ZOO, "--n-prompts", "5", "--wait", "5", "--transfer", "1"], fresh,
+     "wait=5 is out of range: valid -1..4"),
+    ("sweep unknown task", ["sweep", "--models", "arith-gpt2", "--tasks", "nope"], fresh, "task 'nope' is unknown"),
+    ("sweep seeds", ["sweep", "--models", "arith-gpt2", "--tasks", "add", "--seeds", "a,b"], fresh,
+     "give comma-separated integers"),
+    ("sweep no config", ["sweep", "--config", "/no/such.toml"], fresh, "--config /no/such.toml: no such file"),
+    ("sweep fixed half", ["sweep", "--models", "arith-gpt2", "--tasks", "add", "--wait", "1"], fresh,
+     "needs wait and transfer"),
+    ("sweep into search dir", ["sweep", "--models", "arith-gpt2", "--tasks", "add"], with_identity(SEARCH_ID),
+     "different command (`af1 search`"),
 ]
 
 

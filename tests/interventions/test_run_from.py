@@ -106,3 +106,20 @@ def test_positions_must_not_change_the_mask():
     resid = torch.zeros(1, 2, 32)
     with pytest.raises(RuntimeError, match=r"positions=\[0, 4\] changed the attention_mask.*without positions"):
         ad.run_from(resid, 0, positions=torch.tensor([0, 4]))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
+def test_run_from_on_a_bridge_in_compatibility_mode(arch):
+    """Pretrained models are loaded with ``enable_compatibility_mode()`` (folded LayerNorm, centred
+    weights): the block modules called directly still give the full pass's logits."""
+    model = build_model(arch, "bridge")
+    model.enable_compatibility_mode()
+    tokens = random_tokens(3, 6, seed=63)
+    logits, acts = model.run_with_cache(tokens)
+    ad = iv.adapt(model)
+    torch.testing.assert_close(ad.embed(tokens), acts["blocks.0.hook_resid_pre"], atol=1e-6, rtol=0)
+    for start in range(N_LAYERS):
+        with block_calls(model) as (calls, _):
+            out = ad.run_from(acts[f"blocks.{start}.hook_resid_pre"], start)
+        assert calls == list(range(start, N_LAYERS))
+        torch.testing.assert_close(out, logits, atol=1e-5, rtol=0)
