@@ -114,3 +114,16 @@ def test_prune_by_attribution_refuses_remote(tmp_path, capsys, monkeypatch):
             "--remote", "--out", str(tmp_path)]
     assert cli.main(argv) == 2
     assert "--rank attribution takes gradients through the model here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--batch-size", "auto"], "--batch-size auto sizes batches for this machine's devices: give a number with --remote"),
+    (["--device-map", "auto"], "--device-map places weights here; a remote model's weights stay on NDIF: drop it"),
+])
+def test_remote_refuses_local_placement(extra, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loading, "zoo_names", lambda: [])  # as for a model NDIF hosts
+    monkeypatch.setenv("NDIF_API_KEY", "test-key")
+    argv = ["search", "--model", "m", "--task", "add_sub", "--backend", "nnsight", "--remote", *extra,
+            "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"af1 search: error: {message}")
