@@ -179,8 +179,6 @@ def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunCo
 NECESSITY = Analysis(
     name="necessity",
     results_file=files.NECESSITY_RESULTS,
-    validate=lambda config, info: config.validate(info),
-    needs_means=lambda config: False,
     identity=necessity_identity,
     schema=necessity_schema,
     run=run_necessity,

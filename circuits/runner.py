@@ -110,22 +110,22 @@ class Analysis:
     """An analysis as the runner sees it.
 
     ``name``: the command (``"search"``); ``results_file``: its JSONL results (``None``: no resumable
-    records); ``validate(config, info)``: raise on a config that does not fit the model;
-    ``needs_means(config)``: whether it needs a :class:`~interventions.MeanCache`; ``identity(config,
-    ctx, model)``: the run identity (what determines the results); ``schema(config, info, n_prompts)``:
-    the records' schema; ``run(model, config, ctx)``: the pure analysis; ``write(result, run_dir,
+    records); ``validate(config, info)``: raise on a config that does not fit the model (default:
+    ``config.validate(info)``); ``needs_means(config)``: whether it needs a :class:`~interventions.MeanCache`
+    (default: ``config.needs_means``, else no); ``identity(config, ctx, model)``: the run identity (what
+    determines the results); ``schema(config, info, n_prompts)``: the records' schema (default: none); ``run(model, config, ctx)``: the pure analysis; ``write(result, run_dir,
     ctx)``: summary and report; ``prompt_records(ctx)``: the ``prompts.jsonl`` records (``None``: none);
     ``base_correct_only``: run on the prompts the unmodified model answers correctly (``False``: on all).
     """
 
     name: str
     results_file: str | None
-    validate: Callable[[Any, Any], None]
-    needs_means: Callable[[Any], bool]
     identity: Callable[[Any, RunContext, Any], dict[str, Any]]
-    schema: Callable[[Any, Any, int], RecordSchema | None]
     run: Callable[[Any, Any, RunContext], Any]
     write: Callable[[Any, RunDir, RunContext], None]
+    validate: Callable[[Any, Any], None] = lambda config, info: config.validate(info)
+    needs_means: Callable[[Any], bool] = lambda config: bool(getattr(config, "needs_means", False))
+    schema: Callable[[Any, Any, int], RecordSchema | None] = lambda config, info, n_prompts: None
     prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = lambda ctx: None
     base_correct_only: bool = True
     batch_size: Callable[[Any], int] = lambda config: int(getattr(config, "batch_size", 128))

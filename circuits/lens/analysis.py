@@ -108,10 +108,7 @@ def write_lens(result: tuple[Any, list[Any]], run_dir: Any, ctx: RunContext) -> 
 LENS = Analysis(
     name="lens",
     results_file=None,
-    validate=lambda config, info: config.validate(info),
-    needs_means=lambda config: False,
     identity=lens_identity,
-    schema=lambda config, info, n: None,
     run=lens_run,
     write=write_lens,
     base_correct_only=False,

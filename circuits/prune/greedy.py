@@ -254,7 +254,6 @@ PRUNE = Analysis(
     name="prune",
     results_file=files.PRUNE_CURVE,
     validate=lambda cfg, info: cfg.validate(info.n_layers),
-    needs_means=lambda cfg: cfg.needs_means,
     identity=prune_identity,
     schema=prune_schema,
     run=run_prune,

@@ -193,8 +193,6 @@ def write_search_outputs(result: SearchResult, run_dir: RunDir, ctx: RunContext)
 SEARCH = Analysis(
     name="search",
     results_file=files.SEARCH_RESULTS,
-    validate=lambda config, info: config.validate(info),
-    needs_means=lambda config: config.needs_means,
     identity=search_identity,
     schema=search_schema,
     run=run_search,

@@ -78,8 +78,6 @@ def write_fixed(result: ConfigResult, run_dir: RunDir, ctx: RunContext) -> None:
 FIXED = Analysis(
     name="fixed",
     results_file=files.SEARCH_RESULTS,
-    validate=lambda config, info: config.validate(info),
-    needs_means=lambda config: config.needs_means,
     identity=fixed_identity,
     schema=lambda config, info, n: search_schema(config, info, n),
     run=run_fixed,
