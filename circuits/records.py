@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 from circuits.errors import CorruptRunError
 
@@ -122,8 +122,3 @@ def faithfulness_fields(n_prompts: int) -> tuple[Field, ...]:
 def layer_field(name: str, n_layers: int, *, lo: int = 0) -> Field:
     """A 0-indexed block field in ``lo .. n_layers-1``."""
     return Field(name, "int", lo, n_layers - 1)
-
-
-def named_fields(*names: Sequence[str]) -> tuple[str, ...]:
-    """Field names as a tuple (a uniqueness key)."""
-    return tuple(names)

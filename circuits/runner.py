@@ -19,6 +19,7 @@ plus one command module.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -288,7 +289,7 @@ def execute(
             ctx.cache.check_model(model)
         return analysis.run(model, config, ctx)
     run = held if held is not None else Run(out_dir, analysis.name)
-    with (run if held is None else _Held()):
+    with run if held is None else contextlib.nullcontext():
         results_name = analysis.results_file or files.NO_RESULTS
         if cache is None and analysis.needs_means(config):
             ctx.cache = means_cache(model, ctx.tokens, RunDir(run.path, {}, results_name=results_name),
@@ -314,13 +315,3 @@ def execute(
         result = analysis.run(model, config, ctx)
         analysis.write(result, run_dir, ctx)
         return result
-
-
-class _Held:
-    """A no-op context for a :class:`Run` the caller already holds."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
