@@ -1,0 +1,265 @@
+"""Training of the ground-truth zoo models: accurate models whose AF1 structure (see
+:mod:`circuits.zoo.structure`) is *learned* and holds in ordinary weights, with no hook at inference.
+
+Schedule (one :class:`GroundTruthConfig` per model, in :data:`GROUND_TRUTHS`):
+
+1. **hard mask** (from step 0): forbidden attention scores are set to -inf in every forward pass, so the
+   model learns the task under the exact structure, while a hinge penalty on the *raw* forbidden scores
+   (:class:`~circuits.zoo.structure.ScoreHooks`, margin ``margin`` in score units, weight ``pen_weight``)
+   teaches the query/key weights to give those keys no attention on their own;
+2. **penalty only**: at the first evaluation where the *unmasked* model gives no forbidden key more than
+   ``mass_target`` of a row on the validation prompts, the mask is switched off for good and training
+   continues with the penalty alone;
+3. **stop** at the first evaluation (in phase 2) with every task's unmasked held-out accuracy >=
+   ``stop_at`` and the unmasked forbidden mass < ``mass_target``, or after ``steps`` / ``max_wall_s``.
+
+Head dropout: in every training forward pass, each *non-designated* head of the transfer blocks is
+zeroed (its ``hook_z``, at every position) independently per prompt with probability ``head_dropout``,
+so that the trained model does not depend on those heads at all: removing them, as head pruning does,
+leaves the answer unchanged, and the designated heads are the only transfer heads it needs.
+
+Objective: cross-entropy of the answer at the last position, one task per batch (tasks in turn, so every
+row has the same layout and "last" is the last token). AdamW, warmup + cosine LR, gradient clipping and
+safetensors checkpoints with resume come from :mod:`circuits.zoo.trainer`; data splits and frozen-set
+accuracy from :mod:`circuits.zoo.data`; the model folder from :mod:`circuits.zoo.export` (plus
+``"groundtruth"`` in ``zoo.json``, which attaches nothing at load time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from circuits.zoo import MODELS_DIR
+from circuits.zoo import trainer
+from circuits.zoo.data import accuracy, build_splits, task_batch
+from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
+from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
+
+__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "train_config", "head_dropout_hooks", "train", "measure"]
+
+
+@dataclass(frozen=True)
+class GroundTruthConfig:
+    """Recipe of one ground-truth model: ``structure`` (as :meth:`Structure.to_dict`), ``base`` (zoo model
+    whose architecture, tokenizer and weights it starts from; ``None``: random init with the architecture of
+    ``arch_of``), overrides of the architecture (``n_layers``, ``d_mlp``) when starting from scratch, and
+    the optimisation (see the module docstring)."""
+
+    name: str
+    structure: dict
+    base: str | None = "arith-gpt2"
+    arch_of: str = "arith-gpt2"
+    n_layers: int | None = None
+    d_mlp: int | None = None
+    steps: int = 6000
+    batch_size: int = 128
+    lr: float = 5e-4
+    warmup: int = 100
+    min_lr_frac: float = 0.05
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 200
+    eval_n: int = 200
+    stop_at: float = 0.98
+    margin: float = 10.0
+    pen_weight: float = 1.0
+    mass_target: float = 5e-4
+    head_dropout: float = 0.5
+    max_wall_s: float = 3600.0
+    threads: int = 1
+    description: str = ""
+
+
+def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], **kw) -> GroundTruthConfig:
+    s = Structure(wait, transfer, tuple(tuple(h) for h in heads))
+    return GroundTruthConfig(name=name, structure=s.to_dict(), **kw)
+
+
+GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
+    _gt("arith-gpt2-gt-w2t2", 2, 2, [[0, 1], [2, 3]]),
+    _gt("arith-gpt2-gt-w1t3", 1, 3, [[1], [2, 3], [0]], seed=1),
+    _gt("arith-gpt2-gt-w3t1", 3, 1, [[1, 2]], seed=2),
+]}
+"""The recipes of the shipped ground-truth models, by name."""
+
+
+def train_config(cfg: GroundTruthConfig):
+    """The :class:`~circuits.zoo.recipes.TrainConfig` recorded for (and used by) ``cfg``: the architecture
+    and data of ``cfg.arch_of`` with ``cfg``'s optimisation (one phase)."""
+    base = get_config(cfg.arch_of)
+    arch = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
+    s = Structure.from_dict(cfg.structure)
+    desc = cfg.description or (
+        f"GPT-2-like ground truth ({'fine-tuned from ' + cfg.base if cfg.base else 'trained from scratch'}) with "
+        f"a learned AF1 structure: wait={s.wait}, transfer={s.transfer} (blocks {s.blocks}), the last position "
+        f"reads other positions only through heads {sorted(s.head_set)} (block, head); no hooks at inference.")
+    return dataclasses.replace(
+        base, name=cfg.name, tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS}, steps=cfg.steps,
+        batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, min_lr_frac=cfg.min_lr_frac,
+        weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_every=cfg.eval_every,
+        ckpt_every=cfg.eval_every, eval_n=cfg.eval_n, stop_at=cfg.stop_at, stop_after=1,
+        max_wall_s=cfg.max_wall_s, init_from=cfg.base, phases=[], task_weights=None, description=desc, **arch)
+
+
+def _new(cfg: GroundTruthConfig, tcfg) -> Any:
+    from circuits import zoo
+    from circuits.zoo.build import new_model
+    from circuits.zoo.tokenizer import build_tokenizer
+
+    if cfg.base:
+        return zoo.load(cfg.base)
+    return new_model(tcfg, build_tokenizer(), "hooked")
+
+
+def head_dropout_hooks(structure: Structure, n_heads: int, p: float) -> list[tuple[str, Any]]:
+    """``hook_z`` hooks that zero each non-designated head of the transfer blocks, independently per
+    prompt, with probability ``p`` (training only)."""
+    import torch
+
+    def make(block: int):
+        keep_heads = torch.tensor([h in structure.heads[block - structure.wait - 1] for h in range(n_heads)])
+
+        def body(z, hook):
+            drop = (torch.rand(z.shape[0], 1, n_heads, 1) < p) & ~keep_heads[None, None, :, None]
+            return z.masked_fill(drop, 0.0)
+
+        return body
+
+    return [(f"blocks.{b}.attn.hook_z", make(b)) for b in structure.blocks] if p > 0 else []
+
+
+def _evaluate(model, hooks: ScoreHooks, val_data, structure: Structure) -> dict:
+    """Held-out accuracy per task with the mask (``masked``) and without (``plain``) and the unmasked
+    forbidden mass (``max_key``) over every task's validation prompts."""
+    import torch
+
+    hard = hooks.hard
+    hooks.hard = True
+    with model.hooks(fwd_hooks=hooks.hooks()):
+        masked = {d.name: accuracy(model, d) for d in val_data}
+    hooks.hard = hard
+    plain = {d.name: accuracy(model, d) for d in val_data}
+    mass = max(forbidden_mass(model, structure, torch.from_numpy(d.tokens))["max_key"] for d in val_data)
+    return {"masked": masked, "plain": plain, "max_key": mass}
+
+
+def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: str | Path | None = None,
+          resume: bool = True, log=print) -> dict:
+    """Train ``cfg`` with the schedule of the module docstring and export it to ``out_dir`` (default the
+    package's ``models/<name>``); checkpoints in ``ckpt_dir`` (default ``runs/zoo/<name>``), resumed with
+    ``resume``. Returns the card dict."""
+    import torch
+    import torch.nn.functional as F
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(cfg.threads)
+    tcfg = train_config(cfg)
+    structure = Structure.from_dict(cfg.structure)
+    out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
+    ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
+    model = _new(cfg, tcfg)
+    hooks = ScoreHooks(model, structure, margin=cfg.margin, hard=True)
+    opt = trainer.make_optimizer(model, tcfg)
+    state = trainer.start(model, opt, tcfg, ckpt_dir, resume, len(model.tokenizer))
+    state.setdefault("hard", True)
+    hooks.hard = state["hard"]
+    train_data, val_data = build_splits(tcfg, model.tokenizer)
+    state.update(threads=torch.get_num_threads(), batch_size=tcfg.batch_size, lr=tcfg.lr, warmup=tcfg.warmup,
+                 min_lr_frac=tcfg.min_lr_frac)
+    dropout = head_dropout_hooks(structure, model.cfg.n_heads, cfg.head_dropout)
+    torch.manual_seed(cfg.seed + state["step"])
+    t0 = time.time() - state["wall_s"]
+    step = state["step"]
+    model.train()
+    while step < tcfg.steps and not state.get("stopped_early"):
+        for g in opt.param_groups:
+            g["lr"] = trainer.lr_at(step, tcfg)
+        toks, _, ans = task_batch(train_data, step, tcfg)
+        hooks.reset()
+        with model.hooks(fwd_hooks=hooks.hooks() + dropout):
+            logits = trainer.last_logits(model, torch.from_numpy(toks))
+        ce = F.cross_entropy(logits, torch.from_numpy(ans))
+        loss = ce + cfg.pen_weight * hooks.penalty
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+        opt.step()
+        step += 1
+        state["step"], state["wall_s"] = step, time.time() - t0
+        if step % tcfg.eval_every == 0 or step == tcfg.steps:
+            model.eval()
+            ev = _evaluate(model, hooks, val_data, structure)
+            model.train()
+            state["history"].append({"step": step, "ce": round(ce.item(), 4), "penalty": round(hooks.penalty.item(), 5),
+                                     "hard": hooks.hard, "val": ev["plain"], "val_masked": ev["masked"],
+                                     "max_key": ev["max_key"], "wall_s": round(state["wall_s"], 1)})
+            log(f"{cfg.name} step {step} {state['wall_s']:.0f}s hard={hooks.hard} ce {ce.item():.4f} pen "
+                f"{hooks.penalty.item():.4f} mass {ev['max_key']:.2e} min-val masked {min(ev['masked'].values()):.3f} "
+                f"plain {min(ev['plain'].values()):.3f} " + " ".join(f"{k}={v:.3f}" for k, v in ev["plain"].items()))
+            if hooks.hard and ev["max_key"] < cfg.mass_target:
+                hooks.hard = state["hard"] = False
+                state["mask_off_step"] = step
+                log(f"{cfg.name}: unmasked forbidden mass {ev['max_key']:.2e} < {cfg.mass_target}: mask off")
+            elif not hooks.hard and ev["max_key"] < cfg.mass_target and min(ev["plain"].values()) >= cfg.stop_at:
+                state["stopped_early"] = True
+                log(f"{cfg.name}: every task >= {cfg.stop_at} without the mask, stopping")
+            trainer.save_checkpoint(model, opt, state, ckpt_dir)
+        if state["wall_s"] >= cfg.max_wall_s:
+            log(f"{cfg.name}: wall-time budget {cfg.max_wall_s:.0f} s spent, stopping at step {step}")
+            break
+    trainer.save_checkpoint(model, opt, state, ckpt_dir)
+    model.eval()
+    return export(model, cfg, tcfg, out_dir, state)
+
+
+def measure(model, structure: Structure, tasks: list[str] = ORIGINAL_TASKS) -> dict:
+    """Forbidden attention on each task's frozen set in a plain forward pass (no hooks):
+    ``{"max_key": ..., "max_row": ..., "per_task": {task: max_key}}`` (fractions of a row's attention)."""
+    import numpy as np
+    import torch
+
+    from circuits import tasks as _tasks
+    from circuits.zoo.data import TaskData
+
+    per_task, rows = {}, []
+    for name in tasks:
+        ops = np.array(_tasks.frozen_set(name)["operands"], dtype=np.int64)
+        m = forbidden_mass(model, structure, torch.from_numpy(TaskData(name, ops, model.tokenizer).tokens))
+        per_task[name] = m["max_key"]
+        rows.append(m["max_row"])
+    return {"max_key": max(per_task.values()), "max_row": max(rows), "per_task": per_task}
+
+
+def export(model, cfg: GroundTruthConfig, tcfg, out_dir: Path, state: dict) -> dict:
+    """Write the model folder (:func:`circuits.zoo.export.export`, ``zoo.json`` with ``"groundtruth"``) and
+    add to its card the planted structure, the schedule and the forbidden mass on the frozen sets."""
+    from circuits.zoo import export as zexport
+
+    out_dir = Path(out_dir)
+    structure = Structure.from_dict(cfg.structure)
+    card = zexport.export(model, tcfg, out_dir, [state], meta={"groundtruth": cfg.structure})
+    mass = measure(model, structure)
+    card["groundtruth"] = {**cfg.structure, "head_set": sorted(structure.head_set)}
+    card["forbidden_mass"] = mass
+    card["mask_off_step"] = state.get("mask_off_step")
+    card["groundtruth_train"] = dataclasses.asdict(cfg)
+    (out_dir / "card.json").write_text(json.dumps(card, indent=1))
+    heads = ", ".join(f"block {b}: heads {hs}" for b, hs in cfg.structure["heads"].items())
+    md = (out_dir / "card.md").read_text()
+    md += (f"\n## Planted AF1 structure (learned; ordinary weights, no hooks)\n\n"
+           f"- wait = {structure.wait} (last waiting block, 0-indexed), transfer = {structure.transfer} "
+           f"(blocks {structure.blocks});\n"
+           f"- the last position reads other positions only through {heads}; every other head, and every "
+           f"non-last position in every block, attends only to BOS and itself.\n"
+           f"- Trained under a hard mask until step {state.get('mask_off_step')}, then with the penalty alone.\n"
+           f"- Largest attention any forbidden key receives on the frozen sets (plain forward pass): "
+           f"**{mass['max_key']:.2e}** (largest forbidden mass of a row: {mass['max_row']:.2e}); target < 1e-3.\n")
+    (out_dir / "card.md").write_text(md)
+    return card
