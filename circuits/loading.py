@@ -60,6 +60,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not valid: choose one of {', '.join(DTYPES)}")
     names = zoo_names()
+    if names and name not in names:
+        from circuits import zoo
+
+        if name in zoo.ALIASES:  # a deprecated zoo name: load its replacement (FutureWarning)
+            name = zoo.resolve(name)
     if name in names:
         from circuits import zoo
 

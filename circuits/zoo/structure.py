@@ -7,8 +7,15 @@ the transfer blocks are ``wait+1 .. wait+transfer``; BOS is at position 0; "last
 of the token tensor (one layout per batch, no right padding). A structure allows:
 
 * every non-last query position: BOS (key 0) and itself, in every block and head;
-* the last position: every earlier key in the transfer blocks through the designated heads
-  ``heads[i]`` of transfer block ``wait+1+i``; BOS and itself in every other (block, head).
+* the last position: in the transfer blocks, through the designated heads ``heads[i]`` of transfer block
+  ``wait+1+i``, the keys of that head's *window* (plus BOS and itself); BOS and itself in every other
+  (block, head).
+
+Windows (:data:`WINDOWS`; ``n`` = prompt length, BOS at 0, the last token at ``n-1``; the Original tasks
+are ``A op B =`` and ``A op B op C =``): ``"all"`` = every earlier key; ``"first"`` = keys ``1 .. n-4``
+(every operand and operator before the last operator: ``A`` or ``A op1 B``); ``"last"`` = keys ``n-3 ..
+n-2`` (the last operator and the last operand). Giving two heads disjoint windows makes each of them
+necessary (it is the only reader of its keys), so the planted head set is minimal by construction.
 
 Everything else is a *forbidden* key.
 """
@@ -18,22 +25,50 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Structure", "allowed_mask", "ScoreHooks", "forbidden_mass"]
+__all__ = ["WINDOWS", "Structure", "window_keys", "allowed_mask", "ScoreHooks", "forbidden_mass"]
+
+WINDOWS = ("all", "first", "last")
+
+
+def window_keys(window: str, seq_len: int) -> list[int]:
+    """Key positions (0-indexed, BOS and the last position excluded) of ``window`` in a prompt of
+    ``seq_len`` tokens (see the module docstring)."""
+    if window == "all":
+        return list(range(1, seq_len - 1))
+    if window == "first":
+        return list(range(1, seq_len - 3))
+    if window == "last":
+        return list(range(max(1, seq_len - 3), seq_len - 1))
+    raise ValueError(f"unknown window {window!r}; known: {', '.join(WINDOWS)}")
 
 
 @dataclass(frozen=True)
 class Structure:
     """A planted AF1 structure: ``wait`` (last waiting block, 0-indexed), ``transfer`` (number of
-    transfer blocks) and ``heads`` (one tuple of head indices per transfer block, in block order)."""
+    transfer blocks), ``heads`` (one tuple of head indices per transfer block, in block order) and
+    ``windows`` (the window of each of those heads, same shape; ``None``: every head ``"all"``)."""
 
     wait: int
     transfer: int
     heads: tuple[tuple[int, ...], ...]
+    windows: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.transfer < 1 or len(self.heads) != self.transfer:
             raise ValueError(f"structure needs transfer >= 1 and one head tuple per transfer block, got "
                              f"transfer={self.transfer}, heads={self.heads}")
+        if self.windows is None:
+            object.__setattr__(self, "windows", tuple(tuple("all" for _ in hs) for hs in self.heads))
+        if [len(w) for w in self.windows] != [len(h) for h in self.heads] or any(
+                w not in WINDOWS for ws in self.windows for w in ws):
+            raise ValueError(f"structure windows {self.windows} must name one of {WINDOWS} per head {self.heads}")
+
+    def window(self, block: int, head: int) -> str | None:
+        """The window of designated head ``(block, head)``, ``None`` if it is not designated."""
+        for b, hs, ws in zip(self.blocks, self.heads, self.windows):
+            if b == block and head in hs:
+                return ws[hs.index(head)]
+        return None
 
     @property
     def blocks(self) -> list[int]:
@@ -46,15 +81,19 @@ class Structure:
         return {(b, h) for b, hs in zip(self.blocks, self.heads) for h in hs}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form: ``{"wait": w, "transfer": t, "heads": {"<block>": [heads]}}``."""
+        """JSON form: ``{"wait": w, "transfer": t, "heads": {"<block>": [heads]}, "windows": {"<block>":
+        [windows]}}``."""
         return {"wait": self.wait, "transfer": self.transfer,
-                "heads": {str(b): list(hs) for b, hs in zip(self.blocks, self.heads)}}
+                "heads": {str(b): list(hs) for b, hs in zip(self.blocks, self.heads)},
+                "windows": {str(b): list(ws) for b, ws in zip(self.blocks, self.windows)}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Structure":
         """Inverse of :meth:`to_dict`."""
         w, t = int(d["wait"]), int(d["transfer"])
-        return cls(w, t, tuple(tuple(int(h) for h in d["heads"][str(b)]) for b in range(w + 1, w + 1 + t)))
+        blocks = [str(b) for b in range(w + 1, w + 1 + t)]
+        windows = tuple(tuple(d["windows"][b]) for b in blocks) if "windows" in d else None
+        return cls(w, t, tuple(tuple(int(h) for h in d["heads"][b]) for b in blocks), windows)
 
     def check(self, n_layers: int, n_heads: int) -> None:
         """``ValueError`` unless the transfer blocks and heads exist in a model of this size."""
@@ -74,7 +113,7 @@ def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int
     base = ((k == 0) | (k == q)) & (k <= q)
     out = base.expand(n_layers, n_heads, seq_len, seq_len).clone()
     for b, h in structure.head_set:
-        out[b, h, -1, :] = True
+        out[b, h, -1, window_keys(structure.window(b, h), seq_len)] = True
     return out
 
 
@@ -83,12 +122,13 @@ class ScoreHooks:
     to :attr:`penalty` the mean over batch rows of the hinge ``relu(s_f - logsumexp(s_allowed) + margin)``
     summed over forbidden keys ``f``, divided by the number of forbidden (layer, head, query, key) links
     (so it is the mean hinge per link, in score units), and (2) while :attr:`hard` is true, set forbidden
-    scores to -inf (the structure holds exactly). A forbidden key whose score is ``margin`` below the
+    scores to -inf (the structure holds exactly), else subtract :attr:`bias` (score units) from them (a soft
+    mask, for annealing into the hard one). A forbidden key whose score is ``margin`` below the
     allowed keys' log-sum-exp gets at most ``exp(-margin)`` of the row's attention."""
 
-    def __init__(self, model: Any, structure: Structure, margin: float = 10.0, hard: bool = True):
+    def __init__(self, model: Any, structure: Structure, margin: float = 10.0, hard: bool = True, bias: float = 0.0):
         structure.check(model.cfg.n_layers, model.cfg.n_heads)
-        self.model, self.structure, self.margin, self.hard = model, structure, margin, hard
+        self.model, self.structure, self.margin, self.hard, self.bias = model, structure, margin, hard, bias
         self.penalty = None
         self._masks: dict[int, Any] = {}
 
@@ -111,7 +151,9 @@ class ScoreHooks:
             n_links = max(1, int(forbidden.sum())) * self.model.cfg.n_layers
             term = hinge.sum(dim=(1, 2, 3)).mean() / n_links
             self.penalty = term if self.penalty is None else self.penalty + term
-            return scores.masked_fill(forbidden, float("-inf")) if self.hard else scores
+            if self.hard:
+                return scores.masked_fill(forbidden, float("-inf"))
+            return scores - self.bias * forbidden if self.bias else scores
 
         return body
 

@@ -83,6 +83,21 @@ def test_allowed_mask_written_out():
     np.testing.assert_array_equal(m, expected)
 
 
+def test_windows_split_the_operands():
+    s = Structure(2, 2, ((1,), (0, 2)), (("first",), ("last", "all")))
+    assert s.window(3, 1) == "first" and s.window(4, 0) == "last" and s.window(4, 2) == "all" and s.window(4, 1) is None
+    # A op B = (5 tokens) and A op B op C = (7 tokens): "first" is A / A op1 B, "last" the last op and operand
+    assert structure_mod.window_keys("first", 5) == [1] and structure_mod.window_keys("last", 5) == [2, 3]
+    assert structure_mod.window_keys("first", 7) == [1, 2, 3] and structure_mod.window_keys("last", 7) == [4, 5]
+    m = structure_mod.allowed_mask(s, 6, 4, 7)
+    assert m[3, 1, 6].nonzero().flatten().tolist() == [0, 1, 2, 3, 6]
+    assert m[4, 0, 6].nonzero().flatten().tolist() == [0, 4, 5, 6]
+    assert m[4, 2, 6].all() and m[4, 1, 6].nonzero().flatten().tolist() == [0, 6]
+    assert Structure.from_dict(s.to_dict()) == s
+    with pytest.raises(ValueError, match="windows"):
+        Structure(2, 1, ((1,),), (("middle",),))
+
+
 @needs_hooked
 def test_hard_mask_zeroes_forbidden_attention_and_penalty_is_the_hinge(arch):
     from tests.conftest import build_default, random_tokens
@@ -121,3 +136,77 @@ def test_hard_mask_zeroes_forbidden_attention_and_penalty_is_the_hinge(arch):
                             expected += float(torch.relu(sc[b, h, q, k] - lse + 3.0)) / (sc.shape[0] * n_forbidden * 4)
     assert expected > 0.1
     assert float(soft.penalty) == pytest.approx(expected, rel=1e-4)
+
+
+# ------------------------------------------------------------------------- the shipped ground truths
+def shipped() -> list[str]:
+    return gt.planted_models()
+
+
+@pytest.fixture(scope="module", params=sorted(pytest.importorskip("circuits.zoo.groundtruth").GROUND_TRUTHS))
+def planted(request):
+    name = request.param
+    if name not in shipped():
+        pytest.skip(f"{name} is not shipped: train it with `af1 zoo train {name}`")
+    return name, zoo.load(name), gt.planted_structure(name)
+
+
+def test_ground_truth_is_accurate_and_its_structure_holds_without_hooks(planted):
+    from circuits.zoo.groundtruth import measure
+    from circuits.zoo.recipes import ORIGINAL_TASKS
+    from circuits.zoo.data import evaluate_frozen
+
+    name, model, structure = planted
+    assert "planted" not in zoo.card(name)  # no attention-mask hooks are attached at load time
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
+    acc = evaluate_frozen(model, ORIGINAL_TASKS)
+    assert min(acc.values()) >= 0.95, acc
+    mass = measure(model, structure)
+    assert mass["max_key"] < 1e-3, mass
+    assert mass["max_key"] == pytest.approx(zoo.card(name)["forbidden_mass"]["max_key"], rel=1e-3, abs=1e-7)
+
+
+def test_search_and_pruning_recover_the_planted_structure(planted):
+    """The AF1 search (200 prompts, full grid, CAMA) selects exactly the planted (wait, transfer), and
+    greedy pruning at 0.9 keeps exactly the planted heads."""
+    from circuits.loading import prepare_prompts
+
+    name, model, structure = planted
+    prompts = prepare_prompts(model, "add_sub", 200, seed=0, progress=False)
+    row = gt.recover(model, name, structure, prompts, "cama", task="add_sub")
+    assert row.n_prompts == 200
+    assert row.selected == (structure.wait, structure.transfer), row
+    assert row.faithfulness_planted >= 0.99
+    assert row.found_heads == sorted(structure.head_set), row
+    assert (row.precision, row.recall) == (1.0, 1.0)
+    assert row.curve[-1][1] == row.faithfulness_planted and row.curve[0][1] < 0.2
+    assert row.cpr == pytest.approx(gt.cpr_cmd(row.curve)[0]) and row.cpr + row.cmd == pytest.approx(1.0)
+
+
+def test_former_planted_name_loads_its_replacement_loudly():
+    if "arith-gpt2-gt-w2t2" not in shipped():
+        pytest.skip("arith-gpt2-gt-w2t2 is not shipped")
+    with pytest.warns(FutureWarning, match="arith-gpt2-af1.*deprecated.*arith-gpt2-gt-w2t2"):
+        model = zoo.load("arith-gpt2-af1")
+    assert model.cfg.model_name == "arith-gpt2-gt-w2t2"
+    assert gt.planted_structure("arith-gpt2-gt-w2t2").to_dict()["wait"] == 2
+
+
+def test_cli_writes_the_recovery_table(tmp_path, capsys):
+    import csv
+
+    from circuits.cli import main
+
+    name = "arith-gpt2-gt-w1t1"
+    if name not in shipped():
+        pytest.skip(f"{name} is not shipped")
+    out = tmp_path / "gt"
+    assert main(["groundtruth", "--models", name, "--ablations", "cama,zero", "--n-prompts", "40",
+                 "--no-progress", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    assert [r["ablation"] for r in rows] == ["cama", "zero"]
+    assert rows[0]["selected"] == rows[0]["planted"] == "(1, 1)"
+    assert (out / "figures" / f"{name}-add_sub.svg").read_text().startswith("<svg")
+    assert "| arith-gpt2-gt-w1t1 | add_sub | cama | (1, 1) | (1, 1) ✓" in (out / "table.md").read_text()
+    assert main(["groundtruth", "--ablations", "cama,bogus", "--out", str(out)]) == 2
+    assert "--ablations" in capsys.readouterr().err
