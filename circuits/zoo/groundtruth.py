@@ -7,10 +7,13 @@ Schedule (one :class:`GroundTruthConfig` per model, in :data:`GROUND_TRUTHS`):
    bias growing linearly from 0 to ``ramp_bias`` (score units) over ``ramp_steps`` steps, and the penalty
    weight grows from 0 to ``pen_weight`` with it, so the model
    moves its computation into the structure gradually instead of losing it at once;
-1. **hard mask** (from step ``ramp_steps``): forbidden attention scores are set to -inf in every forward pass, so the
-   model learns the task under the exact structure, while a hinge penalty on the *raw* forbidden scores
-   (:class:`~circuits.zoo.structure.ScoreHooks`, margin ``margin`` in score units, weight ``pen_weight``)
-   teaches the query/key weights to give those keys no attention on their own;
+1. **hard mask** (from step ``ramp_steps``): forbidden attention scores are set to -inf in every forward
+   pass, so the model learns the task under the exact structure; from step ``pen_start`` a hinge penalty
+   on the *raw* forbidden scores (:class:`~circuits.zoo.structure.ScoreHooks`, margin ``margin`` in score
+   units), its weight growing linearly to ``pen_weight`` over ``pen_ramp`` steps, teaches the query/key
+   weights to give those keys no attention on their own. (With the penalty from step 0 the designated
+   heads, whose non-last rows must prefer BOS and themselves by the margin with the same weights, settled
+   on BOS and self in the last row too and never learned to read: first the reading, then the margin.)
 2. **penalty only**: at the first evaluation where the *unmasked* model gives no forbidden key more than
    ``mass_target`` of a row on the validation prompts, the mask is switched off for good and training
    continues with the penalty alone;
@@ -45,7 +48,8 @@ from circuits.zoo.data import accuracy, build_splits, task_batch
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
 
-__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "train_config", "head_dropout_hooks", "train", "measure"]
+__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "train_config", "penalty_weight", "head_dropout_hooks", "train",
+           "measure"]
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,9 @@ class GroundTruthConfig:
     arch_of: str = "arith-gpt2"
     n_layers: int | None = None
     d_mlp: int | None = None
-    steps: int = 8000
+    steps: int = 5500
     batch_size: int = 128
-    lr: float = 2e-3
+    lr: float = 1e-3
     warmup: int = 200
     min_lr_frac: float = 0.05
     weight_decay: float = 0.1
@@ -81,11 +85,13 @@ class GroundTruthConfig:
     stop_at: float = 0.98
     margin: float = 10.0
     pen_weight: float = 0.1
+    pen_start: int = 2500
+    pen_ramp: int = 1000
     mass_target: float = 5e-4
     head_dropout: float = 0.5
     ramp_steps: int = 0
     ramp_bias: float = 30.0
-    max_wall_s: float = 4500.0
+    max_wall_s: float = 4200.0
     threads: int = 1
     description: str = ""
 
@@ -130,6 +136,13 @@ def _new(cfg: GroundTruthConfig, tcfg) -> Any:
     if cfg.base:
         return zoo.load(cfg.base)
     return new_model(tcfg, build_tokenizer(), "hooked")
+
+
+def penalty_weight(cfg: GroundTruthConfig, step: int) -> float:
+    """Weight of the score penalty at ``step``: 0 before ``pen_start``, then growing linearly to
+    ``pen_weight`` over ``pen_ramp`` steps (times the ramp of ``ramp_steps``, if any)."""
+    w = cfg.pen_weight * min(1.0, max(0.0, (step - cfg.pen_start) / max(1, cfg.pen_ramp)))
+    return w * (min(1.0, step / cfg.ramp_steps) if cfg.ramp_steps > 0 else 1.0)
 
 
 def head_dropout_hooks(structure: Structure, n_heads: int, p: float) -> list[tuple[str, Any]]:
@@ -201,8 +214,7 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
         with model.hooks(fwd_hooks=hooks.hooks() + dropout):
             logits = trainer.last_logits(model, torch.from_numpy(toks))
         ce = F.cross_entropy(logits, torch.from_numpy(ans))
-        ramp = min(1.0, step / cfg.ramp_steps) if cfg.ramp_steps > 0 else 1.0
-        loss = ce + cfg.pen_weight * ramp * hooks.penalty
+        loss = ce + penalty_weight(cfg, step) * hooks.penalty
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
@@ -219,7 +231,7 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
             log(f"{cfg.name} step {step} {state['wall_s']:.0f}s hard={hooks.hard} bias={hooks.bias:.1f} ce {ce.item():.4f} pen "
                 f"{hooks.penalty.item():.4f} mass {ev['max_key']:.2e} min-val masked {min(ev['masked'].values()):.3f} "
                 f"plain {min(ev['plain'].values()):.3f} " + " ".join(f"{k}={v:.3f}" for k, v in ev["plain"].items()))
-            if hooks.hard and ev["max_key"] < cfg.mass_target and step >= cfg.ramp_steps:
+            if hooks.hard and ev["max_key"] < cfg.mass_target and penalty_weight(cfg, step) >= cfg.pen_weight:
                 hooks.hard = state["hard"] = False
                 state["mask_off_step"] = step
                 log(f"{cfg.name}: unmasked forbidden mass {ev['max_key']:.2e} < {cfg.mass_target}: mask off")
