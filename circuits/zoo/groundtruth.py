@@ -25,8 +25,9 @@ zeroed (its ``hook_z``, at every position) independently per prompt with probabi
 so that the trained model does not depend on those heads at all: removing them, as head pruning does,
 leaves the answer unchanged, and the designated heads are the only transfer heads it needs.
 
-Objective: cross-entropy of the answer at the last position, one task per batch (tasks in turn, so every
-row has the same layout and "last" is the last token). AdamW, warmup + cosine LR, gradient clipping and
+Objective: cross-entropy of the answer at the last position; every batch mixes all tasks and runs as
+one forward pass per prompt length (:func:`circuits.zoo.data.layout_batches`), so no row is padded and
+"last" is the last token. AdamW, warmup + cosine LR, gradient clipping and
 safetensors checkpoints with resume come from :mod:`circuits.zoo.trainer`; data splits and frozen-set
 accuracy from :mod:`circuits.zoo.data`; the model folder from :mod:`circuits.zoo.export` (plus
 ``"groundtruth"`` in ``zoo.json``, which attaches nothing at load time).
@@ -44,7 +45,7 @@ from typing import Any
 
 from circuits.zoo import MODELS_DIR
 from circuits.zoo import trainer
-from circuits.zoo.data import accuracy, build_splits, task_batch
+from circuits.zoo.data import accuracy, build_splits, layout_batches
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
 
@@ -129,12 +130,16 @@ def train_config(cfg: GroundTruthConfig):
 
 
 def _new(cfg: GroundTruthConfig, tcfg) -> Any:
+    """The model training starts from: ``cfg.base`` (a zoo name or a model folder) without any attention
+    hooks, or a fresh number-feature-initialised model of ``tcfg``."""
     from circuits import zoo
     from circuits.zoo.build import new_model
     from circuits.zoo.tokenizer import build_tokenizer
 
     if cfg.base:
-        return zoo.load(cfg.base)
+        model = zoo.load_dir(cfg.base) if Path(cfg.base).is_dir() else zoo.load(cfg.base)
+        model.reset_hooks(including_permanent=True)  # a former planted folder attaches its mask
+        return model
     return new_model(tcfg, build_tokenizer(), "hooked")
 
 
@@ -185,7 +190,10 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
     import torch
     import torch.nn.functional as F
 
+    from circuits.zoo.build import require_hooked
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    require_hooked(f"training the ground-truth model {cfg.name} (hooks on the attention scores)")
     torch.set_num_threads(cfg.threads)
     tcfg = train_config(cfg)
     structure = Structure.from_dict(cfg.structure)
@@ -207,14 +215,16 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
     while step < tcfg.steps and not state.get("stopped_early"):
         for g in opt.param_groups:
             g["lr"] = trainer.lr_at(step, tcfg)
-        toks, _, ans = task_batch(train_data, step, tcfg)
+        groups = layout_batches(train_data, step, tcfg)
         hooks.hard = state["hard"] and step >= cfg.ramp_steps
         hooks.bias = cfg.ramp_bias * min(1.0, step / cfg.ramp_steps) if cfg.ramp_steps > 0 else 0.0
         hooks.reset()
+        ce = 0.0
         with model.hooks(fwd_hooks=hooks.hooks() + dropout):
-            logits = trainer.last_logits(model, torch.from_numpy(toks))
-        ce = F.cross_entropy(logits, torch.from_numpy(ans))
-        loss = ce + penalty_weight(cfg, step) * hooks.penalty
+            for toks, ans in groups:
+                logits = trainer.last_logits(model, torch.from_numpy(toks))
+                ce = ce + F.cross_entropy(logits, torch.from_numpy(ans), reduction="sum") / tcfg.batch_size
+        loss = ce + penalty_weight(cfg, step) * hooks.penalty / len(groups)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)

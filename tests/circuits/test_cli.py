@@ -103,3 +103,10 @@ def test_demo_command(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_configs_evaluated"] == summary["n_configs_total"] == 28 and summary["n_prompts"] == 20
     assert (out / "report.html").exists() and (out / "necessity" / "report.html").exists()
+    from circuits.groundtruth import planted_models
+
+    if "arith-gpt2-gt-w2t2" in planted_models():  # a few lines: the search recovers a planted structure
+        assert "planted check: arith-gpt2-gt-w2t2 was trained with wait=2, transfer=2" in printed
+        assert "selected wait=2, transfer=2" in printed and "  recovered;" in printed
+    else:
+        assert "planted check skipped" in printed
