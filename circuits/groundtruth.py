@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["ABLATIONS", "Recovery", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
+__all__ = ["ABLATIONS", "Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
            "cpr_cmd", "recover", "run_recovery"]
 
 ABLATIONS = ("cama", "mean", "zero")
@@ -75,26 +75,46 @@ class Recovery:
         return d
 
 
+def model_folder(name: str) -> Path:
+    """The folder of ``name``: a model folder path as given, else the zoo model's folder."""
+    from circuits import zoo
+
+    path = Path(name)
+    return path if (path / "config.json").is_file() else zoo.model_dir(name)
+
+
 def planted_models() -> list[str]:
-    """Names of the shipped zoo models with a planted ground truth (``"groundtruth"`` in ``zoo.json``)."""
+    """Names of the shipped zoo models with a planted structure: a learned ground truth (``"groundtruth"``
+    in ``zoo.json``) or a mask attached by hooks (``"planted"``, the former ``arith-gpt2-af1``)."""
     from circuits import zoo
     from circuits.zoo.hf import read_meta
 
-    return [n for n in zoo.available() if "groundtruth" in read_meta(zoo.model_dir(n))]
+    return [n for n in zoo.available() if {"groundtruth", "planted"} & set(read_meta(zoo.model_dir(n)))]
 
 
 def planted_structure(name: str):
-    """The planted :class:`~circuits.zoo.structure.Structure` of zoo model ``name``; ``ValueError`` if it
-    has none."""
-    from circuits import zoo
+    """The planted :class:`~circuits.zoo.structure.Structure` of ``name`` (a zoo model or a model folder).
+    A former mask spec (``{"self_all": [...], "last_full": [...]}``, every head of the ``last_full`` blocks
+    reading) becomes wait = first ``last_full`` block - 1, transfer = their number, every head of them
+    designated. ``ValueError`` if it has none (or the mask is not an AF1 structure)."""
+    import json
+
     from circuits.zoo.hf import read_meta
     from circuits.zoo.structure import Structure
 
-    meta = read_meta(zoo.model_dir(name))
-    if "groundtruth" not in meta:
-        raise ValueError(f"zoo model {name!r} has no planted ground truth; planted models: "
-                         f"{', '.join(planted_models()) or '(none)'}")
-    return Structure.from_dict(meta["groundtruth"])
+    folder = model_folder(name)
+    meta = read_meta(folder)
+    if "groundtruth" in meta:
+        return Structure.from_dict(meta["groundtruth"])
+    if "planted" in meta:
+        full = sorted(meta["planted"]["last_full"])
+        if not full or full != list(range(full[0], full[-1] + 1)):
+            raise ValueError(f"{name}: planted mask {meta['planted']} is not an AF1 structure (last_full must be "
+                             f"consecutive blocks)")
+        n_heads = int(json.loads((folder / "config.json").read_text()).get("n_head", 0))
+        return Structure(full[0] - 1, len(full), tuple(tuple(range(n_heads)) for _ in full))
+    raise ValueError(f"model {name!r} has no planted structure; planted zoo models: "
+                     f"{', '.join(planted_models()) or '(none)'}")
 
 
 def precision_recall(found: Sequence[tuple[int, int]] | None, planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
@@ -180,7 +200,8 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
 def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("add_sub",), n_prompts: int = 200,
                  ablations: Sequence[str] = ABLATIONS, out_dir: str | Path | None = None, seed: int = 0,
                  threshold: float = 0.9, target: float = 0.9, progress: bool = False, log=None) -> list[Recovery]:
-    """:func:`recover` for every planted model (default :func:`planted_models`), task and ablation, on
+    """:func:`recover` for every planted model (zoo names or model folders, e.g. an ``af1 zoo train --out``
+    folder; default :func:`planted_models`), task and ablation, on
     ``n_prompts`` prompts per task that the model answers correctly (generated with ``seed``).
     ``out_dir``: run directories under ``<out_dir>/runs/<model>/<task>/<ablation>``."""
     from circuits import zoo
@@ -191,11 +212,12 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
         check_choice("ablation", a, ABLATIONS)
     names = list(models) if models else planted_models()
     if not names:
-        raise ValueError("no planted zoo model is installed (see docs/groundtruth.md)")
+        raise ValueError("no planted zoo model is installed; give --models (zoo names or model folders)")
     rows = []
     for name in names:
         structure = planted_structure(name)
-        model = zoo.load(name)
+        model = zoo.load_dir(model_folder(name))
+        name = Path(name).name
         for task in tasks:
             prompts = prepare_prompts(model, task, n_prompts, seed=seed, progress=progress)
             for a in ablations:

@@ -95,15 +95,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_prompts: int = 60) -> None:
-    """A few lines: the search (auto grid, CAMA) on a ground-truth zoo model recovers its planted
-    (wait, transfer); skipped with a note when the model is not installed."""
-    from circuits.groundtruth import planted_models, planted_structure
+    """A few lines: the search (auto grid, CAMA) on a planted zoo model recovers its planted
+    (wait, transfer). ``name`` if it is installed, else the first planted model there is (a mask held by
+    hooks says so); skipped with a note when there is none."""
+    from circuits.groundtruth import model_folder, planted_models, planted_structure
     from circuits.loading import load_model, prepare_prompts
     from circuits.search import search_af1
+    from circuits.zoo.hf import read_meta
 
-    if name not in planted_models():
-        print(f"\n(planted check skipped: {name} is not installed)")
-        return
+    planted = planted_models()
+    if name not in planted:
+        if not planted:
+            print(f"\n(planted check skipped: no planted zoo model is installed)")
+            return
+        name = planted[0]
+    how = ("learned in the weights" if "groundtruth" in read_meta(model_folder(name))
+           else "held by attention-mask hooks, so recovery is by construction")
     s = planted_structure(name)
     model = load_model(name)
     prompts = prepare_prompts(model, args.task, n_prompts, seed=0, min_prompts=min(20, n_prompts), progress=False)
@@ -112,7 +119,7 @@ def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_pro
     got = res.selected.config if res.selected is not None else None
     print()
     print(f"planted check: {name} was trained with wait={s.wait}, transfer={s.transfer} (last position reads "
-          f"through heads " + " ".join(f"L{b}H{h}" for b, h in sorted(s.head_set)) + ")")
+          f"through heads " + " ".join(f"L{b}H{h}" for b, h in sorted(s.head_set)) + f"; {how})")
     print(f"  search on {len(prompts)} {args.task} prompts: {res.summary_line()}")
     print(f"  {'recovered' if got == (s.wait, s.transfer) else 'NOT recovered'}; all planted models: "
           f"`af1 groundtruth` (docs/groundtruth.md)")
