@@ -1,5 +1,5 @@
 """Outputs of ``af1 groundtruth``: the recovery table (``table.csv``, ``table.md``), ``summary.json``, one
-SVG figure per model (faithfulness vs transfer heads kept, one line per ablation; plain SVG so that
+SVG figure per model (faithfulness vs circuit size, one line per ablation; plain SVG so that
 Markdown documents can show it) and ``report.html`` (the same curves as offline plotly figures)."""
 
 from __future__ import annotations
@@ -58,35 +58,38 @@ def table_markdown(rows: Sequence[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curve_svg(rows: Sequence[Any], title: str, width: int = 420, height: int = 280) -> str:
+def curve_svg(rows: Sequence[Any], title: str, width: int = 480, height: int = 280) -> str:
     """An SVG line chart of the pruning curves of ``rows`` (same model and task, one line per ablation):
-    x = transfer heads kept (0 .. all), y = faithfulness (0 .. 1), the target as a dashed line."""
-    left, right, top, bottom = 48, 110, 28, 40
+    x = circuit size, transfer heads kept / all transfer heads of the pruned configuration (0 .. 1, the
+    axis of CPR and CMD), y = faithfulness (0 .. 1), the target as a dashed line."""
+    left, right, top, bottom = 48, 170, 28, 40
     pw, ph = width - left - right, height - top - bottom
-    kmax = max((k for r in rows for k, _ in r.curve), default=1) or 1
 
-    def xy(k: float, f: float) -> str:
-        return f"{left + pw * k / kmax:.1f},{top + ph * (1 - f):.1f}"
+    def xy(x: float, f: float) -> str:
+        return f"{left + pw * x:.1f},{top + ph * (1 - min(max(f, 0.0), 1.0)):.1f}"
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
              f'font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<text x="{left}" y="16" font-size="12">{html.escape(title)}</text>',
              f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>']
-    for f in (0, 0.5, 1):
-        parts.append(f'<text x="{left - 6}" y="{top + ph * (1 - f) + 4:.1f}" text-anchor="end">{f:g}</text>')
-    for k in range(kmax + 1):
-        parts.append(f'<text x="{left + pw * k / kmax:.1f}" y="{top + ph + 14}" text-anchor="middle">{k}</text>')
-    parts.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">transfer heads kept</text>')
+    for v in (0, 0.5, 1):
+        parts.append(f'<text x="{left - 6}" y="{top + ph * (1 - v) + 4:.1f}" text-anchor="end">{v:g}</text>')
+        parts.append(f'<text x="{left + pw * v:.1f}" y="{top + ph + 14}" text-anchor="middle">{v:g}</text>')
+    parts.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">transfer heads kept / all</text>')
     if rows:
         t = rows[0].target
         parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph * (1 - t):.1f}" y2="{top + ph * (1 - t):.1f}" '
                      f'stroke="#888" stroke-dasharray="4,3"/>')
     for i, r in enumerate(rows):
         color = COLORS.get(r.ablation, "#333")
-        pts = " ".join(xy(k, f) for k, f in r.curve)
-        parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
-        parts.append(f'<text x="{left + pw + 8}" y="{top + 14 + 16 * i}" fill="{color}">{r.ablation} CPR '
-                     f'{r.cpr:.2f}</text>')
+        kmax = max(k for k, _ in r.curve) or 1
+        pts = " ".join(xy(k / kmax, f) for k, f in r.curve)
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2" '
+                     f'stroke-dasharray="{"" if i == 0 else f"{2 + 3 * i},{2 * i}"}"/>')
+        parts.append(f'<text x="{left + pw + 8}" y="{top + 14 + 30 * i}" fill="{color}">{r.ablation}: CPR {r.cpr:.2f}, '
+                     f'CMD {r.cmd:.2f}</text>')
+        parts.append(f'<text x="{left + pw + 8}" y="{top + 27 + 30 * i}" fill="{color}">pruned at {_config(r.pruned_at)}, '
+                     f'{kmax} heads</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -96,11 +99,14 @@ def _plotly_figure(rows: Sequence[Any], title: str) -> Any:
 
     fig = go.Figure()
     for r in rows:
-        fig.add_trace(go.Scatter(x=[k for k, _ in r.curve], y=[f for _, f in r.curve], mode="lines+markers",
-                                 name=f"{r.ablation} (CPR {r.cpr:.3f}, CMD {r.cmd:.3f})"))
+        kmax = max(k for k, _ in r.curve) or 1
+        fig.add_trace(go.Scatter(x=[k / kmax for k, _ in r.curve], y=[f for _, f in r.curve], mode="lines+markers",
+                                 name=f"{r.ablation} at {_config(r.pruned_at)}, {kmax} heads (CPR {r.cpr:.3f}, "
+                                      f"CMD {r.cmd:.3f})",
+                                 text=[f"{k} heads kept" for k, _ in r.curve]))
     if rows:
         fig.add_hline(y=rows[0].target, line_dash="dash", annotation_text=f"target {rows[0].target:g}")
-    fig.update_layout(title=title, xaxis_title="transfer heads kept", yaxis_title="faithfulness",
+    fig.update_layout(title=title, xaxis_title="transfer heads kept / all (circuit size)", yaxis_title="faithfulness",
                       yaxis_range=[-0.02, 1.02])
     return fig
 
@@ -123,7 +129,7 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any]
         groups.setdefault((r.model, r.task), []).append(r)
     figures = []
     for (model, task), group in groups.items():
-        title = f"{model}, {task}: pruning at {_config(group[0].pruned_at)}"
+        title = f"{model}, {task}: faithfulness over circuit size"
         paths[f"svg:{model}:{task}"] = write_text(out / "figures" / f"{model}-{task}.svg", curve_svg(group, title))
         figures.append(_plotly_figure(group, title))
     notes = [f"{sum(r.config_recovered for r in rows)}/{len(rows)} rows recover the planted (wait, transfer); "
