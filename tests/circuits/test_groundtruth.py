@@ -63,6 +63,54 @@ def test_curve_by_size_sorts_by_heads_kept():
     assert gt.curve_by_size([P(2, 1.0), P(1, 0.7), P(0, 0.1)]) == [(0, 0.1), (1, 0.7), (2, 1.0)]
 
 
+# ------------------------------------------------------------------------------- training pieces
+def test_penalty_weight_schedule():
+    from circuits.zoo.groundtruth import GROUND_TRUTHS, penalty_weight
+
+    cfg = GROUND_TRUTHS["arith-gpt2-gt-w1t1"]  # pen_start 2500, pen_ramp 1000, pen_weight 0.1
+    assert (cfg.pen_start, cfg.pen_ramp, cfg.pen_weight) == (2500, 1000, 0.1)
+    assert [penalty_weight(cfg, s) for s in (0, 2500, 3000, 3500, 9000)] == pytest.approx([0, 0, 0.05, 0.1, 0.1])
+
+
+def test_layout_batches_mix_every_task_without_padding():
+    from types import SimpleNamespace
+
+    from circuits.zoo.data import TaskData, layout_batches
+    from circuits.zoo.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    train = [TaskData(name, np.array(ops), tok) for name, ops in
+             [("add", [[1, 2], [3, 4]]), ("sub", [[9, 1]]), ("add_sub", [[5, 6, 7], [8, 9, 1]])]]
+    cfg = SimpleNamespace(seed=3, batch_size=64)
+    groups = layout_batches(train, 7, cfg)
+    assert [g[0].shape[1] for g in groups] == [5, 7] and sum(len(g[0]) for g in groups) == 64
+    for toks, ans in groups:
+        assert (toks[:, 0] == tok.bos_token_id).all() and len(ans) == len(toks)
+    short, long = groups
+    sums = {int(a) for a in short[1]}  # 1+2, 3+4, 9-1 as answer token ids
+    assert sums <= {tok.get_vocab()[str(v)] for v in (3, 7, 8)} and len(sums) == 3
+    assert {tok.get_vocab()[str(v)] for v in (4, 16)} == {int(a) for a in long[1]}  # 5+6-7, 8+9-1
+    again = layout_batches(train, 7, cfg)
+    assert all((a[0] == b[0]).all() for a, b in zip(groups, again))  # a function of the step
+
+
+@needs_hooked
+def test_head_dropout_spares_the_designated_heads(arch):
+    from circuits.zoo.groundtruth import head_dropout_hooks
+
+    s = Structure(0, 2, ((1,), (0, 3)))
+    hooks = dict(head_dropout_hooks(s, 4, 0.5))
+    assert set(hooks) == {"blocks.1.attn.hook_z", "blocks.2.attn.hook_z"}
+    torch.manual_seed(0)
+    z = torch.ones(2000, 3, 4, 8)
+    out1, out2 = hooks["blocks.1.attn.hook_z"](z, None), hooks["blocks.2.attn.hook_z"](z, None)
+    assert bool((out1[:, :, 1] == 1).all()) and bool((out2[:, :, [0, 3]] == 1).all())
+    kept = out1[:, 0, [0, 2, 3], 0].mean().item()
+    assert 0.45 < kept < 0.55  # the others are zeroed with probability 0.5, per prompt
+    assert bool((out1 == out1[:, :1]).all())  # the same heads at every position of a prompt
+    assert head_dropout_hooks(s, 4, 0.0) == []
+
+
 # ---------------------------------------------------------------------------- structure and hooks
 def test_structure_round_trip_and_checks():
     s = Structure(2, 2, ((0, 1), (2, 3)))
@@ -220,16 +268,21 @@ def test_cli_writes_the_recovery_table(tmp_path, capsys):
 
     from circuits.cli import main
 
-    name = "arith-gpt2-gt-w1t1"
-    if name not in shipped():
-        pytest.skip(f"{name} is not shipped")
+    planted = shipped()
+    if not planted:
+        pytest.skip("no planted zoo model is shipped")
+    name = "arith-gpt2-gt-w1t1" if "arith-gpt2-gt-w1t1" in planted else planted[0]
+    s = gt.planted_structure(name)
     out = tmp_path / "gt"
     assert main(["groundtruth", "--models", name, "--ablations", "cama,zero", "--n-prompts", "40",
                  "--no-progress", "--out", str(out)]) == 0
     rows = list(csv.DictReader((out / "table.csv").open()))
     assert [r["ablation"] for r in rows] == ["cama", "zero"]
-    assert rows[0]["selected"] == rows[0]["planted"] == "(1, 1)"
+    assert rows[0]["selected"] == rows[0]["planted"] == f"({s.wait}, {s.transfer})"
+    assert rows[0]["config_recovered"] == rows[0]["heads_recovered"] == "True"
+    assert float(rows[0]["cpr"]) + float(rows[0]["cmd"]) == pytest.approx(1.0, abs=1e-3)
     assert (out / "figures" / f"{name}-add_sub.svg").read_text().startswith("<svg")
-    assert "| arith-gpt2-gt-w1t1 | add_sub | cama | (1, 1) | (1, 1) ✓" in (out / "table.md").read_text()
+    assert f"| {name} | add_sub | cama | ({s.wait}, {s.transfer}) | ({s.wait}, {s.transfer}) ✓" in (out / "table.md").read_text()
+    assert (out / "runs" / name / "add_sub" / "cama" / "prune" / "summary.json").is_file()
     assert main(["groundtruth", "--ablations", "cama,bogus", "--out", str(out)]) == 2
     assert "--ablations" in capsys.readouterr().err
