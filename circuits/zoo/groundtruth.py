@@ -1,5 +1,6 @@
-"""Training of the ground-truth zoo models: accurate models whose AF1 structure (see
-:mod:`circuits.zoo.structure`) is *learned* and holds in ordinary weights, with no hook at inference.
+"""Training of the ground-truth zoo models: models whose AF1 structure (see :mod:`circuits.zoo.structure`)
+is *learned* and holds in ordinary weights, with no hook at inference, and that must reach the zoo's bar
+(>= 0.95 frozen-set accuracy on every Original task) to be shipped.
 
 Schedule (one :class:`GroundTruthConfig` per model, in :data:`GROUND_TRUTHS`):
 
