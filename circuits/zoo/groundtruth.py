@@ -50,8 +50,8 @@ from circuits.zoo.data import accuracy, build_splits, layout_batches
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
 
-__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "train_config", "penalty_weight", "head_dropout_hooks", "train",
-           "measure"]
+__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "train_config", "penalty_weight", "head_dropout_hooks", "phase_list",
+           "train", "run_phase", "measure"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class GroundTruthConfig:
     architecture and tokenizer of ``arch_of``), overrides of the architecture (``n_layers``, ``d_mlp``) and
     the optimisation (see the module docstring; ``lr`` peak, ``warmup``/``steps`` in steps, ``margin`` and
     ``ramp_bias`` in attention-score units, ``mass_target`` a fraction of a row's attention,
-    ``max_wall_s`` seconds).
+    ``max_wall_s`` seconds). ``phases``: overrides of later phases (see :func:`phase_list`).
 
     A start from the accurate ``arith-gpt2`` (``base="arith-gpt2"``, with or without a ramp) was tried
     and dropped: that model reads other tokens from block 0 on, and even a bias of 4 on the forbidden
@@ -95,6 +95,7 @@ class GroundTruthConfig:
     ramp_bias: float = 30.0
     max_wall_s: float = 4200.0
     threads: int = 1
+    phases: tuple = ()
     description: str = ""
 
 
@@ -104,7 +105,13 @@ def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: li
 
 
 GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
-    _gt("arith-gpt2-gt-w2t2", 2, 2, [[1], [2]], [["first"], ["last"]]),
+    # From the weights of the former mask-based arith-gpt2-af1 (the same wait 2, transfer 2, every head of
+    # blocks 3-4 reading): the only start with a head start under this structure. Phase 2 presses the
+    # forbidden mass down with a 10x penalty at a low LR.
+    _gt("arith-gpt2-gt-w2t2", 2, 2, [[0, 1, 2, 3], [0, 1, 2, 3]], [["all"] * 4, ["all"] * 4], base="arith-gpt2-af1",
+        lr=5e-4, warmup=100, steps=6000, pen_start=500, pen_ramp=1000, max_wall_s=2700, head_dropout=0.0,
+        phases=({"lr": 2e-4, "warmup": 20, "steps": 6000, "pen_weight": 1.0, "pen_start": 0, "pen_ramp": 1,
+                 "max_wall_s": 1800, "seed": 5},)),
     _gt("arith-gpt2-gt-w1t1", 1, 1, [[0, 3]], [["first", "last"]], seed=1),
     _gt("arith-gpt2-gt-w3t1", 3, 1, [[1, 2]], [["first", "last"]], seed=2),
 ]}
@@ -183,27 +190,48 @@ def _evaluate(model, hooks: ScoreHooks, val_data, structure: Structure) -> dict:
     return {"masked": masked, "plain": plain, "max_key": mass}
 
 
+def phase_list(cfg: GroundTruthConfig) -> list[GroundTruthConfig]:
+    """The phases of ``cfg``: ``cfg`` itself, then ``cfg`` with each entry of ``cfg.phases`` applied (a later
+    phase starts from the weights the phase before it ends with, with a fresh AdamW, LR schedule, mask
+    state and penalty schedule)."""
+    return [dataclasses.replace(cfg, phases=())] + [dataclasses.replace(cfg, phases=(), **ph) for ph in cfg.phases]
+
+
 def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: str | Path | None = None,
           resume: bool = True, log=print) -> dict:
-    """Train ``cfg`` with the schedule of the module docstring and export it to ``out_dir`` (default the
-    package's ``models/<name>``); checkpoints in ``ckpt_dir`` (default ``runs/zoo/<name>``), resumed with
-    ``resume``. Returns the card dict."""
+    """Train ``cfg`` (every phase, :func:`phase_list`) with the schedule of the module docstring and export
+    it to ``out_dir`` (default the package's ``models/<name>``); phase ``k`` checkpoints in
+    ``<ckpt_dir>/phase<k>`` (default ``ckpt_dir``: ``runs/zoo/<name>``), resumed with ``resume`` (a finished
+    phase is loaded, not rerun). Returns the card dict."""
     import torch
-    import torch.nn.functional as F
 
     from circuits.zoo.build import require_hooked
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     require_hooked(f"training the ground-truth model {cfg.name} (hooks on the attention scores)")
     torch.set_num_threads(cfg.threads)
-    tcfg = train_config(cfg)
-    structure = Structure.from_dict(cfg.structure)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
-    model = _new(cfg, tcfg)
+    model = _new(cfg, train_config(cfg))
+    states = [run_phase(model, pcfg, ckpt_dir / f"phase{k}", resume, log)
+              for k, pcfg in enumerate(phase_list(cfg), start=1)]
+    model.eval()
+    return export(model, cfg, train_config(cfg), out_dir, states)
+
+
+def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
+    """Run one phase (a :class:`GroundTruthConfig` without ``phases``) on ``model`` in place, or load it
+    from ``ckpt_dir`` when it finished before; returns its state (step, wall time, history, mask state)."""
+    import torch
+    import torch.nn.functional as F
+
+    tcfg = train_config(cfg)
+    structure = Structure.from_dict(cfg.structure)
     hooks = ScoreHooks(model, structure, margin=cfg.margin, hard=cfg.ramp_steps <= 0)
     opt = trainer.make_optimizer(model, tcfg)
     state = trainer.start(model, opt, tcfg, ckpt_dir, resume, len(model.tokenizer))
+    if state.get("finished"):
+        return state
     state.setdefault("hard", True)
     train_data, val_data = build_splits(tcfg, model.tokenizer)
     state.update(threads=torch.get_num_threads(), batch_size=tcfg.batch_size, lr=tcfg.lr, warmup=tcfg.warmup,
@@ -253,9 +281,10 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
         if state["wall_s"] >= cfg.max_wall_s:
             log(f"{cfg.name}: wall-time budget {cfg.max_wall_s:.0f} s spent, stopping at step {step}")
             break
+    state["finished"] = True
     trainer.save_checkpoint(model, opt, state, ckpt_dir)
     model.eval()
-    return export(model, cfg, tcfg, out_dir, state)
+    return state
 
 
 def measure(model, structure: Structure, tasks: list[str] = ORIGINAL_TASKS) -> dict:
@@ -276,18 +305,18 @@ def measure(model, structure: Structure, tasks: list[str] = ORIGINAL_TASKS) -> d
     return {"max_key": max(per_task.values()), "max_row": max(rows), "per_task": per_task}
 
 
-def export(model, cfg: GroundTruthConfig, tcfg, out_dir: Path, state: dict) -> dict:
+def export(model, cfg: GroundTruthConfig, tcfg, out_dir: Path, states: list[dict]) -> dict:
     """Write the model folder (:func:`circuits.zoo.export.export`, ``zoo.json`` with ``"groundtruth"``) and
     add to its card the planted structure, the schedule and the forbidden mass on the frozen sets."""
     from circuits.zoo import export as zexport
 
     out_dir = Path(out_dir)
     structure = Structure.from_dict(cfg.structure)
-    card = zexport.export(model, tcfg, out_dir, [state], meta={"groundtruth": cfg.structure})
+    card = zexport.export(model, tcfg, out_dir, states, meta={"groundtruth": cfg.structure})
     mass = measure(model, structure)
     card["groundtruth"] = {**cfg.structure, "head_set": sorted(structure.head_set)}
     card["forbidden_mass"] = mass
-    card["mask_off_step"] = state.get("mask_off_step")
+    card["mask_off_step"] = [st.get("mask_off_step") for st in states]
     card["groundtruth_train"] = dataclasses.asdict(cfg)
     (out_dir / "card.json").write_text(json.dumps(card, indent=1))
     heads = ", ".join(f"block {b}: heads {hs}" for b, hs in cfg.structure["heads"].items())
@@ -297,7 +326,8 @@ def export(model, cfg: GroundTruthConfig, tcfg, out_dir: Path, state: dict) -> d
            f"(blocks {structure.blocks});\n"
            f"- the last position reads other positions only through {heads}; every other head, and every "
            f"non-last position in every block, attends only to BOS and itself.\n"
-           f"- Trained under a hard mask until step {state.get('mask_off_step')}, then with the penalty alone.\n"
+           f"- Hard mask removed at step {[st.get('mask_off_step') for st in states]} of each phase (None: kept to "
+           f"the end of that phase), then the penalty alone.\n"
            f"- Largest attention any forbidden key receives on the frozen sets (plain forward pass): "
            f"**{mass['max_key']:.2e}** (largest forbidden mass of a row: {mass['max_row']:.2e}); target < 1e-3.\n")
     (out_dir / "card.md").write_text(md)
