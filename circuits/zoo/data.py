@@ -149,11 +149,17 @@ def task_batch(train: list[TaskData], step: int, cfg: Any):
 
 def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     """Batch of step ``step`` with every task in it, split by prompt length so that no row is padded:
-    ``cfg.batch_size`` rows, each of a task drawn uniformly, tuples uniform within a task, from
+    ``cfg.batch_size`` rows, each of a task drawn uniformly (or in proportion to ``cfg.task_weights``, task
+    name -> relative weight, missing tasks weigh 1), tuples uniform within a task, from
     ``default_rng([seed, step])``. Returns one ``(tokens [b, L], answer ids [b])`` pair per length L
     present (the answer is read at the last position), shortest first."""
     rng = np.random.default_rng([cfg.seed, step])
-    task_idx = rng.integers(0, len(train), size=cfg.batch_size)
+    weights = getattr(cfg, "task_weights", None)
+    if weights:
+        w = np.array([weights.get(d.name, 1.0) for d in train], dtype=np.float64)
+        task_idx = rng.choice(len(train), size=cfg.batch_size, p=w / w.sum())
+    else:
+        task_idx = rng.integers(0, len(train), size=cfg.batch_size)
     groups: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     for t in np.unique(task_idx):
         d = train[t]
