@@ -216,7 +216,9 @@ def test_ground_truth_is_accurate_and_its_structure_holds_without_hooks(planted)
 
 def test_search_and_pruning_recover_the_planted_structure(planted):
     """The AF1 search (200 prompts, full grid, CAMA) selects exactly the planted (wait, transfer), and
-    greedy pruning at 0.9 keeps exactly the planted heads."""
+    greedy pruning at 0.9 keeps only planted heads; where every designated head has its own window (it is
+    the only reader of its keys, so necessary by construction) it keeps exactly the planted heads. With
+    full windows the planted set is an upper bound (the model need not use every head it may use)."""
     from circuits.loading import prepare_prompts
 
     name, model, structure = planted
@@ -225,8 +227,10 @@ def test_search_and_pruning_recover_the_planted_structure(planted):
     assert row.n_prompts == 200
     assert row.selected == (structure.wait, structure.transfer), row
     assert row.faithfulness_planted >= 0.99
-    assert row.found_heads == sorted(structure.head_set), row
-    assert (row.precision, row.recall) == (1.0, 1.0)
+    assert row.precision == 1.0, row
+    if all(w != "all" for ws in structure.windows for w in ws):
+        assert row.found_heads == sorted(structure.head_set), row
+        assert row.recall == 1.0
     assert row.curve[-1][1] == row.faithfulness_planted and row.curve[0][1] < 0.2
     assert row.cpr == pytest.approx(gt.cpr_cmd(row.curve)[0]) and row.cpr + row.cmd == pytest.approx(1.0)
 
