@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("circuits.commands.prune", "greedy head pruning of the transfer blocks inside an AF1 subgraph"),
     "lens": ("circuits.commands.lens", "early decoding (logit lens) after every attention and MLP sub-layer"),
     "sweep": ("circuits.commands.sweep", "models x tasks x ablations x seeds: the comparison tables, resumable"),
+    "groundtruth": ("circuits.commands.groundtruth",
+                    "search + pruning on the planted zoo models, scored against the planted structure"),
 }
 
 MAX_MESSAGE = 400

@@ -83,6 +83,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     if max_memory is not None and device_map is None:
         raise ValueError("max_memory (--max-memory) needs device_map (--device-map auto, balanced or sequential)")
     names = zoo_names()
+    if names and name not in names:
+        from circuits import zoo
+
+        if name in zoo.ALIASES:  # a deprecated zoo name: load its replacement (FutureWarning)
+            name = zoo.resolve(name)
     if name in names and remote:
         raise ValueError(f"zoo model {name!r} is not hosted on NDIF: load it without remote")
     if name in names:

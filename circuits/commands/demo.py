@@ -3,7 +3,9 @@
 Loads ``circuits.zoo.DEFAULT_MODEL``, builds a small set of correctly answered ``add_sub`` prompts,
 evaluates the full (wait, transfer) grid with CAMA and prints, per wait, the smallest sufficient
 transfer and the selected configuration; the heatmap is in ``<out>/report.html``. A necessity sweep
-(``<out>/necessity/``) shows in which blocks the last token needs the other tokens. Without the zoo it
+(``<out>/necessity/``) shows in which blocks the last token needs the other tokens, and a few lines show
+the search recovering the structure planted in the ground-truth model ``arith-gpt2-gt-w2t2``
+(``af1 groundtruth`` does it for every planted model, with pruning). Without the zoo it
 runs the same search on a small randomly initialised model (answers = its own predictions) and says so.
 """
 
@@ -13,6 +15,8 @@ import argparse
 
 DEMO_TASK = "add_sub"
 DEMO_PROMPTS = 100
+PLANTED_DEMO_MODEL = "arith-gpt2-gt-w2t2"
+"""The ground-truth model whose planted structure the demo recovers in a few lines."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,4 +90,37 @@ def run(args: argparse.Namespace) -> int:
     print("necessity: faithfulness when the last token reads only BOS and itself in one block")
     print(nec.table())
     print(f"report: {nec_dir}/report.html")
+    if names:
+        planted_demo(args)
     return 0
+
+
+def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_prompts: int = 60) -> None:
+    """A few lines: the search (auto grid, CAMA) on a planted zoo model recovers its planted
+    (wait, transfer). ``name`` if it is installed, else the first planted model there is (a mask held by
+    hooks says so); skipped with a note when there is none."""
+    from circuits.groundtruth import model_folder, planted_models, planted_structure
+    from circuits.loading import load_model, prepare_prompts
+    from circuits.search import search_af1
+    from circuits.zoo.hf import read_meta
+
+    planted = planted_models()
+    if name not in planted:
+        if not planted:
+            print(f"\n(planted check skipped: no planted zoo model is installed)")
+            return
+        name = planted[0]
+    how = ("learned in the weights" if "groundtruth" in read_meta(model_folder(name))
+           else "held by attention-mask hooks, so recovery is by construction")
+    s = planted_structure(name)
+    model = load_model(name)
+    prompts = prepare_prompts(model, args.task, n_prompts, seed=0, min_prompts=min(20, n_prompts), progress=False)
+    res = search_af1(model, prompts.tokens, prompts.answers, threshold=args.threshold, grid="auto", progress=False,
+                     n_boot=200)
+    got = res.selected.config if res.selected is not None else None
+    print()
+    print(f"planted check: {name} was trained with wait={s.wait}, transfer={s.transfer} (last position reads "
+          f"through heads " + " ".join(f"L{b}H{h}" for b, h in sorted(s.head_set)) + f"; {how})")
+    print(f"  search on {len(prompts)} {args.task} prompts: {res.summary_line()}")
+    print(f"  {'recovered' if got == (s.wait, s.transfer) else 'NOT recovered'}; all planted models: "
+          f"`af1 groundtruth` (docs/groundtruth.md)")

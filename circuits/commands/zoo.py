@@ -10,8 +10,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ACTION")
     sub.add_parser("list", help="list the embedded models with their frozen-set accuracies")
     p = sub.add_parser("train", help="(re)train a model: every phase of its registered recipe, in order "
-                                     "(arith-gpt2-af1: the fine-tuning under its planted mask)")
-    p.add_argument("name", help="model name, e.g. arith-gpt2 or arith-gpt2-af1")
+                                     "(arith-gpt2-gt-*: the ground truths, see docs/groundtruth.md)")
+    p.add_argument("name", help="model name, e.g. arith-gpt2 or arith-gpt2-gt-w2t2")
     p.add_argument("--out", default=None, help="output folder (default: the package's models/<name>)")
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints (rerun every phase)")
@@ -52,22 +52,28 @@ def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, thres
 
 
 def _train(args: argparse.Namespace) -> dict:
-    """Run ``af1 zoo train``: the planted model through :mod:`circuits.zoo.planted`, any other through
+    """Run ``af1 zoo train``: a ground truth through :mod:`circuits.zoo.groundtruth` (the deprecated
+    ``arith-gpt2-af1`` becomes its replacement, with a message), any other through
     :func:`circuits.zoo.train.train`; returns the card."""
     import dataclasses
 
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr),
                                    ("eval_every", args.eval_every), ("max_wall_s", args.max_wall_s))
                  if v is not None}
-    from circuits.zoo import planted
+    from circuits.zoo import ALIASES, groundtruth
 
-    if args.name == planted.NAME:
+    if args.name in ALIASES:
+        import sys
+
+        print(f"DEPRECATED: {args.name} (a permanent attention mask) is replaced by {ALIASES[args.name]} (the same "
+              f"planted wait=2, transfer=2, learned in the weights): training that", file=sys.stderr)
+        args.name = ALIASES[args.name]
+    if args.name in groundtruth.GROUND_TRUTHS:
         if args.model_class == "transformers":
-            raise ValueError(f"{planted.NAME} trains under its planted attention mask, which needs a "
+            raise ValueError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
                              f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
-        cfg = dataclasses.replace(planted.CONFIG, threads=args.threads, **overrides)
-        return planted.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
-                             check=af1_check)
+        cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS[args.name], threads=args.threads, **overrides)
+        return groundtruth.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume)
     from circuits.zoo.train import train
 
     return train(args.name, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,

@@ -24,11 +24,31 @@ from interventions.adapter import resolve_backend
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
-__all__ = ["available", "load", "load_dir", "card", "model_dir", "path", "DEFAULT_MODEL", "MODELS_DIR"]
+__all__ = ["available", "load", "load_dir", "card", "model_dir", "path", "resolve", "DEFAULT_MODEL", "MODELS_DIR",
+           "ALIASES"]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL = "arith-gpt2"
 """The GPT-2-like model (LayerNorm, learned positions, GELU MLP) trained on the six Original tasks."""
+
+
+ALIASES = {"arith-gpt2-af1": "arith-gpt2-gt-w2t2"}
+"""Former model names -> the model that replaces them. ``arith-gpt2-af1`` forced its AF1 structure with
+permanent attention-mask hooks and was 20-66% accurate; the ground truth ``arith-gpt2-gt-w2t2`` has the same
+planted configuration (wait 2, transfer 2), learned in ordinary weights (see ``docs/groundtruth.md``)."""
+
+
+def resolve(name: str) -> str:
+    """``name``, or the model that replaces it if it is a deprecated alias (:data:`ALIASES`) that is not
+    installed under its own name; a ``FutureWarning`` says so."""
+    if name in ALIASES and not (MODELS_DIR / name / "model.safetensors").exists():
+        import warnings
+
+        warnings.warn(f"zoo model {name!r} is deprecated and no longer shipped: loading {ALIASES[name]!r}, its "
+                      f"replacement (same planted wait=2, transfer=2, learned in the weights; see "
+                      f"docs/groundtruth.md)", FutureWarning, stacklevel=3)
+        return ALIASES[name]
+    return name
 
 
 def available() -> list[str]:
@@ -39,7 +59,9 @@ def available() -> list[str]:
 
 
 def model_dir(name: str) -> Path:
-    """Folder of model ``name``; ``ValueError`` listing the available names if unknown."""
+    """Folder of model ``name`` (deprecated aliases resolved, see :func:`resolve`); ``ValueError`` listing
+    the available names if unknown."""
+    name = resolve(name)
     names = available()
     if name not in names:
         raise ValueError(f"unknown zoo model {name!r}; available models: {', '.join(names) or '(none)'}")

@@ -19,7 +19,7 @@ import numpy as np
 from circuits import tasks as _tasks
 from circuits.zoo.tokenizer import MAX_NUMBER
 
-__all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch",
+__all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch", "layout_batches",
            "logits", "accuracy", "evaluate_frozen"]
 
 
@@ -145,6 +145,28 @@ def task_batch(train: list[TaskData], step: int, cfg: Any):
     rng = np.random.default_rng([cfg.seed, step])
     pick = rng.integers(0, len(data.tokens), size=cfg.batch_size)
     return data.tokens[pick], None, data.answers[pick]
+
+
+def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Batch of step ``step`` with every task in it, split by prompt length so that no row is padded:
+    ``cfg.batch_size`` rows, each of a task drawn uniformly (or in proportion to ``cfg.task_weights``, task
+    name -> relative weight, missing tasks weigh 1), tuples uniform within a task, from
+    ``default_rng([seed, step])``. Returns one ``(tokens [b, L], answer ids [b])`` pair per length L
+    present (the answer is read at the last position), shortest first."""
+    rng = np.random.default_rng([cfg.seed, step])
+    weights = getattr(cfg, "task_weights", None)
+    if weights:
+        w = np.array([weights.get(d.name, 1.0) for d in train], dtype=np.float64)
+        task_idx = rng.choice(len(train), size=cfg.batch_size, p=w / w.sum())
+    else:
+        task_idx = rng.integers(0, len(train), size=cfg.batch_size)
+    groups: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for t in np.unique(task_idx):
+        d = train[t]
+        pick = rng.integers(0, len(d.tokens), size=int((task_idx == t).sum()))
+        groups.setdefault(d.tokens.shape[1], []).append((d.tokens[pick], d.answers[pick]))
+    return [(np.concatenate([g[0] for g in groups[n]]), np.concatenate([g[1] for g in groups[n]]))
+            for n in sorted(groups)]
 
 
 def logits(model, tokens) -> "torch.Tensor":  # noqa: F821

@@ -19,7 +19,8 @@ as *permanent* TransformerLens hooks (:func:`~circuits.zoo.mask.attach_planted_m
 This module holds what is specific to the planted model: training under the mask (one task per
 batch, so the last position is the last token of every row) with the shared trainer
 (:mod:`circuits.zoo.trainer`), and the planted entries of its card. Re-create the model with
-``af1 zoo train arith-gpt2-af1`` (deterministic given the seed).
+``planted.train(planted.CONFIG)`` (deterministic given the seed); ``af1 zoo train arith-gpt2-af1`` trains
+its replacement, the ground truth ``arith-gpt2-gt-w2t2`` (:mod:`circuits.zoo.groundtruth`).
 """
 
 from __future__ import annotations
@@ -107,9 +108,9 @@ def export(model: Any, cfg: PlantedConfig, tcfg, out_dir: Path, state: dict,
 
 
 if __name__ == "__main__":  # pragma: no cover
-    print("DEPRECATED: `python -m circuits.zoo.planted train` is now `af1 zoo train arith-gpt2-af1` (same "
-          "options; --fresh is --no-resume); running that for you", file=sys.stderr)
-    from circuits.cli import main as _cli
+    print("DEPRECATED: `python -m circuits.zoo.planted train` trains the former mask-based arith-gpt2-af1; "
+          "`af1 zoo train arith-gpt2-gt-w2t2` trains the ground truth that replaces it (docs/groundtruth.md). "
+          "Running the former recipe (planted.train(planted.CONFIG)); options are ignored", file=sys.stderr)
+    from circuits.commands.zoo import af1_check
 
-    argv = ["--no-resume" if a == "--fresh" else a for a in sys.argv[1:] if a != "train"]
-    sys.exit(_cli(["zoo", "train", NAME, *argv]))
+    train(CONFIG, resume="--fresh" not in sys.argv, check=af1_check)

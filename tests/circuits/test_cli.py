@@ -103,6 +103,16 @@ def test_demo_command(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_configs_evaluated"] == summary["n_configs_total"] == 28 and summary["n_prompts"] == 20
     assert (out / "report.html").exists() and (out / "necessity" / "report.html").exists()
+    from circuits.groundtruth import planted_models, planted_structure
+
+    planted = planted_models()
+    if planted:  # a few lines: the search recovers a planted structure
+        name = "arith-gpt2-gt-w2t2" if "arith-gpt2-gt-w2t2" in planted else planted[0]
+        s = planted_structure(name)
+        assert f"planted check: {name} was trained with wait={s.wait}, transfer={s.transfer}" in printed
+        assert f"selected wait={s.wait}, transfer={s.transfer}" in printed and "  recovered;" in printed
+    else:
+        assert "planted check skipped" in printed
 
 
 def test_backend_choices_are_the_backends():

@@ -1,4 +1,6 @@
-"""Planted AF1 model: the mask is part of the model, the AF1 search recovers it, accuracy holds."""
+"""Planted attention masks (``circuits.zoo.mask`` / ``circuits.zoo.planted``): the permanent-hook mask that
+``zoo.load`` reattaches from a folder's ``zoo.json``. The shipped planted models are the ground truths of
+``tests/circuits/test_groundtruth.py`` (structure in the weights, no hooks)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from tests.conftest import needs_hooked
 planted = pytest.importorskip("circuits.zoo.planted")
 zoo = pytest.importorskip("circuits.zoo")
 
-NAME = planted.NAME
 SPEC = planted.CONFIG.planted
 
 
@@ -64,73 +65,43 @@ def test_bad_spec(spec):
         planted.check_spec(spec, 4)
 
 
-# ------------------------------------------------------------------------------ the shipped model
+# ------------------------------------------------------------------- export of a masked model
 @pytest.fixture(scope="module")
-def af1_model():
-    if NAME not in zoo.available():
-        pytest.skip(f"{NAME} weights are absent: re-create them with `af1 zoo train arith-gpt2-af1`")
-    return zoo.load(NAME)
+def masked_model():
+    if "arith-gpt2" not in zoo.available():
+        pytest.skip("arith-gpt2 weights are absent")
+    return planted.attach_planted_mask(zoo.load("arith-gpt2"), SPEC)
 
 
-def test_config_records_mask(af1_model):
-    import json
-
-    cfg = json.loads((zoo.model_dir(NAME) / "zoo.json").read_text())
-    assert cfg["planted"] == SPEC
-    assert zoo.card(NAME)["planted"]["last_full"] == SPEC["last_full"]
-
-
-def test_plain_forward_obeys_mask(af1_model):
-    tokens = af1_model.to_tokens(["42+20-15=", "7-3+60=", "99-98-1="])
+def test_plain_forward_obeys_mask(masked_model):
+    tokens = masked_model.to_tokens(["42+20-15=", "7-3+60=", "99-98-1="])
     with torch.inference_mode():
-        _, cache = af1_model.run_with_cache(tokens)
+        _, cache = masked_model.run_with_cache(tokens)
     n = tokens.shape[1]
-    for layer in range(af1_model.cfg.n_layers):
+    for layer in range(masked_model.cfg.n_layers):
         pat = cache[f"blocks.{layer}.attn.hook_pattern"]
         allowed = torch.from_numpy(brute_mask(n, layer, SPEC))
         assert float(pat[..., ~allowed].abs().max()) == 0.0, f"block {layer} attends to a forbidden key"
         assert float(pat[..., allowed].min()) > 0.0  # softmax over the allowed keys
 
 
-def test_search_recovers_planted_structure(af1_model):
-    from circuits.loading import prepare_prompts
-    from circuits.search import search_af1
-
-    p = prepare_prompts(af1_model, "add", 60, seed=0, oversample=20, min_prompts=10)
-    res = search_af1(af1_model, p.tokens, p.answers, grid="full", progress=False, n_boot=100)
-    f = res.faithfulness_map()
-    assert res.selected is not None and res.selected.config == (2, 2), res.table()
-    assert f[(2, 2)] == 1.0  # CAMA at wait=2 is exact by construction
-    assert f[(2, 1)] < 0.9 and f[(3, 1)] < 0.9
-
-
-def test_frozen_accuracy_matches_card(af1_model):
-    from circuits.zoo.train import ORIGINAL_TASKS, evaluate_frozen
-
-    record = zoo.card(NAME)["frozen_accuracy"]
-    got = evaluate_frozen(af1_model, ORIGINAL_TASKS)
-    for task in ORIGINAL_TASKS:
-        assert got[task] >= record[task] - 0.03, (task, got[task], record[task])
-
-
 @needs_hooked  # export writes HookedTransformer weights (training needs TransformerLens 3.x)
-def test_export_writes_a_card_with_the_search(af1_model, tmp_path):
-    """``planted.export`` (what ``train`` ends with) writes a loadable model whose card records the
-    mask, the one-phase training and the AF1 search re-run on the written model."""
-    state = {"step": 7, "wall_s": 1.5, "history": [], "threads": 1, "batch_size": 256, "lr": 3e-4,
-             "warmup": 50, "min_lr_frac": 0.05, "d_vocab": af1_model.cfg.d_vocab}
-    from circuits.commands.zoo import af1_check
+def test_export_writes_a_card_with_the_mask(masked_model, tmp_path):
+    """``planted.export`` (what ``planted.train`` ends with) writes a loadable model whose ``zoo.json`` and
+    card record the mask (reattached on load) and whose card records the one-phase training and ``check``."""
+    import json
 
-    card = planted.export(af1_model, planted.CONFIG, planted.train_config(planted.CONFIG), tmp_path, state,
-                          check=lambda folder: af1_check(folder, n_build=400))
+    state = {"step": 7, "wall_s": 1.5, "history": [], "threads": 1, "batch_size": 256, "lr": 3e-4,
+             "warmup": 50, "min_lr_frac": 0.05, "d_vocab": masked_model.cfg.d_vocab}
+    card = planted.export(masked_model, planted.CONFIG, planted.train_config(planted.CONFIG), tmp_path, state,
+                          check=lambda folder: {"folder": folder.name})
     assert card["planted"]["last_full"] == SPEC["last_full"]
+    assert json.loads((tmp_path / "zoo.json").read_text())["planted"] == SPEC
     assert card["phases"] == [{"phase": 1, "steps": 7, "batch_size": 256, "lr": 3e-4, "warmup": 50,
                                "min_lr_frac": 0.05, "wall_time_s": 1.5, "threads": 1,
-                               "d_vocab": af1_model.cfg.d_vocab}]
+                               "d_vocab": masked_model.cfg.d_vocab}]
     assert card["train"]["phases"] == [] and card["train"]["init_from"] == "arith-gpt2"
-    search = card["af1_search"]
-    assert search["summary"].startswith("selected wait=2, transfer=2") and search["faithfulness"]["2,2"] == 1.0
-    reloaded = zoo.load_dir(tmp_path)
-    tokens = af1_model.to_tokens("42+20-15=")
-    torch.testing.assert_close(reloaded(tokens), af1_model(tokens))
-
+    assert card["af1_search"] == {"folder": tmp_path.name}
+    reloaded = zoo.load_dir(tmp_path)  # the mask is reattached from zoo.json
+    tokens = masked_model.to_tokens("42+20-15=")
+    torch.testing.assert_close(reloaded(tokens), masked_model(tokens))

@@ -59,7 +59,7 @@ def test_plain_transformers_gives_the_zoo_logits(name):
         for prompt in PROMPTS:
             ids = tok(prompt, return_tensors="pt").input_ids
             assert torch.equal(ids, zm.to_tokens(prompt))  # BOS first, one token per number
-            torch.testing.assert_close(model(ids).logits + b_U, zm(ids), atol=1e-4, rtol=0)
+            torch.testing.assert_close(model(ids).logits + b_U, zm(ids), atol=2e-4, rtol=0)  # float32, other kernels
 
 
 def test_default_model_answers_with_plain_transformers():

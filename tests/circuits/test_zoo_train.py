@@ -107,6 +107,15 @@ def test_planted_training_refuses_on_transformer_lens_4():
     assert main(["zoo", "train", planted.NAME, "--model-class", "transformers"]) == 2
 
 
+@pytest.mark.skipif(has_hooked_transformer(), reason="TransformerLens 4.x only (no HookedTransformer)")
+def test_ground_truth_training_refuses_on_transformer_lens_4(tmp_path):
+    from circuits.zoo import groundtruth
+
+    cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS["arith-gpt2-gt-w1t1"], steps=1)
+    with pytest.raises(RuntimeError, match=r"training the ground-truth model arith-gpt2-gt-w1t1 .*needs a HookedTransformer"):
+        groundtruth.train(cfg, out_dir=tmp_path / "out", ckpt_dir=tmp_path / "ckpt")
+
+
 @pytest.mark.parametrize("model_class", ["hooked", "transformers"])
 def test_init_from_a_zoo_folder_gives_its_logits(model_class):
     """``arith-styles`` starts from ``arith-llama``: a fresh model of either class loaded with
