@@ -47,7 +47,9 @@ def test_path_is_the_model_folder(name):
 
 def test_plain_transformers_gives_the_zoo_logits(name):
     """``AutoModelForCausalLM`` + ``AutoTokenizer`` on the folder, plus ``b_U``, equal ``zoo.load(name)``
-    to 1e-4 (the planted model without its mask: plain transformers knows nothing of it)."""
+    to 1e-4 (the planted model without its mask: plain transformers knows nothing of it); 2e-4 for the
+    ground-truth models, whose larger logits (forbidden attention scores pushed far below zero) leave
+    1.2e-4 of float32 rounding between the two kernels."""
     model, tok, b_U = _plain(name)
     expected_arch = "LlamaForCausalLM" if zoo.card(name)["arch"] == "llama" else "GPT2LMHeadModel"
     assert type(model).__name__ == expected_arch
@@ -59,7 +61,8 @@ def test_plain_transformers_gives_the_zoo_logits(name):
         for prompt in PROMPTS:
             ids = tok(prompt, return_tensors="pt").input_ids
             assert torch.equal(ids, zm.to_tokens(prompt))  # BOS first, one token per number
-            torch.testing.assert_close(model(ids).logits + b_U, zm(ids), atol=2e-4, rtol=0)  # float32, other kernels
+            atol = 2e-4 if zoo.card(name).get("groundtruth") or "-gt-" in name else 1e-4
+            torch.testing.assert_close(model(ids).logits + b_U, zm(ids), atol=atol, rtol=0)  # float32, other kernels
 
 
 def test_default_model_answers_with_plain_transformers():
