@@ -149,3 +149,12 @@ def random_tokens(n: int, n_pos: int, d_vocab: int = D_VOCAB, seed: int = 0, val
     toks = torch.randint(1, hi, (n, n_pos), generator=g)
     toks[:, 0] = 0
     return toks
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests (training-like loops run slower with more on 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

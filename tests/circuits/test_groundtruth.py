@@ -17,12 +17,7 @@ zoo = pytest.importorskip("circuits.zoo")
 Structure = structure_mod.Structure
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------ metrics by hand
