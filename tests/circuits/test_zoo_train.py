@@ -111,8 +111,8 @@ def test_planted_training_refuses_on_transformer_lens_4():
 def test_ground_truth_training_refuses_on_transformer_lens_4(tmp_path):
     from circuits.zoo import groundtruth
 
-    cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS["arith-gpt2-gt-w1t1"], steps=1)
-    with pytest.raises(RuntimeError, match=r"training the ground-truth model arith-gpt2-gt-w1t1 .*needs a HookedTransformer"):
+    cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS["arith-gpt2-gt-w3t1"], steps=1)
+    with pytest.raises(RuntimeError, match=r"training the ground-truth model arith-gpt2-gt-w3t1 .*needs a HookedTransformer"):
         groundtruth.train(cfg, out_dir=tmp_path / "out", ckpt_dir=tmp_path / "ckpt")
 
 
