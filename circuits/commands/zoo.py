@@ -10,7 +10,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ACTION")
     sub.add_parser("list", help="list the embedded models with their frozen-set accuracies")
     p = sub.add_parser("train", help="(re)train a model: every phase of its registered recipe, in order "
-                                     "(arith-gpt2-gt-*: the ground truths, see docs/groundtruth.md)")
+                                     "(arith-*-gt-*: the ground truths, see docs/groundtruth.md)")
     p.add_argument("name", help="model name, e.g. arith-gpt2 or arith-gpt2-gt-w2t2")
     p.add_argument("--out", default=None, help="output folder (default: the package's models/<name>)")
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
