@@ -51,8 +51,8 @@ from circuits.zoo.data import accuracy, build_splits, layout_batches
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
 
-__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "BASE_HINTS", "train_config", "penalty_weight", "head_dropout_hooks", "phase_list",
-           "train", "run_phase", "measure"]
+__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "PENALTY_PHASES", "STRONG_PENALTY_PHASES", "BASE_HINTS",
+           "train_config", "penalty_weight", "head_dropout_hooks", "phase_list", "train", "run_phase", "measure"]
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
         lr=1.5e-3, warmup=200, steps=6000, pen_start=2500, pen_ramp=1000, pen_weight=1.0, max_wall_s=3000,
         phases=STRONG_PENALTY_PHASES + ({**STRONG_PENALTY_PHASES[2], "pen_weight": 100.0, "seed": 11},)),
 ]}
-"""The recipes of the shipped ground-truth models, by name."""
+"""The ground-truth recipes, by name; shipped are those with a folder in the package (``w3t1`` is not)."""
 
 
 BASE_HINTS = {"arith-gpt2-af1": (
@@ -174,7 +174,8 @@ def train_config(cfg: GroundTruthConfig):
     arch = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
     s = Structure.from_dict(cfg.structure)
     desc = cfg.description or (
-        f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth ({'fine-tuned from ' + cfg.base if cfg.base else 'trained from scratch'}) with "
+        f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth "
+        f"({'fine-tuned from ' + cfg.base if cfg.base else 'trained from scratch'}) with "
         f"a learned AF1 structure: wait={s.wait}, transfer={s.transfer} (blocks {s.blocks}), the last position "
         f"reads other positions only through " + ", ".join(f"L{b}H{h} ({s.window(b, h)} window)" for b, h in
         sorted(s.head_set)) + "; every other head attends to BOS and itself; no hooks at inference.")
