@@ -250,6 +250,20 @@ def test_search_and_pruning_recover_the_planted_structure(planted):
     assert row.cpr == pytest.approx(gt.cpr_cmd(row.curve)[0]) and row.cpr + row.cmd == pytest.approx(1.0)
 
 
+def test_a_planted_mask_folder_reads_as_its_structure(tmp_path):
+    """A folder of the former mask-based kind: its spec becomes wait = first full block - 1, transfer = the
+    full blocks, every head of them designated with the full window; it is no zoo model, so not listed."""
+    from tests.conftest import planted_mask_folder
+
+    if "arith-gpt2" not in zoo.available():
+        pytest.skip("arith-gpt2 is not shipped")
+    s = gt.planted_structure(str(planted_mask_folder(tmp_path)))
+    assert (s.wait, s.transfer) == (2, 2) and s.blocks == [3, 4]
+    assert s.head_set == {(b, h) for b in (3, 4) for h in range(4)}
+    assert set(w for ws in s.windows for w in ws) == {"all"}
+    assert "planted" not in gt.planted_models()
+
+
 def test_a_deprecated_name_loads_its_replacement_loudly(monkeypatch):
     """The alias mechanism that redirects ``arith-gpt2-af1`` (tested on a stand-in alias to ``arith-gpt2``):
     zoo.load and load_model resolve it with a FutureWarning."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from circuits import zoo
+from tests.conftest import zoo_float64_atol
 
 NAMES = zoo.available()
 PROMPTS = ["42+20-15=", "120+31-5=", "7+8+9=", "99-98-1="]
@@ -48,10 +49,7 @@ def test_path_is_the_model_folder(name):
 def test_plain_transformers_gives_the_zoo_logits(name):
     """``AutoModelForCausalLM`` + ``AutoTokenizer`` on the folder, plus ``b_U``, equal ``zoo.load(name)``
     (the planted model without its mask: plain transformers knows nothing of it), compared in float64 so
-    that kernel rounding does not count: the GPT-2 models agree to ~1e-13; the Llama models to ~4e-5-8e-5
-    (the HookedTransformer's Llama path differs slightly from Hugging Face's in exact arithmetic too).
-    In float32 the ground truths differ by up to 3.2e-4 (their forbidden attention scores are pushed far
-    below the allowed ones, so the kernels' rounding of large scores shows)."""
+    that kernel rounding does not count (tolerance: ``zoo_float64_atol``)."""
     model, tok, b_U = _plain(name)
     expected_arch = "LlamaForCausalLM" if zoo.card(name)["arch"] == "llama" else "GPT2LMHeadModel"
     assert type(model).__name__ == expected_arch
@@ -64,7 +62,7 @@ def test_plain_transformers_gives_the_zoo_logits(name):
         for prompt in PROMPTS:
             ids = tok(prompt, return_tensors="pt").input_ids
             assert torch.equal(ids, zm.to_tokens(prompt))  # BOS first, one token per number
-            atol = 1e-4 if zoo.card(name)["arch"] == "llama" else 1e-9
+            atol = zoo_float64_atol(zoo.card(name))
             torch.testing.assert_close(model(ids).logits + b_U, zm(ids), atol=atol, rtol=0)
 
 

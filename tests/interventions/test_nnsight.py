@@ -236,17 +236,13 @@ def test_flash_attention_refuses_masks(pair):
 def test_planted_mask_is_attached_as_attention_masks(tmp_path):
     """A folder whose zoo.json records a planted mask (arith-gpt2's weights with the former arith-gpt2-af1's
     spec) gets it as permanent attention-mask hooks on nnsight: the bridge's logits."""
-    import json
-    import shutil
+    from tests.conftest import planted_mask_folder
 
-    folder = tmp_path / "planted"
-    shutil.copytree(zoo.model_dir("arith-gpt2"), folder)
-    meta = json.loads((folder / "zoo.json").read_text()) if (folder / "zoo.json").exists() else {}
-    (folder / "zoo.json").write_text(json.dumps({**meta, "planted": {"self_all": [0, 1, 2, 5], "last_full": [3, 4]}}))
+    folder = planted_mask_folder(tmp_path)
     bridge, nn = zoo.load_dir(folder, backend="bridge"), zoo.load_dir(folder, backend="nnsight")
-    with torch.inference_mode():  # the mask changes the logits: it is attached
-        assert (nn(nn.to_tokens(PROMPTS)) - zoo.load("arith-gpt2", backend="nnsight")(nn.to_tokens(PROMPTS))).abs().max() > 0.1
     tokens = nn.to_tokens(PROMPTS)
+    with torch.inference_mode():  # the mask changes the logits: it is attached
+        assert (nn(tokens) - zoo.load("arith-gpt2", backend="nnsight")(tokens)).abs().max() > 0.1
     assert all(p.permanent for name, p in nn.hook_dict.items() if name.endswith("hook_attn_mask"))
     with torch.inference_mode():
         close(nn(tokens), bridge(tokens))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import BACKENDS, needs_hooked
+from tests.conftest import BACKENDS, needs_hooked, zoo_float64_atol
 
 zoo = pytest.importorskip("circuits.zoo")
 
@@ -44,13 +44,11 @@ def test_tokens_and_accuracy_are_the_same_on_every_backend(name, backend):
 
 @needs_hooked
 def test_backends_give_equal_logits(name):
-    """Equal logits on both backends, compared in float64 so that kernel rounding does not count (in float32
-    the ground truths, whose forbidden attention scores sit far below zero, differ by up to 3.4e-4): the
-    GPT-2 models to ~1e-13, the Llama models within 1e-4 (the HookedTransformer's Llama path differs from
-    Hugging Face's by 1e-5..6e-5 in exact arithmetic too)."""
+    """Equal logits on both backends, compared in float64 so that kernel rounding does not count
+    (tolerance: ``zoo_float64_atol``)."""
     hooked, bridge = zoo.load(name, backend="hooked"), zoo.load(name, backend="bridge")
     hooked, bridge = hooked.to(torch.float64), bridge.to(torch.float64)
-    atol = 1e-4 if zoo.card(name)["arch"] == "llama" else 1e-9
+    atol = zoo_float64_atol(zoo.card(name))
     with torch.no_grad():
         for prompt in (PROMPT, "120+31-5=", "7+8+9="):
             tokens = hooked.to_tokens(prompt)
