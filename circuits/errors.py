@@ -37,3 +37,8 @@ class CorruptRunError(AF1Error, ValueError):
 
 class PromptError(AF1Error, ValueError):
     """Not enough usable prompts (the model answers too few, or the task has too few)."""
+
+
+class FitSetError(AF1Error, ValueError):
+    """The means cannot be fitted as the analysis needs: no fit set, a scored prompt inside it, or a
+    ``(position, token)`` entry with fewer fit prompts than the minimum; the message says how to fix it."""

@@ -165,7 +165,8 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
             threshold: float = 0.9, target: float = 0.9, out_dir: str | Path | None = None,
             progress: bool = False) -> Recovery:
     """Search (grid ``"full"``) and prune (exact greedy, zero ablation of heads) ``model`` with
-    ``ablation`` on ``prompts`` (a :class:`circuits.prompts.Prompts`: one layout, BOS at 0) and score the
+    ``ablation`` on ``prompts`` (a :class:`circuits.prompts.Prompts`: one layout, BOS at 0, with the fit set of
+    its means, :meth:`circuits.specs.PromptSpec.prepare`) and score the
     result against ``structure``. ``out_dir``: ``<out_dir>/search`` and ``<out_dir>/prune`` run
     directories (``None``: nothing written)."""
     from circuits.prune import PRUNE, PruneConfig
@@ -177,13 +178,13 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
     sub = (lambda d: Path(out_dir) / d) if out_dir is not None else (lambda d: None)
     search = execute(SEARCH, model, prompts.tokens, prompts.answers,
                      SearchConfig(threshold=threshold, grid="full", ablation=ablation).validate(),
-                     out_dir=sub("search"), meta=meta, prompts=prompts.records(), progress=progress)
+                     out_dir=sub("search"), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
     planted = (structure.wait, structure.transfer)
     selected = search.selected.config if search.selected is not None else None
     at = selected if selected is not None and selected[1] >= 1 else planted
     pruned = execute(PRUNE, model, prompts.tokens, prompts.answers,
                      PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target),
-                     out_dir=sub("prune"), meta=meta, prompts=prompts.records(), progress=progress)
+                     out_dir=sub("prune"), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
     heads = sorted(structure.head_set)
     found = sorted(tuple(h) for h in pruned.smallest_head_set) if pruned.smallest_head_set is not None else None
     prec, rec = precision_recall(found, heads)
@@ -205,7 +206,7 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
     ``n_prompts`` prompts per task that the model answers correctly (generated with ``seed``).
     ``out_dir``: run directories under ``<out_dir>/runs/<model>/<task>/<ablation>``."""
     from circuits import zoo
-    from circuits.loading import prepare_prompts
+    from circuits.specs import PromptSpec
     from interventions.validation import check_choice
 
     for a in ablations:
@@ -219,7 +220,8 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
         model = zoo.load_dir(model_folder(name))
         name = Path(name).name
         for task in tasks:
-            prompts = prepare_prompts(model, task, n_prompts, seed=seed, progress=progress)
+            # One prompt set for every ablation, drawn as CAMA needs it (each mean backed by enough fit prompts).
+            prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
             for a in ablations:
                 where = Path(out_dir) / "runs" / name / task / a if out_dir is not None else None
                 row = recover(model, name, structure, prompts, a, task=task, threshold=threshold, target=target,

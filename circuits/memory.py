@@ -31,6 +31,9 @@ MAX_AUTO_BATCH = 1024
 FREE_FRACTION = 0.8
 """Share of a GPU's free memory ``--batch-size auto`` plans to use (the rest absorbs fragmentation)."""
 GIB = 2**30
+GPU_FLOPS = 2e14
+"""Sustained throughput (FLOP/s) the fit-cost estimate assumes for a bfloat16 forward pass on a GPU: about a
+quarter of an H100's or H200's dense bfloat16 peak, what batched inference of 8B-class models reaches."""
 
 T = TypeVar("T")
 
@@ -118,7 +121,7 @@ def activation_bytes_per_prompt(shape: ModelShape, n_pos: int, dtype: str | None
 @dataclass(frozen=True)
 class MemoryEstimate:
     """What a run needs, in bytes: ``weights`` (``n_params`` x bytes of ``dtype``), ``means`` (the CAMA
-    cache), ``activations`` (one batch of ``batch_size`` prompts; ``per_prompt`` each)."""
+    cache), ``activations`` (one batch of ``batch_size`` prompts of ``n_pos`` tokens; ``per_prompt`` each)."""
 
     n_params: int
     dtype: str
@@ -126,6 +129,7 @@ class MemoryEstimate:
     means: int
     per_prompt: int
     batch_size: int
+    n_pos: int = 0
 
     @property
     def activations(self) -> int:
@@ -154,7 +158,8 @@ def estimate_memory(shape: ModelShape, dtype: str | None, *, n_pos: int, n_promp
     entries = n_prompts * n_pos if n_entries is None else n_entries
     return MemoryEstimate(n_params=shape.n_params, dtype=dtype, weights=shape.n_params * DTYPE_BYTES[dtype],
                           means=means_cache_bytes(shape, entries, n_pos),
-                          per_prompt=activation_bytes_per_prompt(shape, n_pos, dtype), batch_size=batch_size)
+                          per_prompt=activation_bytes_per_prompt(shape, n_pos, dtype), batch_size=batch_size,
+                          n_pos=n_pos)
 
 
 def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
@@ -184,14 +189,38 @@ def model_devices(model: Any) -> list[torch.device]:
     return sorted(found, key=lambda d: (d.type != "cuda", str(d)))
 
 
-def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int) -> None:
+def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int,
+                   fit: Any = None) -> None:
     """Print ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
-    or its config cannot be read."""
+    or its config cannot be read; with ``fit`` (a :class:`~circuits.fitset.FitSpec`) also what fitting the
+    means will cost (:func:`fit_cost`)."""
     from circuits.loading import zoo_names
 
     estimate = None if name in zoo_names() else estimate_pretrained(name, dtype, task, n_prompts, batch_size)
     if estimate is not None:
         print(f"{name}: {estimate.describe()}")
+    from circuits import tasks
+
+    if fit is not None and task in tasks.list_tasks():
+        print(f"{name}: {fit_cost(task, fit.size, batch_size, estimate)}")
+
+
+def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | None = None) -> str:
+    """One line: the prompts the means will be fitted on (at most ``size``; the task's whole operand space
+    when smaller, before top-up draws), the forward passes in batches of ``batch_size`` and, with a memory
+    ``estimate`` (parameters, prompt length), the compute: ``2 * n_params`` FLOP per token, and its time at
+    :data:`GPU_FLOPS`."""
+    from circuits import tasks
+
+    space = tasks.operand_space_size(task)
+    n_fit = min(int(size), space)
+    passes = -(-n_fit // max(1, int(batch_size)))
+    what = "the whole operand space" if space <= size else f"a sample of the {space} task prompts"
+    line = f"means: fit set of up to {n_fit} prompts ({what}), {passes} forward passes of {batch_size}"
+    if estimate is not None:
+        flop = 2.0 * estimate.n_params * n_fit * estimate.n_pos
+        line += f", {flop / 1e12:.1f} TFLOP: about {flop / GPU_FLOPS:.1f} s on a GPU at {GPU_FLOPS / 1e12:.0f} TFLOP/s"
+    return line
 
 
 def free_cuda_bytes(devices: list[torch.device] | None = None) -> int:

@@ -13,7 +13,7 @@ prepended (``prepend_bos=None``: the model's own default, see ``tasks.resolve_bo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -44,6 +44,9 @@ class Prompts:
         prepend_bos: whether position 0 holds BOS; ``bos_token``: its id (``None`` without BOS).
         answer_texts: the answer as written after each prompt (``"112"`` / ``" 112"``), when known.
         stop: why sampling stopped: ``"found"``, ``"exhausted"`` (operand space) or ``"budget"``.
+        fit: the :class:`~circuits.fitset.FitSet` of the means (``circuits.specs.PromptSpec.prepare``), or
+            ``None``; ``n_dropped_fit``: correct prompts set aside because a mean they read had fewer fit
+            prompts than the minimum.
     """
 
     tokens: Int[torch.Tensor, "batch pos"]
@@ -65,9 +68,23 @@ class Prompts:
     bos_token: int | None = None
     answer_texts: list[str] | None = None
     stop: str = "found"
+    fit: Any = None
+    n_dropped_fit: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def subset(self, keep: torch.Tensor | None, n: int) -> "Prompts":
+        """The first ``n`` prompts among those ``keep`` (``[batch]`` bool; ``None``: all) marks, with the
+        same counts."""
+        idx = torch.arange(len(self)) if keep is None else keep.nonzero().flatten()
+        idx = idx[:n]
+        pick = idx.tolist()
+        return replace(
+            self, tokens=self.tokens[idx], answers=self.answers[idx], prompts=[self.prompts[i] for i in pick],
+            answer_values=[self.answer_values[i] for i in pick],
+            answer_texts=None if self.answer_texts is None else [self.answer_texts[i] for i in pick],
+        )
 
     def records(self) -> list[dict[str, Any]]:
         """One ``{"prompt", "answer", "answer_token"}`` dict per prompt (for ``prompts.jsonl``), plus
@@ -86,7 +103,7 @@ class Prompts:
         return {"n_prompts": len(self), "base_accuracy": self.base_accuracy, "n_drawn": self.n_drawn,
                 "n_dropped_multi_token": self.n_dropped_multi_token, "n_checked": self.n_checked,
                 "n_correct": self.n_correct, "n_wrong": self.n_wrong, "n_layouts": self.n_layouts,
-                "prepend_bos": self.prepend_bos, "stop": self.stop}
+                "prepend_bos": self.prepend_bos, "stop": self.stop, "n_dropped_fit": self.n_dropped_fit}
 
 
 def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "CAMA and the fast search") -> None:

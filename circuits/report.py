@@ -97,13 +97,15 @@ def smallest_transfer_figure(result: Any) -> Any:
     return fig
 
 
-def search_report(result: Any, path: str | Path, title: str = "AF1 search") -> Path:
-    """Write the search report (heatmap + smallest transfer per wait) to ``path`` (self-contained HTML)."""
+def search_report(result: Any, path: str | Path, title: str = "AF1 search", notes: Sequence[str] = ()) -> Path:
+    """Write the search report (heatmap + smallest transfer per wait) to ``path`` (self-contained HTML);
+    ``notes``: lines after the summary (e.g. the fit set of the means)."""
     notes = [
         result.summary_line(),
         f"{len(result.results)} configurations evaluated ({result.grid} grid, {result.ablation} ablation, "
         f"{result.method} method), {result.n_prompts} prompts, base accuracy {result.base_accuracy:.1%}, "
         f"{result.seconds:.1f} s.",
+        *notes,
     ]
     return write_text(path, page(title, [search_heatmap(result, title), smallest_transfer_figure(result)], notes))
 

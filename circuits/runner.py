@@ -6,12 +6,16 @@ runner does everything around it, the same way for every command:
 
 1. validate the config against the model and the inputs (``n_boot``, batch size, answers, BOS, padding);
 2. keep the prompts the unmodified model answers correctly (once);
-3. with an output directory: take its lock (:class:`circuits.lock.DirLock`), refuse a directory of
-   another command early, build the run identity (:attr:`Analysis.identity`), check or write
-   ``run.json``, load the means cache only if its content hash is the one this run recorded (else fit
-   and record it), validate resumed records against the analysis's schema;
-4. run the analysis with a :class:`ResultStore` (appends are crash-safe and fsynced);
-5. write the summary and the report (:attr:`Analysis.write`).
+3. the means (:mod:`circuits.means`), when the analysis needs them: fitted on the fit set without the
+   scored prompts (:mod:`circuits.fitset`), every mean a scored prompt reads backed by ``min_count`` fit
+   prompts; with an output directory the cache this run wrote is reloaded (checked by content hash and
+   fit-set digests) instead of refitted;
+4. with an output directory: take its lock (:class:`circuits.lock.DirLock`), refuse a directory of
+   another command (or of an earlier version's means) early, build the run identity
+   (:attr:`Analysis.identity`, which records the fit set), check or write ``run.json``, validate resumed
+   records against the analysis's schema;
+5. run the analysis with a :class:`ResultStore` (appends are crash-safe and fsynced);
+6. write the summary and the report (:attr:`Analysis.write`).
 
 File names live in :mod:`circuits.files`. A new analysis is one module that defines an :class:`Analysis`
 plus one command module.
@@ -30,9 +34,12 @@ import interventions as iv
 from circuits import files
 from circuits.errors import CorruptRunError, PromptError, RunMismatchError
 from circuits.faithfulness import base_correct
+from circuits.fitset import FitSet
+from circuits.means import check_current, keep_means, load_means, plan_means
 from circuits.lock import DirLock
 from circuits.records import RecordSchema
 from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
+from interventions.coverage import Coverage
 from interventions.validation import check_answers, check_layout, check_positive, check_tokens, special_token_ids
 
 
@@ -96,7 +103,27 @@ class RunContext:
     progress: bool
     meta: dict[str, Any] = field(default_factory=dict)
     prompts: Sequence[Mapping[str, Any]] | None = None
-    cache_given: bool = False
+    fit: FitSet | None = None
+    coverage: Coverage | None = None
+    means_identity: dict[str, Any] | None = None
+    tokenizer: Any = None
+
+    def means_summary(self) -> dict[str, Any] | None:
+        """What ``summary.json`` says of the means (``None`` without): the fit set (how it was drawn, its
+        size and hash) and the fit counts behind the means the scored prompts read."""
+        if self.cache is None or self.coverage is None:
+            return None
+        return {**(self.means_identity or {}), "coverage": self.coverage.summary(self.tokenizer)}
+
+    def means_note(self) -> str | None:
+        """One line for a report: the fit set and its counts (``None`` without means)."""
+        if self.coverage is None:
+            return None
+        fit = self.fit
+        how = ("the caller's cache" if fit is None else
+               f"{len(fit)} fit prompts ({'the whole layout' if fit.whole else 'a sample'} of task {fit.task}, "
+               f"population {fit.spec.population}, seed {fit.spec.seed})" if fit.task else f"{len(fit)} given fit prompts")
+        return f"Means: {how}, none of them scored; {self.coverage.line()}."
 
     @property
     def kept_prompts(self) -> list[dict[str, Any]] | None:
@@ -128,6 +155,7 @@ class Analysis:
     needs_means: Callable[[Any], bool] = lambda config: bool(getattr(config, "needs_means", False))
     schema: Callable[[Any, Any, int], RecordSchema | None] = lambda config, info, n_prompts: None
     prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = lambda ctx: None
+    conditional_means: Callable[[Any], bool] = lambda config: getattr(config, "ablation", None) == "cama"
     base_correct_only: bool = True
     batch_size: Callable[[Any], int] = lambda config: int(getattr(config, "batch_size", 128))
     n_boot: Callable[[Any], int] = lambda config: int(getattr(config, "n_boot", 1000))
@@ -203,37 +231,6 @@ class Run:
             self.path.rmdir()
 
 
-def means_cache(model: Any, tokens: torch.Tensor, run_dir: RunDir | None, *, batch_size: int,
-                progress: bool, fitted: iv.MeanCache | None = None) -> iv.MeanCache:
-    """The means cache of a run, without writing anything: the one this run wrote to ``run_dir``
-    (checked against its recorded content hash), else fitted on ``tokens``. A cache file written before
-    hashes were recorded is accepted only if it equals the fresh fit (``fitted``: that fit, when the
-    caller already has it). :func:`keep_means` saves it."""
-    recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
-    path = run_dir.checked_artifact(files.MEANS) if recorded else None
-    if path is not None:
-        cache = iv.MeanCache.load(path)
-    else:
-        cache = fitted if fitted is not None else iv.MeanCache.fit(model, tokens, batch_size=batch_size,
-                                                                     progress=progress)
-        target = run_dir.path / files.MEANS if run_dir is not None else None
-        if target is not None and target.exists() and iv.MeanCache.load(target).sha256 != cache.sha256:
-            raise CorruptRunError(
-                f"{target} is not the cache fitted on this run's prompts: results resumed with it would mix "
-                f"two caches; move it away to recompute it, or use a new --out directory"
-            )
-    cache.check_model(model)
-    return cache
-
-
-def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
-    """Save ``cache`` as the run's means file (unless that file already holds it) and record its hash."""
-    target = run_dir.path / files.MEANS
-    if not target.exists() or iv.MeanCache.load(target).sha256 != cache.sha256:
-        cache.save(target)
-    run_dir.record_artifact(files.MEANS)
-
-
 def execute(
     analysis: Analysis,
     model: Any,
@@ -243,25 +240,63 @@ def execute(
     *,
     out_dir: str | Path | None = None,
     cache: iv.MeanCache | None = None,
+    fit: FitSet | None = None,
+    min_count: int | None = None,
     meta: Mapping[str, Any] | None = None,
     prompts: Sequence[Mapping[str, Any]] | None = None,
     progress: bool = True,
     held: Run | None = None,
-    cache_is_fit: bool = False,
 ) -> Any:
     """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (see the module docstring).
 
     ``out_dir``: the run directory (``None``: nothing is written, records are kept in memory).
-    ``cache``: a means cache to use instead of fitting one (named by its hash in the identity).
+    ``fit``: the :class:`~circuits.fitset.FitSet` the means are fitted on (the scored prompts are removed
+    from it); ``cache``: a means cache to use instead (named by its hash in the identity), or, with ``fit``,
+    the cache already fitted on it (several analyses of one prompt set share it). ``min_count``: fit
+    prompts each mean needs (default: the fit set's, else :data:`~circuits.fitset.DEFAULT_MIN_COUNT`).
     ``meta``: the caller's description, copied into the identity (except ``command``, ``base_accuracy``
     and ``n_checked``, which describe a run rather than determine it) and the summary. ``prompts``:
     records aligned with ``tokens`` for ``prompts.jsonl``. ``held``: a :class:`Run` the caller already
-    holds for ``out_dir`` (commands take the lock before loading the model). ``cache_is_fit``: ``cache``
-    is ``MeanCache.fit`` on exactly these (base-correct) prompts, fitted once for several analyses; the run
-    identity then reads as if the runner had fitted it, so the directory can be reopened by a single command.
+    holds for ``out_dir`` (commands take the lock before loading the model).
     """
-    info = iv.adapt(model).info
-    analysis.validate(config, info)
+    ctx, batch_size = scored_context(analysis, model, tokens, answers, config, meta=meta, prompts=prompts,
+                                     progress=progress)
+    needs_means = analysis.needs_means(config)
+    if needs_means:
+        plan_means(ctx, conditional=analysis.conditional_means(config), fit=fit, cache=cache, min_count=min_count)
+    loading = dict(batch_size=batch_size, progress=progress)
+    if out_dir is None:
+        if needs_means:
+            ctx.cache = load_means(model, ctx, cache, None, **loading)
+        return analysis.run(model, config, ctx)
+    run = held if held is not None else Run(out_dir, analysis.name)
+    with run if held is None else contextlib.nullcontext():
+        check_current(run.path)
+        results_name = analysis.results_file or files.NO_RESULTS
+        run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name).open()
+        if needs_means:
+            ctx.cache = load_means(model, ctx, cache, run_dir, **loading)
+            keep_means(run_dir, ctx.cache)
+        if analysis.results_file is not None:
+            ctx.store = DirStore(run_dir, analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
+        records = analysis.prompt_records(ctx)
+        if records is not None:
+            run_dir.write_jsonl(files.PROMPTS, records)
+        result = analysis.run(model, config, ctx)
+        analysis.write(result, run_dir, ctx)
+        return result
+
+
+def info_of(model: Any) -> Any:
+    return iv.adapt(model).info
+
+
+def scored_context(analysis: Analysis, model: Any, tokens: Any, answers: Any, config: Any, *,
+                   meta: Mapping[str, Any] | None,
+                   prompts: Sequence[Mapping[str, Any]] | None, progress: bool) -> tuple[RunContext, int]:
+    """Validate ``config`` and the inputs, keep the prompts the unmodified model answers correctly (when the
+    analysis scores only those) and return the :class:`RunContext` (without means yet) and the batch size."""
+    analysis.validate(config, info_of(model))
     batch_size = check_positive("batch_size", analysis.batch_size(config))
     check_positive("n_boot", analysis.n_boot(config))
     tokens, answers = check_inputs(model, tokens, answers)
@@ -279,39 +314,7 @@ def execute(
         )
     ctx = RunContext(
         tokens=tokens[keep], answers=answers[keep], n_given=int(tokens.shape[0]), keep=keep,
-        given_tokens=tokens, given_answers=answers, cache=cache, store=MemoryStore(), progress=progress,
-        meta=dict(meta or {}), prompts=prompts, cache_given=cache is not None and not cache_is_fit,
+        given_tokens=tokens, given_answers=answers, cache=None, store=MemoryStore(), progress=progress,
+        meta=dict(meta or {}), prompts=prompts, tokenizer=getattr(model, "tokenizer", None),
     )
-    if out_dir is None:
-        if cache is None and analysis.needs_means(config):
-            ctx.cache = means_cache(model, ctx.tokens, None, batch_size=batch_size, progress=progress)
-        if ctx.cache is not None:
-            ctx.cache.check_model(model)
-        return analysis.run(model, config, ctx)
-    run = held if held is not None else Run(out_dir, analysis.name)
-    with run if held is None else contextlib.nullcontext():
-        results_name = analysis.results_file or files.NO_RESULTS
-        if cache is None and analysis.needs_means(config):
-            ctx.cache = means_cache(model, ctx.tokens, RunDir(run.path, {}, results_name=results_name),
-                                    batch_size=batch_size, progress=progress)
-        elif cache is not None:
-            cache.check_model(model)
-            if cache_is_fit:  # must be the cache this run wrote, like one the runner fitted itself
-                on_disk = means_cache(model, ctx.tokens, RunDir(run.path, {}, results_name=results_name),
-                                      batch_size=batch_size, progress=progress, fitted=cache)
-                if on_disk.sha256 != cache.sha256:
-                    raise CorruptRunError(
-                        f"{run.path / files.MEANS} is not the cache fitted on this run's prompts; move it away to "
-                        f"recompute it, or use a new --out directory"
-                    )
-        run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name).open()
-        if ctx.cache is not None:
-            keep_means(run_dir, ctx.cache)
-        if analysis.results_file is not None:
-            ctx.store = DirStore(run_dir, analysis.schema(config, info, int(ctx.tokens.shape[0])))
-        records = analysis.prompt_records(ctx)
-        if records is not None:
-            run_dir.write_jsonl(files.PROMPTS, records)
-        result = analysis.run(model, config, ctx)
-        analysis.write(result, run_dir, ctx)
-        return result
+    return ctx, batch_size

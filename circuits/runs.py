@@ -267,11 +267,26 @@ class RunDir:
         return path
 
 
-def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    """``"key: old -> new, ..."`` for every key whose value differs (missing counts as differing)."""
-    keys = sorted(set(old) | set(new))
-    parts = [f"{k}: {old.get(k, '<missing>')!r} -> {new.get(k, '<missing>')!r}" for k in keys if old.get(k) != new.get(k)]
+def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> str:
+    """``"key: old -> new, ..."`` for every key whose value differs (missing counts as differing); nested
+    objects are compared key by key (``means.fit.seed: 0 -> 1``) and content hashes shortened to 12 digits."""
+    parts = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, "<missing>"), new.get(k, "<missing>")
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            parts.append(identity_diff(a, b, f"{prefix}{k}."))
+        else:
+            parts.append(f"{prefix}{k}: {_short(a)!r} -> {_short(b)!r}")
     return ", ".join(parts)
+
+
+def _short(value: Any) -> Any:
+    """A 64-digit hex hash as its first 12 digits and an ellipsis; anything else as it is."""
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12] + "..."
+    return value
 
 
 def tokens_sha256(tokens: "torch.Tensor", answers: "torch.Tensor") -> str:

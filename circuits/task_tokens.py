@@ -39,6 +39,23 @@ def tokenizer_of(model_or_tokenizer: Any) -> Any:
     return tok if tok is not None else model_or_tokenizer
 
 
+def encode_texts(tok: Any, texts: Sequence[str], offsets: bool = False) -> Any:
+    """``tok(texts, add_special_tokens=False)`` as ``{"input_ids": [...], "offset_mapping": [...]}`` (offsets
+    only with ``offsets``), through the Rust tokenizer's ``encode_batch`` where the tokenizer has one (the same
+    ids, without a Python call per text). A backend left padding or truncating by an earlier call (the
+    Hugging Face wrapper sets these per call and keeps them) is not used."""
+    texts = list(texts)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not texts or backend.padding is not None or backend.truncation is not None:
+        return tok(texts, add_special_tokens=False, return_offsets_mapping=offsets) if texts else \
+            {"input_ids": [], "offset_mapping": []}
+    encs = backend.encode_batch(texts, add_special_tokens=False)
+    out: dict[str, Any] = {"input_ids": [e.ids for e in encs]}
+    if offsets:
+        out["offset_mapping"] = [e.offsets for e in encs]
+    return out
+
+
 def _pieces(tok: Any, text: str, span: tuple[int, int]) -> tuple[list[int], list[str]]:
     """Ids and token strings of the tokens of ``text`` that overlap the character ``span``."""
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -97,7 +114,7 @@ def answer_forms(
     tok = tokenizer_of(model_or_tokenizer)
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return list(tok(texts, add_special_tokens=False)["input_ids"]) if texts else []
+        return list(encode_texts(tok, texts)["input_ids"])
 
     texts = [str(int(a)) for a in answers]
     base = list(base) if base is not None else encode(list(prompts))
@@ -155,7 +172,7 @@ def filter_single_token(
     texts: list[str] = []
     rows = ds.to_dict() if hasattr(ds, "to_dict") else {c: list(ds[c]) for c in ds.column_names}
     all_prompts = list(rows["prompt"])
-    enc = tok(all_prompts, add_special_tokens=False, return_offsets_mapping=fast) if all_prompts else None
+    enc = encode_texts(tok, all_prompts, offsets=fast) if all_prompts else None
     forms = answer_forms(tok, all_prompts, [int(a) for a in rows["answer"]],
                          base=enc["input_ids"] if enc is not None else [])
     for i, (prompt, ops) in enumerate(zip(all_prompts, rows["operands"])):
@@ -201,18 +218,17 @@ def answer_token_ids(model: Any, answers: Sequence[Any]) -> "torch.Tensor":
     import torch
 
     tok = tokenizer_of(model)
-    out = []
-    for a in answers:
-        if isinstance(a, str):
-            ids = tok.encode(a, add_special_tokens=False)
-        else:
-            ids = tok.encode(str(int(a)), add_special_tokens=False)
-            if len(ids) != 1:
-                ids = tok.encode(" " + str(int(a)), add_special_tokens=False)
-        if len(ids) != 1:
-            raise ValueError(f"answer {a!r} is not a single token: {tok.convert_ids_to_tokens(ids)}")
-        out.append(ids[0])
-    return torch.tensor(out, dtype=torch.long)
+    texts = [a if isinstance(a, str) else str(int(a)) for a in answers]
+    ids = list(encode_texts(tok, texts)["input_ids"])
+    spaced = [i for i, (a, x) in enumerate(zip(answers, ids)) if not isinstance(a, str) and len(x) != 1]
+    if spaced:  # integer answers that are one token only with a leading space (GPT-2 style BPE)
+        again = encode_texts(tok, [" " + texts[i] for i in spaced])["input_ids"]
+        for i, x in zip(spaced, again):
+            ids[i] = x
+    for a, x in zip(answers, ids):
+        if len(x) != 1:
+            raise ValueError(f"answer {a!r} is not a single token: {tok.convert_ids_to_tokens(x)}")
+    return torch.tensor([x[0] for x in ids], dtype=torch.long)
 
 
 def resolve_bos(model: Any, prepend_bos: bool | None = None) -> int | None:
@@ -287,7 +303,7 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
     rows: list[torch.Tensor] = []
     tok = tokenizer_of(model)
     # One batched call without special tokens, then BOS in front: what model.to_tokens(p) gives.
-    enc = tok(prompts, add_special_tokens=False)["input_ids"]
+    enc = encode_texts(tok, prompts)["input_ids"]
     for i, ids in enumerate(enc):
         t = torch.tensor(([bos] if bos is not None else []) + list(ids), dtype=torch.long)
         rows.append(t)

@@ -13,46 +13,36 @@ the 3.9 preview) and a Hugging Face model in nnsight (local or on NDIF; the ``nn
 ``docs/backends.md`` and ``docs/remote.md``.
 """
 
-from .ablation import CAMA, MeanAblation, ZeroAblation
-from .adapter import BACKENDS, Capabilities, ModelAdapter, ModelInfo, adapt, register_backend, resolve_backend
-from .af1 import af1_subgraph
-from .apply import apply, run, run_many
-from . import bridge  # noqa: F401  (the historical module path interventions.bridge)
-from .backends import BridgeAdapter, HookedAdapter, NNsightAdapter  # registers the shipped backends (no nnsight import)
-from .convert import bridge_from_hooked, bridge_from_hooked_state
-from .base import REGISTRY, Intervention
-from .cache import MeanCache
-from .heads import HeadAblation
-from .peek import Peek, allowed_keys
-from .types import CacheMismatchError, InterventionError, InterventionNotAppliedError
+import importlib
+from typing import Any
 
-__all__ = [
-    "BACKENDS",
-    "BridgeAdapter",
-    "CAMA",
-    "CacheMismatchError",
-    "Capabilities",
-    "HeadAblation",
-    "HookedAdapter",
-    "Intervention",
-    "InterventionError",
-    "InterventionNotAppliedError",
-    "MeanAblation",
-    "MeanCache",
-    "ModelAdapter",
-    "ModelInfo",
-    "NNsightAdapter",
-    "Peek",
-    "REGISTRY",
-    "ZeroAblation",
-    "adapt",
-    "af1_subgraph",
-    "allowed_keys",
-    "apply",
-    "resolve_backend",
-    "bridge_from_hooked",
-    "bridge_from_hooked_state",
-    "register_backend",
-    "run",
-    "run_many",
-]
+_EXPORTS: dict[str, str] = {
+    "CAMA": "ablation", "MeanAblation": "ablation", "ZeroAblation": "ablation",
+    "BACKENDS": "adapter", "Capabilities": "adapter", "ModelAdapter": "adapter", "ModelInfo": "adapter",
+    "adapt": "adapter", "register_backend": "adapter", "resolve_backend": "adapter",
+    "af1_subgraph": "af1", "apply": "forward", "run": "forward", "run_many": "forward",
+    "BridgeAdapter": "backends", "HookedAdapter": "backends", "NNsightAdapter": "backends",
+    "bridge_from_hooked": "convert", "bridge_from_hooked_state": "convert",
+    "REGISTRY": "base", "Intervention": "base", "MeanCache": "cache", "HeadAblation": "heads",
+    "Peek": "peek", "allowed_keys": "peek",
+    "CacheMismatchError": "types", "InterventionError": "types", "InterventionNotAppliedError": "types",
+}
+"""Public name -> its module; names are imported on first use, so ``import interventions`` (and the
+vocabulary in :mod:`interventions.vocab`) costs no torch import."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"interventions.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"interventions.{name}")  # submodules: iv.adapter, iv.bridge, ...
+    except ModuleNotFoundError:
+        raise AttributeError(f"module 'interventions' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -368,14 +368,20 @@ def resolve_backend(backend: str | None) -> str:
 
 
 def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAdapter]) -> None:
-    """Register an adapter class for models accepted by ``predicate`` (checked newest first)."""
+    """Register an adapter class for models accepted by ``predicate`` (checked newest first: after the
+    shipped backends, which register first)."""
+    import interventions.backends  # noqa: F401 - the shipped backends first (a no-op while they register)
+
     _BACKENDS.insert(0, (predicate, adapter_cls))
 
 
 def adapt(model: Any) -> ModelAdapter:
-    """The adapter for ``model``; raises ``TypeError`` for objects no backend accepts."""
+    """The adapter for ``model``; raises ``TypeError`` for objects no backend accepts. The shipped backends
+    (:mod:`interventions.backends`) are registered on the first call."""
     if isinstance(model, ModelAdapter):
         return model
+    import interventions.backends  # noqa: F401 - registers the shipped backends (once)
+
     for predicate, cls in _BACKENDS:
         if predicate(model):
             return cls(model)

@@ -9,6 +9,11 @@ length ``n_pos``, BOS at position 0) and holds, for every block ``l`` (0-indexed
 * the plain per-position mean of that residual (mean ablation);
 * the per-position mean of every query head's output ``attn.hook_z`` (mean head ablation).
 
+It also keeps one 64-bit digest per fit prompt (:func:`~interventions.coverage.row_digests`), so that
+:meth:`MeanCache.contains` tells whether a prompt was in the fit set (a prompt must never be ablated with
+a mean it contributes to: fit on a separate set, see ``circuits.fitset``), and :meth:`MeanCache.coverage`
+counts the fit prompts behind every mean a set of prompts would read.
+
 All means are stored in float32 and accumulated in float64. Memory of the conditional means is
 ``n_layers * n_entries * d_model * 4`` bytes, where ``n_entries`` is the number of distinct
 ``(position, token)`` pairs in the fit set; e.g. Llama-3-8B (32 blocks, d_model 4096) on a two-operand
@@ -31,10 +36,12 @@ from tqdm.auto import tqdm
 
 from . import adapter as hooks
 from .adapter import ModelAdapter, adapt
+from .coverage import Coverage, row_digests, token_text
 from .types import CacheMismatchError, InterventionError, Tokens
 from .validation import check_layout, check_positive, check_tokens, special_token_ids
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2 adds ``fit_rows`` (digests of the fit prompts); version-1 files load with ``fit_rows=None``."""
 
 
 class MeanCache:
@@ -55,6 +62,7 @@ class MeanCache:
         n_prompts: int,
         model_signature: dict[str, Any],
         source: str | None = None,
+        fit_rows: Int[torch.Tensor, "n_prompts"] | None = None,
     ):
         self.entry_pos = entry_pos.long()
         self.entry_tok = entry_tok.long()
@@ -65,6 +73,7 @@ class MeanCache:
         self.n_prompts = int(n_prompts)
         self.model_signature = dict(model_signature)
         self.source = source
+        self.fit_rows = None if fit_rows is None else torch.unique(fit_rows.long())
         self.n_layers, self.n_pos, self.d_model = (int(s) for s in pos_mean.shape)
         self._lookup: EntryIndexer | None = None
         self._device_copies: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
@@ -130,6 +139,7 @@ class MeanCache:
             z_mean=(z_sum / n).float().cpu(),
             n_prompts=n,
             model_signature={**info.signature(), "fingerprint": ad.fingerprint()},
+            fit_rows=row_digests(tokens),
         )
 
     # --- reading -----------------------------------------------------------------------------
@@ -171,6 +181,39 @@ class MeanCache:
         pos = self._position(position)
         sel = self.entry_pos == pos
         return dict(zip(self.entry_tok[sel].tolist(), self.entry_count[sel].tolist()))
+
+    def counts(self, tokens: Tokens) -> Int[torch.Tensor, "batch pos"]:
+        """``counts[b, t]``: how many fit prompts hold ``tokens[b, t]`` at position ``t`` (0 where none
+        did; position 0 and any position of another prompt length: 0). ``tokens``: ``[batch, pos]``."""
+        toks = tokens.detach().cpu().long()
+        out = torch.zeros_like(toks)
+        if toks.ndim != 2 or toks.shape[1] != self.n_pos:
+            return out
+        table = torch.zeros(self.n_pos, int(max(int(self.entry_tok.max()), int(toks.max()))) + 1, dtype=torch.long)
+        table[self.entry_pos, self.entry_tok] = self.entry_count
+        out[:, 1:] = table[torch.arange(1, self.n_pos).expand(len(toks), -1), toks[:, 1:]]
+        return out
+
+    def coverage(self, tokens: Tokens, min_count: int = 1, *, conditional: bool = True) -> Coverage:
+        """The fit counts behind every mean that ``tokens`` (``[batch, pos]``, the fit layout) read: per
+        ``(position, token)`` entry at positions ``>= 1`` (``conditional``, CAMA), or the fit set's size at
+        every position (``conditional=False``: plain means and head means average over all fit prompts)."""
+        counts = self.counts(tokens) if conditional else torch.full_like(tokens.cpu().long(), self.n_prompts)
+        return Coverage.of(counts, tokens.cpu().long(), self.n_prompts, min_count)
+
+    def contains(self, tokens: Tokens) -> torch.Tensor:
+        """``[batch]`` bool: which prompts of ``tokens`` were in the fit set (by digest). Raises
+        :class:`CacheMismatchError` for a cache saved before fit digests were kept (format version 1)."""
+        if self.fit_rows is None:
+            raise CacheMismatchError(
+                "this MeanCache does not record which prompts it was fitted on (written by an earlier version): "
+                "refit it with MeanCache.fit on a fit set that excludes the prompts you score"
+            )
+        return torch.isin(row_digests(tokens), self.fit_rows)
+
+    def describe_entry(self, position: int, token: int, tokenizer: Any = None) -> str:
+        """``"'7' (id 10) at position 1"`` (the id alone without a tokenizer)."""
+        return f"{token_text(tokenizer, token)} at position {position}"
 
     def _entry(self, pos: int, token: int) -> int:
         hit = torch.nonzero((self.entry_pos == pos) & (self.entry_tok == token)).flatten()
@@ -230,7 +273,8 @@ class MeanCache:
             )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
+        """The tensors :meth:`save` writes (``fit_rows`` only where known)."""
+        out = {
             "entry_pos": self.entry_pos,
             "entry_tok": self.entry_tok,
             "entry_count": self.entry_count,
@@ -238,6 +282,9 @@ class MeanCache:
             "pos_mean": self.pos_mean,
             "z_mean": self.z_mean,
         }
+        if self.fit_rows is not None:
+            out["fit_rows"] = self.fit_rows
+        return out
 
     @property
     def sha256(self) -> str:

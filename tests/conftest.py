@@ -151,6 +151,34 @@ def random_tokens(n: int, n_pos: int, d_vocab: int = D_VOCAB, seed: int = 0, val
     return toks
 
 
+def disjoint_fit_tokens(tokens: torch.Tensor, n: int = 400, seed: int = 99) -> torch.Tensor:
+    """A fit set for the means of prompts ``tokens`` (from :func:`random_tokens` with a small ``values``):
+    ``n`` further rows drawn from the same ids, without any row of ``tokens`` (the runner refuses a scored
+    prompt inside the fit set)."""
+    from interventions.coverage import row_digests
+
+    values = int(tokens[:, 1:].max())
+    fit = random_tokens(n, int(tokens.shape[1]), seed=seed, values=values)
+    return fit[~torch.isin(row_digests(fit), row_digests(tokens))]
+
+
+def use_prompts(monkeypatch, tokens: torch.Tensor, fit: torch.Tensor | None = None) -> None:
+    """Make the commands' prompt preparation (:meth:`circuits.specs.PromptSpec.prepare`) return the first
+    ``n_prompts`` rows of ``tokens`` with the model's own answers and, when the analysis needs means, the fit
+    set ``fit`` (for random models, which no task fits)."""
+    from dataclasses import replace
+
+    from circuits.fitset import FitSet
+    from circuits.prompts import self_answer_prompts
+    from circuits.specs import PromptSpec
+
+    def prepare(spec, model, *, means=None, progress=True, batch_size=128):
+        prompts = self_answer_prompts(model, tokens[: spec.n_prompts], task=spec.task)
+        return replace(prompts, fit=FitSet.given(fit, spec.fit.min_count) if means and fit is not None else None)
+
+    monkeypatch.setattr(PromptSpec, "prepare", prepare)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module's tests (training-like loops run slower with more on 2 cores)."""

@@ -22,6 +22,8 @@ at the last position the answer of each prompt, so the analyses can run on stand
 
 from __future__ import annotations
 
+from collections import Counter
+
 import contextlib
 import json
 import random
@@ -240,16 +242,28 @@ def snapshot_config(hub_cache: Path, key: str) -> dict:
 def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: bool | None = None):
     """TEST ONLY: ``n`` prompts of ``task`` in one layout whose "answers" are the model's own top-1
     tokens at the last position (``circuits.loading.self_answer_prompts``), so that a random model
-    answers every prompt. Prompts have single-token numbers and BOS per ``prepend_bos``."""
+    answers every prompt. Prompts have single-token numbers and BOS per ``prepend_bos``; ``fit`` holds the
+    other prompts of that layout (the means' fit set, disjoint from the scored ones, minimum count 1)."""
     from circuits import loading, tasks
+    from circuits.fitset import FitSet
 
     spec = tasks.get_task(task)
     lo, hi = tasks.single_token_ranges(model, 0, 99)[0]  # e.g. 0..9 for Qwen2's one-digit tokens
     ranges = [(max(a, lo), min(b, hi)) for a, b in spec.operand_ranges]
-    ds = tasks.build_task(task, n=20 * n, seed=seed, operand_ranges=ranges)
+    ds = tasks.build_task(task, n=max(20 * n, 2000), seed=seed, operand_ranges=ranges)
     ds, _ = tasks.filter_single_token(ds, model, verbose=False)
     layouts = tasks.to_layouts(model, ds, prepend_bos=prepend_bos)
     best = layouts[0]
-    p = loading.self_answer_prompts(model, best.tokens[:n], task=task)
-    p.prompts = list(best.prompts[:n])
+    # Scored: the first rows whose every (position, token) is still held by a row left for the fit set.
+    left = Counter((t, tok) for row in best.tokens.tolist() for t, tok in enumerate(row))
+    scored = []
+    for i, row in enumerate(best.tokens.tolist()):
+        entries = list(enumerate(row))
+        if len(scored) < n and all(left[e] >= 2 for e in entries):
+            scored.append(i)
+            left.subtract(entries)
+    rest = [i for i in range(len(best)) if i not in set(scored)]
+    p = loading.self_answer_prompts(model, best.tokens[scored], task=task)
+    p.prompts = [best.prompts[i] for i in scored]
+    p.fit = FitSet.given(best.tokens[rest], min_count=1)
     return p

@@ -75,8 +75,26 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
                              "64), halved and retried when the GPU runs out of memory")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     add_backend_argument(parser)
+    add_fit_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fit set of the means (``--fit-size``, ``--fit-min-count``, ``--fit-seed``, ``--fit-population``;
+    see :mod:`circuits.fitset`)."""
+    from circuits.vocab import FIT_MIN_COUNT as DEFAULT_MIN_COUNT, FIT_SIZE as DEFAULT_SIZE, POPULATIONS
+
+    parser.add_argument("--fit-size", type=int, default=DEFAULT_SIZE,
+                        help=f"prompts the means are fitted on, never the scored ones: the task's whole layout when "
+                             f"it has at most this many, else a sample topped up to --fit-min-count (default "
+                             f"{DEFAULT_SIZE})")
+    parser.add_argument("--fit-min-count", type=int, default=DEFAULT_MIN_COUNT,
+                        help=f"fit prompts each CAMA mean needs at the least (default {DEFAULT_MIN_COUNT})")
+    parser.add_argument("--fit-seed", type=int, default=0, help="order in which fit prompts are drawn (default 0)")
+    parser.add_argument("--fit-population", choices=POPULATIONS, default="all",
+                        help="average over all task prompts (default, the CAMA formula) or only those the "
+                             "model answers correctly")
 
 
 # --- checks before loading ---------------------------------------------------------------------------
@@ -199,6 +217,7 @@ def check_placement(args: argparse.Namespace) -> None:
 def check_common(args: argparse.Namespace) -> None:
     """The checks every search-like command makes before loading anything."""
     check_backend(args)
+    prompt_spec(args)  # validates the source and the fit set
     check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
     check_placement(args)
     if getattr(args, "max_checked", None) is not None:
@@ -208,17 +227,38 @@ def check_common(args: argparse.Namespace) -> None:
     check_out(args.out)
 
 
-# --- loading -----------------------------------------------------------------------------------------
-def load(args: argparse.Namespace):
-    """The model named by ``args`` (device, backend, dtype, device map, ``--remote``); for a pretrained model
-    that runs here, first prints the memory it will need (:func:`circuits.memory.estimate_pretrained`)."""
-    from circuits import loading, memory
+# --- specs ----------------------------------------------------------------------------------------
+def model_spec(args: argparse.Namespace):
+    """The :class:`~circuits.specs.ModelSpec` the flags name (``--model``, ``--backend``, ``--dtype``,
+    ``--device``, ``--device-map``, ``--max-memory``, ``--remote``)."""
+    from circuits.specs import ModelSpec
 
-    if getattr(args, "remote", False):  # a remote model needs no memory here
-        return loading.load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype, remote=True)
-    memory.print_estimate(args.model, args.dtype, args.task, args.n_prompts, first_batch_size(args))
-    spread = {k: getattr(args, k) for k in ("device_map", "max_memory") if getattr(args, k, None) is not None}
-    return loading.load_model(args.model, device=args.device, backend=args.backend, dtype=args.dtype, **spread)
+    return ModelSpec(name=args.model, backend=args.backend, dtype=args.dtype, device=args.device,
+                     device_map=getattr(args, "device_map", None), max_memory=getattr(args, "max_memory", None),
+                     remote=bool(getattr(args, "remote", False)))
+
+
+def prompt_spec(args: argparse.Namespace):
+    """The :class:`~circuits.specs.PromptSpec` the flags name (task, counts, seed, source, BOS, fit set)."""
+    from circuits.fitset import FitSpec
+    from circuits.specs import PromptSpec
+
+    defaults = FitSpec()  # commands without means (lens) have no --fit-* flags
+    fit = FitSpec(size=getattr(args, "fit_size", defaults.size), min_count=getattr(args, "fit_min_count", defaults.min_count),
+                  seed=getattr(args, "fit_seed", defaults.seed), population=getattr(args, "fit_population", defaults.population))
+    try:
+        return PromptSpec(task=args.task, n_prompts=args.n_prompts, seed=args.seed,
+                          source=getattr(args, "source", "build"), max_checked=getattr(args, "max_checked", None),
+                          prepend_bos=args.prepend_bos, fit=fit).validate()
+    except ArgumentError as err:
+        raise ArgumentError(str(err)) from None
+
+
+def load(args: argparse.Namespace):
+    """The model named by ``args``; for a pretrained model that runs here, first prints the memory it will
+    need and the cost of fitting its means (:meth:`circuits.specs.ModelSpec.load`)."""
+    spec = prompt_spec(args) if getattr(args, "fit_size", None) is not None else None
+    return model_spec(args).load(estimate=spec, batch_size=first_batch_size(args))
 
 
 def first_batch_size(args: argparse.Namespace) -> int:
@@ -246,21 +286,34 @@ def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate
     return memory.halve_on_oom(evaluate, batch)
 
 
-def prepare(args: argparse.Namespace):
-    """Load the model and the prompts named by ``args``; prints what it uses."""
-    from circuits.loading import prepare_prompts
-
+def prepare(args: argparse.Namespace, means: str | None = None):
+    """Load the model and the prompts named by ``args`` (with the fit set of ``means``: ``"cama"``,
+    ``"mean"``, ``"head"`` or ``None``, see :meth:`circuits.specs.PromptSpec.prepare`); prints what it uses."""
     model = load(args)
-    options = {"progress": not args.no_progress, "prepend_bos": args.prepend_bos}
-    if args.max_checked is not None:
-        options["max_checked"] = args.max_checked
-    prompts = prepare_prompts(model, args.task, args.n_prompts, args.seed, source=args.source, **options)
+    spec = prompt_spec(args)
+    prompts = spec.prepare(model, means=means, progress=not args.no_progress, batch_size=first_batch_size(args))
     print(
         f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
         f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
         f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))"
     )
+    if prompts.fit is not None:
+        fit = prompts.fit
+        how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
+        dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
+                   f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
+        print(f"means: fitted on {len(fit)} prompts of {args.task} ({how}, population {fit.spec.population}), "
+              f"none of them scored{dropped}")
     return model, prompts
+
+
+def means_of(ablation: str | None, head_method: str | None = None) -> str | None:
+    """What means a run needs: ``"cama"`` (conditional), ``"mean"``/``"head"`` (plain) or ``None``."""
+    if ablation == "cama":
+        return "cama"
+    if ablation == "mean":
+        return "mean"
+    return "head" if head_method == "mean" else None
 
 
 def meta_of(args: argparse.Namespace, prompts: Any) -> dict:

@@ -32,21 +32,27 @@ def _random_model_prompts(n_prompts: int):
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+    from dataclasses import replace
+
+    from circuits.fitset import FitSet
     from circuits.loading import self_answer_prompts
 
     cfg = HookedTransformerConfig(n_layers=6, d_model=64, d_head=16, n_heads=4, d_mlp=256, n_ctx=32, d_vocab=64,
                                   act_fn="gelu", normalization_type="LN", seed=0, initializer_range=0.2)
     model = HookedTransformer(cfg).eval()
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(1, 9, (n_prompts, 8), generator=g)
+    tokens = torch.randint(1, 9, (n_prompts + 1000, 8), generator=g)
     tokens[:, 0] = 0
-    return "random-gpt2-6", model, self_answer_prompts(model, tokens, task="random")
+    prompts = self_answer_prompts(model, tokens[:n_prompts], task="random")
+    # The means' fit set: other prompts of the same random distribution (about 125 per position and token).
+    return "random-gpt2-6", model, replace(prompts, fit=FitSet.given(tokens[n_prompts:]))
 
 
 def run(args: argparse.Namespace) -> int:
     from circuits.commands.search import command_line
-    from circuits.loading import load_model, prepare_prompts, zoo_names
+    from circuits.loading import load_model, zoo_names
     from circuits.search import search_af1
+    from circuits.specs import PromptSpec
 
     names = zoo_names()
     if names:
@@ -54,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         name = zoo.DEFAULT_MODEL
         model = load_model(name)
-        prompts = prepare_prompts(model, args.task, args.n_prompts, seed=0, min_prompts=min(20, args.n_prompts),
-                                  progress=not args.no_progress)
+        prompts = PromptSpec(args.task, args.n_prompts).prepare(model, means="cama", progress=not args.no_progress)
         task = args.task
     else:
         print("af1 demo: the model zoo (circuits.zoo) is not installed; running the search on a small "
@@ -65,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"model {name}, task {task}: base accuracy {prompts.base_accuracy:.1%}, {len(prompts)} prompts of "
           f"{prompts.tokens.shape[1]} tokens")
     result = search_af1(
-        model, prompts.tokens, prompts.answers, threshold=args.threshold, grid="full", out_dir=args.out,
-        progress=not args.no_progress, prompts=prompts.records(),
+        model, prompts.tokens, prompts.answers, fit=prompts.fit, threshold=args.threshold, grid="full",
+        out_dir=args.out, progress=not args.no_progress, prompts=prompts.records(),
         meta={"model": name, "task": task, "source": prompts.source, "base_accuracy": prompts.base_accuracy,
               "n_checked": prompts.n_checked, "command": command_line(args)},
     )
@@ -100,8 +105,9 @@ def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_pro
     (wait, transfer). ``name`` if it is installed, else the first planted model there is (a mask held by
     hooks says so); skipped with a note when there is none."""
     from circuits.groundtruth import model_folder, planted_models, planted_structure
-    from circuits.loading import load_model, prepare_prompts
+    from circuits.loading import load_model
     from circuits.search import search_af1
+    from circuits.specs import PromptSpec
     from circuits.zoo.hf import read_meta
 
     planted = planted_models()
@@ -114,9 +120,9 @@ def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_pro
            else "held by attention-mask hooks, so recovery is by construction")
     s = planted_structure(name)
     model = load_model(name)
-    prompts = prepare_prompts(model, args.task, n_prompts, seed=0, min_prompts=min(20, n_prompts), progress=False)
-    res = search_af1(model, prompts.tokens, prompts.answers, threshold=args.threshold, grid="auto", progress=False,
-                     n_boot=200)
+    prompts = PromptSpec(args.task, n_prompts).prepare(model, means="cama", progress=False)
+    res = search_af1(model, prompts.tokens, prompts.answers, fit=prompts.fit, threshold=args.threshold, grid="auto",
+                     progress=False, n_boot=200)
     got = res.selected.config if res.selected is not None else None
     print()
     print(f"planted check: {name} was trained with wait={s.wait}, transfer={s.transfer} (last position reads "

@@ -1,7 +1,7 @@
 """``af1 prune``: greedy head pruning of the transfer blocks inside one AF1 subgraph.
 
 Loads the model, builds the task's evaluation prompts (answered correctly by the model, one layout),
-fits the CAMA cache on them (``MeanCache.fit``, like the search; reused from ``--out`` when resuming),
+fits the means on a fit set of the task without them (like the search; reused from ``--out`` when resuming),
 and runs :func:`circuits.prune.prune_heads`. Re-running the same command continues an interrupted run.
 """
 
@@ -53,17 +53,17 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     from dataclasses import replace
 
-    from circuits.commands.common import evaluate_batched, first_batch_size, meta_of, prepare
+    from circuits.commands.common import evaluate_batched, first_batch_size, means_of, meta_of, prepare
     from circuits.prune import PRUNE, PruneConfig
     from circuits.runner import Run, execute
 
     config = PruneConfig(args.wait, args.transfer, args.ablation, args.method, float(args.target), args.rank,
                          args.confirm_top, first_batch_size(args), 1000, args.seed)
     with Run(args.out, "prune") as held:
-        model, data = prepare(args)
+        model, data = prepare(args, means=means_of(args.ablation, args.method))
         result = evaluate_batched(args, model, data.tokens, lambda batch_size: execute(
             PRUNE, model, data.tokens, data.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress))
+            held=held, fit=data.fit, meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress))
     n_all = len(result.transfer_heads)
     if result.smallest_head_set is None:
         found = f"no head set reaches faithfulness {args.target} (unpruned: {result.curve[0].faithfulness:.3f})"

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from circuits.commands.common import (  # noqa: F401 - re-exported: other commands and scripts import them here
     add_backend_argument, add_common_arguments, check_common, check_fraction, check_positive, command_line,
-    evaluate_batched, first_batch_size, meta_of, prepare,
+    evaluate_batched, first_batch_size, means_of, meta_of, prepare,
 )
 
 
@@ -48,17 +48,17 @@ def run(args: argparse.Namespace) -> int:
                           seed=args.seed, batch_size=first_batch_size(args),
                           configs_per_pass=args.configs_per_pass).validate()
     with Run(args.out, "search") as held:
-        model, prompts = prepare(args)
+        model, prompts = prepare(args, means=means_of(args.ablation))
         if args.remote:  # --batch-size is a number with --remote (check_backend)
             from circuits.search.cost import search_cost
 
             n_prompts, n_pos = (int(v) for v in prompts.tokens.shape)
             print("remote cost: " + search_cost(model.cfg.n_layers, n_prompts, n_pos, batch_size=args.batch_size,
                                                 configs_per_pass=args.configs_per_pass,
-                                                needs_means=config.needs_means).line())
+                                                n_fit=len(prompts.fit) if prompts.fit is not None else 0).line())
         result = evaluate_batched(args, model, prompts.tokens, lambda batch_size: execute(
             SEARCH, model, prompts.tokens, prompts.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress))
+            held=held, fit=prompts.fit, meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress))
     print(result.table())
     print(result.summary_line())
     if result.n_resumed:

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits import files
 from circuits.attribution import head_attribution
+from circuits.fitset import FitSet, fit_set_of
 from circuits.faithfulness import FaithfulnessResult, last_logits, last_token_metrics, summarize
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
@@ -37,6 +38,9 @@ def prune_heads(
     wait: int,
     transfer: int,
     cache: iv.MeanCache | None = None,
+    fit_tokens: Tokens | None = None,
+    min_count: int | None = None,
+    fit: FitSet | None = None,
     ablation: Literal["cama", "mean", "zero"] = "cama",
     method: Literal["zero", "mean"] = "zero",
     target: float = 0.9,
@@ -54,17 +58,17 @@ def prune_heads(
     docstring for the criterion, the cost and the files written to ``out_dir``.
 
     ``tokens``: ``[batch, pos]`` prompts of one layout (BOS at 0); ``answers``: answer token ids.
-    Prompts the unmodified model gets wrong are dropped first (``n_dropped``). ``cache``: the MeanCache
-    for ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``).
+    Prompts the unmodified model gets wrong are dropped first (``n_dropped``). The means for
+    ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``) come from ``cache``,
+    ``fit_tokens`` or ``fit``, never from the scored prompts (as in :func:`circuits.search.search_af1`).
     ``meta`` (e.g. ``model``, ``task``, ``source``) is part of the run's identity (except the keys
     ``command``, ``base_accuracy`` and ``n_checked``, which describe it) and is copied into
     ``summary.json``. ``prompts``: records aligned with ``tokens`` (e.g. ``{"prompt", "answer"}``)
     extended with the token ids and written to ``prompts.jsonl`` for the base-correct prompts.
     """
     cfg = PruneConfig(wait, transfer, ablation, method, float(target), rank, confirm_top, batch_size, n_boot, seed)
-    if method == "mean" and cache is None:
-        raise ValueError("method='mean' needs cache=MeanCache.fit(model, tokens) (per-position head means)")
-    return execute(PRUNE, model, tokens, answers, cfg, out_dir=out_dir, cache=cache, meta=meta, prompts=prompts,
+    return execute(PRUNE, model, tokens, answers, cfg, out_dir=out_dir, cache=cache,
+                   fit=fit_set_of(fit, fit_tokens, min_count), min_count=min_count, meta=meta, prompts=prompts,
                    progress=progress)
 
 
@@ -162,7 +166,8 @@ def prune_identity(cfg: PruneConfig, ctx: RunContext, model: Any) -> dict[str, A
         "seed": cfg.seed,
         "prompts_sha256": tokens_sha256(ctx.given_tokens, ctx.given_answers),
         "model": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
-        "cache_sha256": ctx.cache.sha256 if ctx.cache is not None else None,
+        "cache_sha256": (ctx.means_identity or {}).get("cache_sha256"),
+        "means": ctx.means_identity,
         "meta": {k: v for k, v in ctx.meta.items() if k not in NOT_IDENTITY},
     }
 
@@ -194,8 +199,8 @@ def write_prune_outputs(result: PruneResult, run_dir: RunDir, ctx: RunContext) -
     """``summary.json`` and ``report.html`` of a finished pruning run."""
     from circuits.prune.report import write_prune_report
 
-    run_dir.write_json(files.SUMMARY, summary_dict(result, ctx.meta))
-    write_prune_report(run_dir.path / files.REPORT, result, ctx.meta)
+    run_dir.write_json(files.SUMMARY, {**summary_dict(result, ctx.meta), "fit": ctx.means_summary()})
+    write_prune_report(run_dir.path / files.REPORT, result, ctx.meta, notes=[n for n in [ctx.means_note()] if n])
 
 
 def check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoint:

@@ -8,7 +8,7 @@ at which every other head was removed), and what the surviving heads attend to f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.prune.result import PruneResult
@@ -104,7 +104,8 @@ def attention_figure(result: "PruneResult") -> Any:
     return fig
 
 
-def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any]) -> Path:
+def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
+                       notes: Sequence[str] = ()) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
     from circuits.report import page, write_text
 
@@ -125,6 +126,7 @@ def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[st
         f"rank={cfg.rank}, confirm_top={cfg.confirm_top}; {result.n_prompts} prompts ({result.n_dropped} "
         f"dropped: the unmodified model got them wrong).",
         f"Smallest head set with faithfulness >= {cfg.target:g}: {smallest}.",
+        *notes,
     ]
     title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
     return write_text(path, page(title, figs, notes))

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits import files
 from circuits.faithfulness import summarize
+from circuits.fitset import FitSet, fit_set_of
 from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import Analysis, RunContext, execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
@@ -34,6 +35,9 @@ def search_af1(
     answers: Int[torch.Tensor, "batch"],
     *,
     cache: iv.MeanCache | None = None,
+    fit_tokens: Tokens | None = None,
+    min_count: int | None = None,
+    fit: FitSet | None = None,
     threshold: float = 0.9,
     grid: Literal["auto", "full"] = "auto",
     ablation: Literal["cama", "mean", "zero"] = "cama",
@@ -54,8 +58,14 @@ def search_af1(
         tokens: ``[batch, pos]`` token ids of one layout, BOS at position 0. Prompts the unmodified
             model gets wrong are dropped first (``base_accuracy`` in the result says how many were kept).
         answers: ``[batch]`` answer token ids.
-        cache: the :class:`interventions.MeanCache` for CAMA / mean ablation; fitted on ``tokens``
-            (the kept prompts) when ``None`` (and loaded from ``out_dir/means.safetensors`` on resume).
+        cache: a :class:`interventions.MeanCache` for CAMA / mean ablation fitted on prompts other than
+            ``tokens`` (a scored prompt inside its fit set is refused).
+        fit_tokens: ``[n_fit, pos]`` prompts of the same layout to fit the means on instead (the scored
+            prompts are removed from them; e.g. ``circuits.fitset.draw_fit_set(model, task, tokens).tokens``);
+            the cache is reloaded from ``out_dir/means.safetensors`` on resume. ``fit``: a
+            :class:`~circuits.fitset.FitSet` (records how it was drawn) instead of ``fit_tokens``.
+        min_count: fit prompts each mean the scored prompts read needs (default
+            :data:`circuits.fitset.DEFAULT_MIN_COUNT`); fewer raise :class:`~circuits.errors.FitSetError`.
         threshold: faithfulness (fraction in [0, 1]) a configuration needs to be sufficient.
         grid: ``"full"`` evaluates every configuration; ``"auto"`` only what the selection needs.
         ablation: ``"cama"`` (default), ``"mean"`` or ``"zero"`` at ``blocks.{wait}.hook_resid_post``.
@@ -78,8 +88,9 @@ def search_af1(
     """
     config = SearchConfig(threshold=threshold, grid=grid, ablation=ablation, method=method, seed=seed,
                           batch_size=batch_size, n_boot=n_boot, configs_per_pass=configs_per_pass)
-    result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache, meta=meta,
-                     prompts=prompts, progress=progress)
+    result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache,
+                     fit=fit_set_of(fit, fit_tokens, min_count), min_count=min_count, meta=meta, prompts=prompts,
+                     progress=progress)
     result.out_dir = Path(out_dir) if out_dir is not None else None
     return result
 
@@ -153,8 +164,8 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
         "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
         "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
         **config.identity(),
-        # A cache fitted by the run is a function of the model and prompts above; a given one is named by hash.
-        "means": None if not config.needs_means else (ctx.cache.sha256 if ctx.cache_given else "fitted on the prompts"),
+        # The fit set (how it was drawn, its hash) or a given cache's hash, and the minimum count.
+        "means": ctx.means_identity if config.needs_means else None,
     }
 
 
@@ -187,7 +198,8 @@ def write_search_outputs(result: SearchResult, run_dir: RunDir, ctx: RunContext)
     """``summary.json`` and ``report.html`` of a finished search (the runner's ``write`` step)."""
     meta = {k: v for k, v in ctx.meta.items() if k not in ("base_accuracy", "n_checked")}
     write_outputs(result, run_dir.path, meta=meta, seed=int(run_dir.identity.get("seed", 0)),
-                  n_checked=int(ctx.meta.get("n_checked", ctx.n_given)), identity=run_dir.identity)
+                  n_checked=int(ctx.meta.get("n_checked", ctx.n_given)), identity=run_dir.identity,
+                  means=ctx.means_summary(), notes=[n for n in [ctx.means_note()] if n])
 
 
 SEARCH = Analysis(
@@ -210,8 +222,11 @@ def write_outputs(
     seed: int,
     n_checked: int,
     identity: Mapping[str, Any],
+    means: Mapping[str, Any] | None = None,
+    notes: Sequence[str] = (),
 ) -> None:
-    """``summary.json`` and ``report.html`` of a finished search in ``out_dir``."""
+    """``summary.json`` and ``report.html`` of a finished search in ``out_dir``; ``means``: the fit set and
+    its counts (:meth:`~circuits.runner.RunContext.means_summary`), ``notes``: extra report lines."""
     import transformer_lens
 
     import circuits
@@ -252,10 +267,11 @@ def write_outputs(
         "identity": dict(identity),
         "source": meta.get("source"),
         "means": "means.safetensors" if (out_dir / "means.safetensors").exists() else None,
+        "fit": means,
     }
     write_json(out_dir / "summary.json", summary)
     title = f"AF1 search: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'} ({result.ablation})"
-    report.search_report(result, out_dir / "report.html", title=title)
+    report.search_report(result, out_dir / "report.html", title=title, notes=notes)
 
 
 def load_summary(out_dir: str | Path) -> dict[str, Any]:

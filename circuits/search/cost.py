@@ -47,18 +47,18 @@ class SearchCost:
 
 
 def search_cost(n_layers: int, n_prompts: int, n_pos: int, *, batch_size: int, configs_per_pass: int,
-                needs_means: bool = True) -> SearchCost:
+                n_fit: int = 0) -> SearchCost:
     """:class:`SearchCost` of a full-grid search of a model with ``n_layers`` blocks on ``n_prompts`` prompts
     of ``n_pos`` tokens (BOS included), ``batch_size`` prompts per pass and ``configs_per_pass``
-    configurations of one wait per pass. ``needs_means``: CAMA or mean ablation (one fit pass per batch)."""
+    configurations of one wait per pass. ``n_fit``: prompts the means are fitted on (CAMA or mean
+    ablation; 0 without means), one pass per batch of them."""
     batches = math.ceil(n_prompts / batch_size)
     configs = configurations(n_layers)
     groups = sum(math.ceil((n_layers - w) / configs_per_pass) for w in range(-1, n_layers))
-    setup = batches * (2 if needs_means else 1)
     return SearchCost(
         configs=len(configs),
         search_requests=groups * batches,
         search_tokens=len(configs) * n_prompts * n_pos,
-        setup_requests=setup,
-        setup_tokens=(2 if needs_means else 1) * n_prompts * n_pos,
+        setup_requests=batches + math.ceil(n_fit / batch_size),
+        setup_tokens=(n_prompts + n_fit) * n_pos,
     )

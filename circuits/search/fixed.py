@@ -71,6 +71,7 @@ def write_fixed(result: ConfigResult, run_dir: RunDir, ctx: RunContext) -> None:
         **{k: ctx.meta.get(k) for k in ("model", "task", "source", "base_accuracy", "n_checked", "command")},
         "n_prompts": int(ctx.tokens.shape[0]),
         "result": result.to_dict(),
+        "fit": ctx.means_summary(),
         "identity": run_dir.identity,
     })
 

@@ -18,7 +18,9 @@ Optional keys: ``threshold`` (0.9), ``grid`` (``"full"``), ``source`` (``"build"
 (128), ``device`` (``"cpu"``), ``backend``, ``dtype``, ``device_map`` (``"auto"``, ``"balanced"``,
 ``"sequential"``: a large model over several GPUs) and ``max_memory`` (``"0=70GiB,1=70GiB"`` or a table
 ``{0 = "70GiB", 1 = "70GiB"}``; needs ``device_map``), see :mod:`circuits.placement`; ``remote``
-(``false``; ``true`` with ``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``).
+(``false``; ``true`` with ``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``); the fit set of the
+means: ``fit_size`` (10000), ``fit_min_count`` (5), ``fit_seed`` (0), ``fit_population`` (``"all"``), see
+:mod:`circuits.fitset`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, Iterator, Mapping
 
 from circuits import placement
 from circuits.errors import ArgumentError
+from circuits.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding")
@@ -82,6 +85,10 @@ class SweepConfig:
     device_map: str | None = None
     max_memory: Any = None
     remote: bool = False
+    fit_size: int = DEFAULT_SIZE
+    fit_min_count: int = DEFAULT_MIN_COUNT
+    fit_seed: int = 0
+    fit_population: str = "all"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -157,6 +164,10 @@ class SweepConfig:
             raise ArgumentError(f"sweep key {str(err).lstrip('-').replace('-', '_', 1)}") from None
         if self.max_memory is not None and self.device_map is None:
             raise ArgumentError("sweep key max_memory needs device_map (auto, balanced or sequential)")
+        try:
+            FitSpec(self.fit_size, self.fit_min_count, self.fit_seed, self.fit_population).validate()
+        except ArgumentError as err:
+            raise ArgumentError(f"sweep key {err}".replace("fit ", "fit_", 1)) from None
         return self
 
     def cells(self) -> Iterator[Cell]:

@@ -1,5 +1,5 @@
-"""Running a sweep: every cell an ordinary run directory, each model loaded once, prompts and means
-fitted once per (model, task, seed), a failing cell recorded and the others run on."""
+"""Running a sweep: every cell an ordinary run directory, each model loaded once, prompts, fit set and means
+once per (model, task, seed), a failing cell recorded and the others run on."""
 
 from __future__ import annotations
 
@@ -92,35 +92,39 @@ class _State:
         self.progress = True
 
     def load(self, cell: Cell) -> None:
-        from circuits.loading import load_model, prepare_prompts
-        from circuits.memory import print_estimate
+        from circuits.fitset import FitSpec
+        from circuits.specs import ModelSpec, PromptSpec
 
         cfg = self.config
+        prompt_spec = PromptSpec(task=cell.task, n_prompts=cfg.n_prompts, seed=cell.seed, source=cfg.source,
+                                 fit=FitSpec(size=cfg.fit_size, min_count=cfg.fit_min_count, seed=cfg.fit_seed,
+                                             population=cfg.fit_population))
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
+            spec = ModelSpec(cell.model, backend=cfg.backend, dtype=cfg.dtype, device=cfg.device,
+                             device_map=cfg.device_map, max_memory=cfg.max_memory, remote=cfg.remote)
             try:
-                if not cfg.remote:  # a remote model needs no memory here
-                    print_estimate(cell.model, cfg.dtype, cell.task, cfg.n_prompts, cfg.batch_size)
-                self.model = load_model(cell.model, device=cfg.device, backend=cfg.backend, dtype=cfg.dtype,
-                                        device_map=cfg.device_map, max_memory=cfg.max_memory,
-                                        **({"remote": True} if cfg.remote else {}))
+                self.model = spec.load(estimate=prompt_spec, batch_size=cfg.batch_size)
             except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
                 self.model_error = message(err)
         key = (cell.model, cell.task, cell.seed)
         if self.model is not None and key != self.key:
             self.key, self.prompts, self.means, self.prompt_error = key, None, None, None
+            # One prompt set per (model, task, seed) for every ablation: drawn as CAMA needs it when any cell
+            # needs means, so the cells of one row score the same prompts.
+            means = "cama" if any(a in ("cama", "mean") for a in cfg.ablations) else None
             try:
-                self.prompts = prepare_prompts(self.model, cell.task, cfg.n_prompts, cell.seed, source=cfg.source,
-                                               progress=self.progress)
+                self.prompts = prompt_spec.prepare(self.model, means=means, progress=self.progress,
+                                                   batch_size=cfg.batch_size)
             except Exception as err:  # noqa: BLE001
                 self.prompt_error = message(err)
 
     def cache(self) -> Any:
-        """``MeanCache.fit`` on the current prompts (once per (model, task, seed))."""
+        """``MeanCache.fit`` on the current fit set (once per (model, task, seed))."""
         import interventions as iv
 
         if self.means is None:
-            self.means = iv.MeanCache.fit(self.model, self.prompts.tokens, batch_size=self.config.batch_size,
+            self.means = iv.MeanCache.fit(self.model, self.prompts.fit.tokens, batch_size=self.config.batch_size,
                                           progress=self.progress)
         return self.means
 
@@ -158,19 +162,18 @@ class _State:
             result, _ = execute(LENS, self.model, p.tokens, p.answers, LensConfig(seed=cell.seed), out_dir=folder,
                                 meta=meta, prompts=records, progress=False)
             return result
-        cache = self.cache() if cell.ablation in ("cama", "mean") else None
+        needs = cell.ablation in ("cama", "mean")
+        means = dict(cache=self.cache(), fit=p.fit) if needs else {}
         if cfg.mode == "fixed":
             from circuits.search.fixed import FIXED, FixedConfig
 
             config = FixedConfig(cfg.wait, cfg.transfer, cell.ablation, cell.seed, cfg.batch_size)
-            return execute(FIXED, self.model, p.tokens, p.answers, config, cache=cache, cache_is_fit=True,
-                           prompts=p.records(), **common)
+            return execute(FIXED, self.model, p.tokens, p.answers, config, prompts=p.records(), **means, **common)
         from circuits.search import SEARCH, SearchConfig
 
         config = SearchConfig(threshold=cfg.threshold, grid=cfg.grid, ablation=cell.ablation, seed=cell.seed,
                               batch_size=cfg.batch_size)
-        return execute(SEARCH, self.model, p.tokens, p.answers, config, cache=cache, cache_is_fit=True,
-                       prompts=p.records(), **common)
+        return execute(SEARCH, self.model, p.tokens, p.answers, config, prompts=p.records(), **means, **common)
 
 
 def fill(row: CellResult, result: Any, prompts: Any) -> None:

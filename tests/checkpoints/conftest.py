@@ -54,11 +54,21 @@ def self_answered_prompts(model, task, n_prompts, seed=0, *, prepend_bos=None, *
     return standins.self_answered(model, task, n_prompts, seed, prepend_bos=prepend_bos)
 
 
+def standin_fit_set(model, task, scored, spec, *, prepend_bos=None, **_options):
+    """TEST ONLY: stands in for ``circuits.fitset.draw_fit_set``: the fit set ``standins.self_answered`` gives
+    with the scored prompts (the other prompts of their layout, minimum count 1), so that a command's means
+    equal those of the Python API on the same prompts."""
+    return standins.self_answered(model, task, int(scored.shape[0]), prepend_bos=prepend_bos).fit
+
+
 @pytest.fixture
 def self_answering(monkeypatch, standin_hub):
     """For one test, commands load stand-ins from the offline cache and use self-answered prompts
     (``circuits.loading.prepare_prompts`` replaced by :func:`self_answered_prompts`)."""
     from circuits import loading
 
+    from circuits import fitset
+
     monkeypatch.setattr(loading, "prepare_prompts", self_answered_prompts)
+    monkeypatch.setattr(fitset, "draw_fit_set", standin_fit_set)
     return standin_hub

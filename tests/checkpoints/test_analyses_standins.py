@@ -41,8 +41,8 @@ def test_search_fast_equals_naive(key, backend, load_standin):
         pytest.skip("combination not supported (tested below)")
     model = load_standin(key, backend)
     p = _prompts(model)
-    fast = search_af1(model, p.tokens, p.answers, grid="full", method="fast", progress=False, n_boot=10)
-    naive = search_af1(model, p.tokens, p.answers, grid="full", method="naive", progress=False, n_boot=10)
+    fast = search_af1(model, p.tokens, p.answers, fit=p.fit, grid="full", method="fast", progress=False, n_boot=10)
+    naive = search_af1(model, p.tokens, p.answers, fit=p.fit, grid="full", method="naive", progress=False, n_boot=10)
     assert fast.n_prompts == naive.n_prompts == N and fast.base_accuracy == 1.0
     assert _counts(fast) == _counts(naive)
     assert sorted(_counts(fast)) == sorted(configurations(model.cfg.n_layers))
@@ -78,7 +78,7 @@ def test_gptj_bridge_refuses_attention_edits(key, backend, load_standin):
     p = _prompts(model)
     with pytest.raises(InterventionError, match=r"^this TransformerBridge wrapping GPTJForCausalLM ignores edits "
                                                 r"returned at blocks\.\{l\}\.attn\.hook_pattern"):
-        search_af1(model, p.tokens, p.answers, grid="full", method="naive", progress=False, n_boot=10)
+        search_af1(model, p.tokens, p.answers, fit=p.fit, grid="full", method="naive", progress=False, n_boot=10)
 
 
 @pytest.mark.parametrize("key,backend", combos(["gpt2", "pythia", "qwen2", "yi", "llama3", "gemma"]))
@@ -95,7 +95,7 @@ def test_search_in_bfloat16(key, backend, load_standin):
     correct, prob, diff = last_token_metrics(logits, p.answers)
     assert prob.dtype == diff.dtype == torch.float32 and bool(correct.all())
     assert torch.equal(prob, logits.float().softmax(-1).gather(-1, p.answers[:, None]).squeeze(-1))
-    fast = _counts(search_af1(model, p.tokens, p.answers, grid="full", method="fast", progress=False, n_boot=10))
-    naive = _counts(search_af1(model, p.tokens, p.answers, grid="full", method="naive", progress=False, n_boot=10))
+    fast = _counts(search_af1(model, p.tokens, p.answers, fit=p.fit, grid="full", method="fast", progress=False, n_boot=10))
+    naive = _counts(search_af1(model, p.tokens, p.answers, fit=p.fit, grid="full", method="naive", progress=False, n_boot=10))
     assert fast.keys() == naive.keys()
     assert max(abs(fast[c] - naive[c]) for c in fast) <= 1

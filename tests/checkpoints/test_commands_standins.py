@@ -73,7 +73,7 @@ def test_commands_on_standins(key, backend, dtype, self_answering, load_standin,
     assert run("search") == 0
     rows = read_jsonl(tmp_path / "search" / "results.jsonl")
     naive = {tuple(c.config): c.n_faithful
-             for c in search_af1(model, p.tokens, p.answers, grid="full", method="naive", progress=False,
+             for c in search_af1(model, p.tokens, p.answers, fit=p.fit, grid="full", method="naive", progress=False,
                                  n_boot=10, batch_size=4).results}
     assert rows and all(r["n"] == N for r in rows)
     assert max(abs(r["n_faithful"] - naive[r["wait"], r["transfer"]]) for r in rows) <= tol
@@ -88,7 +88,7 @@ def test_commands_on_standins(key, backend, dtype, self_answering, load_standin,
 
     assert run("prune", "--wait", "0", "--transfer", "1", "--confirm-top", "2") == 0
     summary = json.loads((tmp_path / "prune" / "summary.json").read_text())
-    means = iv.MeanCache.fit(model, p.tokens, batch_size=4, progress=False)
+    means = iv.MeanCache.fit(model, p.fit.tokens, batch_size=4, progress=False)
     unpruned = faithfulness(model, p.tokens, p.answers, iv.af1_subgraph(model.cfg.n_layers, 0, 1, means),
                             batch_size=4, n_boot=10)
     assert summary["n_prompts"] == N and summary["n_transfer_heads"] == model.cfg.n_heads

@@ -72,11 +72,12 @@ def test_remote_needs_the_key_in_the_environment(standin_hub, monkeypatch):
 
 
 def test_cost_of_a_70b_search():
-    """The numbers docs/remote.md quotes: Llama-3.1-70B (80 blocks), 200 prompts of 7 tokens, 128 per pass."""
-    cost = search_cost(80, 200, 7, batch_size=128, configs_per_pass=8)
+    """The numbers docs/remote.md quotes: Llama-3.1-70B (80 blocks), 200 prompts of 7 tokens, 128 per pass,
+    means fitted on the default 10000 fit prompts."""
+    cost = search_cost(80, 200, 7, batch_size=128, configs_per_pass=8, n_fit=10_000)
     assert cost.configs == 81 * 82 // 2 == 3321
     assert cost.search_requests == 2 * sum(-(-(80 - w) // 8) for w in range(-1, 80)) == 902
-    assert cost.setup_requests == 4 and cost.tokens == (3321 + 2) * 200 * 7
+    assert cost.setup_requests == 2 + 79 and cost.tokens == (3321 * 200 + 200 + 10_000) * 7
     assert search_cost(80, 200, 7, batch_size=128, configs_per_pass=81).search_requests == 162
 
 
@@ -103,11 +104,12 @@ def test_remote_search_served_by_a_stand_in_server(standin_hub, load_standin, mo
     monkeypatch.setattr(RemoteBackend, "__call__", serve)
     client = loading.load_model(repo, backend="nnsight", remote=True)
     p = standins.self_answered(server, "add", 24, prepend_bos=True)
-    local = search_af1(server, p.tokens, p.answers, grid="full", progress=False, n_boot=10, configs_per_pass=3)
-    remote = search_af1(client, p.tokens, p.answers, grid="full", progress=False, n_boot=10, configs_per_pass=3)
+    local = search_af1(server, p.tokens, p.answers, fit=p.fit, grid="full", progress=False, n_boot=10, configs_per_pass=3)
+    remote = search_af1(client, p.tokens, p.answers, fit=p.fit, grid="full", progress=False, n_boot=10, configs_per_pass=3)
     rows = lambda r: {c.config: (c.n_faithful, round(c.mean_answer_prob, 5)) for c in r.results}  # noqa: E731
     assert rows(remote) == rows(local) and remote.base_accuracy == 1.0
-    cost = search_cost(client.cfg.n_layers, 24, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=3)
+    cost = search_cost(client.cfg.n_layers, 24, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=3,
+                       n_fit=len(p.fit))
     assert (client.usage.requests, client.usage.tokens) == (cost.requests, cost.tokens) == (len(keys), cost.tokens)
     assert set(keys) == {FAKE_KEY}
     from circuits import tasks  # prompt checks put their inputs on the CPU, not on the skeleton's meta device

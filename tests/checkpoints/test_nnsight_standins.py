@@ -97,9 +97,9 @@ def test_search_equals_the_bridge_and_costs_what_was_estimated(pair):
     bridge, nn, p = pair
     L = nn.cfg.n_layers
     before = nn.usage.requests, nn.usage.tokens
-    a = search_af1(nn, p.tokens, p.answers, grid="full", progress=False, n_boot=20, configs_per_pass=2)
+    a = search_af1(nn, p.tokens, p.answers, fit=p.fit, grid="full", progress=False, n_boot=20, configs_per_pass=2)
     used = nn.usage.requests - before[0], nn.usage.tokens - before[1]
-    b = search_af1(bridge, p.tokens, p.answers, grid="full", progress=False, n_boot=20)
+    b = search_af1(bridge, p.tokens, p.answers, fit=p.fit, grid="full", progress=False, n_boot=20)
     rows = lambda r: {c.config: (c.n_faithful, c.ci_low, c.ci_high) for c in r.results}  # noqa: E731
     assert rows(a) == rows(b) and sorted(rows(a)) == sorted(configurations(L))
     for x, y in zip(a.results, b.results):
@@ -107,10 +107,10 @@ def test_search_equals_the_bridge_and_costs_what_was_estimated(pair):
     assert (a.selected is None) == (b.selected is None)
     if a.selected is not None:
         assert a.selected.config == b.selected.config
-    cost = search_cost(L, N, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=2)
+    cost = search_cost(L, N, int(p.tokens.shape[1]), batch_size=128, configs_per_pass=2, n_fit=len(p.fit))
     assert a.passes == cost.search_requests
     assert used == (cost.requests, cost.tokens)
-    auto = search_af1(nn, p.tokens, p.answers, grid="auto", progress=False, n_boot=20)
+    auto = search_af1(nn, p.tokens, p.answers, fit=p.fit, grid="auto", progress=False, n_boot=20)
     assert (auto.selected and auto.selected.config) == (a.selected and a.selected.config)
 
 

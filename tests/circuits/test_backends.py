@@ -14,7 +14,7 @@ from circuits import loading
 from circuits.lens import decode_states, lens_states
 from circuits.necessity import necessity_sweep
 from circuits.prune import prune_heads
-from tests.conftest import build_bridge, build_hooked, needs_hooked, random_tokens
+from tests.conftest import build_bridge, build_hooked, disjoint_fit_tokens, needs_hooked, random_tokens
 
 pytestmark = needs_hooked
 
@@ -55,8 +55,9 @@ def test_head_pruning_agrees(twins):
     hooked, bridge = twins
     tokens = random_tokens(32, 6, seed=13, values=5)
     answers = own_answers(hooked, tokens)
-    cache_h = iv.MeanCache.fit(hooked, tokens, progress=False)
-    cache_b = iv.MeanCache.fit(bridge, tokens, progress=False)
+    fit = disjoint_fit_tokens(tokens)
+    cache_h = iv.MeanCache.fit(hooked, fit, progress=False)
+    cache_b = iv.MeanCache.fit(bridge, fit, progress=False)
     kw = dict(wait=0, transfer=2, progress=False, target=0.5)
     a = prune_heads(hooked, tokens, answers, cache=cache_h, **kw)
     b = prune_heads(bridge, tokens, answers, cache=cache_b, **kw)

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from circuits import cli, loading
+from circuits import cli, fitset, loading
 from circuits.commands import common
-from tests.conftest import build_default, random_tokens
+from circuits.fitset import FitSet
+from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 
 @pytest.fixture
@@ -29,6 +30,8 @@ def tiny_loading(monkeypatch):
 
     monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(loading, "prepare_prompts", prepare_prompts)
+    fit = disjoint_fit_tokens(tokens)
+    monkeypatch.setattr(fitset, "draw_fit_set", lambda model_, task, scored, spec, **kw: FitSet.given(fit, spec.min_count))
     monkeypatch.setattr(common, "check_task", lambda *args, **kwargs: None)  # task "t" is not in the catalogue
     return model
 

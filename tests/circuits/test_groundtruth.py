@@ -236,10 +236,10 @@ def test_search_and_pruning_recover_the_planted_structure(planted):
     greedy pruning at 0.9 keeps exactly the planted heads. (With disjoint windows every designated head is
     the only reader of its keys, so necessary by construction; with full windows, as in w2t2, the model
     could have used fewer heads than it may use, and this checks that it uses them all.)"""
-    from circuits.loading import prepare_prompts
+    from circuits.specs import PromptSpec
 
     name, model, structure = planted
-    prompts = prepare_prompts(model, "add_sub", 200, seed=0, progress=False)
+    prompts = PromptSpec("add_sub", 200, seed=0).prepare(model, means="cama", progress=False)
     row = gt.recover(model, name, structure, prompts, "cama", task="add_sub")
     assert row.n_prompts == 200
     assert row.selected == (structure.wait, structure.transfer), row

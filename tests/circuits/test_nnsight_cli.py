@@ -7,6 +7,7 @@ for NDIF, which cannot be reached from the tests."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -17,7 +18,7 @@ pytest.importorskip("nnsight", reason="nnsight is not installed: pip install 'af
 zoo = pytest.importorskip("circuits.zoo")
 
 SEARCH = ["search", "--model", "arith-gpt2", "--task", "add_sub", "--n-prompts", "24", "--grid", "full",
-          "--no-progress", "--batch-size", "16"]
+          "--no-progress", "--batch-size", "16", "--fit-size", "64"]
 
 
 def results(out) -> dict:
@@ -86,7 +87,8 @@ def test_remote_search_prints_its_cost_and_resumes_after_a_failed_request(dry_ru
     # for each of 2 batches of 16 prompts; 28 * 24 prompts * 7 tokens
     assert "28 configurations in 20 requests (4,704 prompt tokens)" in cost_line
     assert "remote usage of this run" in printed
-    fail_after[0] = 2 + 5  # base check (2) and means (2) pass, then 3 search requests, then a failure
+    setup = int(re.search(r"plus (\d+) requests", cost_line).group(1))  # base check and the means' fit set
+    fail_after[0] = setup + 3  # the setup passes, then 3 search requests, then a failure
     assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 2
     assert "the remote (NDIF) request failed: job failed on the server; finished results are saved" in \
            capsys.readouterr().err

@@ -11,17 +11,17 @@ import interventions as iv
 from circuits.attribution import head_attribution, head_attribution_per_prompt
 from circuits.faithfulness import last_token_metrics
 from circuits.prune import area_under_curve, head_attention, prune_heads, transfer_heads
-from tests.conftest import arch_config, build_default, needs_hooked, random_tokens
+from tests.conftest import arch_config, build_default, disjoint_fit_tokens, needs_hooked, random_tokens, use_prompts
 
 N_LAYERS = 4
 
 
 def setup(model, n=48, seed=11, wait=0, transfer=2, agree=True):
-    """Prompts, a CAMA cache fitted on them and answers = the model's own argmax under the full AF1
-    subgraph, keeping the prompts where the plain model agrees (all base-correct, unpruned
+    """Prompts, a CAMA cache fitted on a disjoint fit set and answers = the model's own argmax under the full
+    AF1 subgraph, keeping the prompts where the plain model agrees (all base-correct, unpruned
     faithfulness 1)."""
     tokens = random_tokens(8 * n, 6, seed=seed, values=6)
-    cache = iv.MeanCache.fit(model, tokens, progress=False)
+    cache = iv.MeanCache.fit(model, disjoint_fit_tokens(tokens, n=800), progress=False)
     with torch.inference_mode():
         plain = model(tokens)[:, -1].argmax(-1)
         sub = iv.run(model, tokens, iv.af1_subgraph(N_LAYERS, wait, transfer, cache))[:, -1].argmax(-1)
@@ -136,7 +136,7 @@ def _linear_model():
 def test_attribution_is_exact_when_logits_are_linear_in_z(method):
     model = _linear_model()
     tokens = random_tokens(40, 6, seed=5, values=6)
-    cache = iv.MeanCache.fit(model, tokens, progress=False)
+    cache = iv.MeanCache.fit(model, disjoint_fit_tokens(tokens), progress=False)
     ivs = iv.af1_subgraph(2, 0, 1, cache)
     with torch.inference_mode():
         base = iv.run(model, tokens, ivs)[:, -1]
@@ -315,7 +315,7 @@ def test_errors_name_the_bad_value():
         prune_heads(model, tokens, answers, wait=-2, transfer=1, cache=cache)
     with pytest.raises(ValueError, match=r"transfer=3 is out of range for wait=1: valid 1\.\.2"):
         prune_heads(model, tokens, answers, wait=1, transfer=3, cache=cache)
-    with pytest.raises(ValueError, match="method='mean' needs cache"):
+    with pytest.raises(ValueError, match="needs means .* fitted on prompts other than the ones it scores"):
         prune_heads(model, tokens, answers, wait=-1, transfer=1, method="mean")
     with pytest.raises(ValueError, match="confirm_top=0 must be an integer >= 1"):
         prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, confirm_top=0)
@@ -341,8 +341,7 @@ def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys
         return real_fit(*a, **k)
 
     monkeypatch.setattr(loading, "load_model", lambda name, device="cpu", backend=None, dtype=None: model)
-    monkeypatch.setattr(loading, "prepare_prompts",
-                        lambda m, task, n, seed=0, **kw: loading.self_answer_prompts(m, tokens[:n], task=task))
+    use_prompts(monkeypatch, tokens, disjoint_fit_tokens(tokens))
     monkeypatch.setattr(iv.MeanCache, "fit", counting_fit)
     out = tmp_path / "prune"
     argv = ["prune", "--model", "tiny", "--task", "add", "--wait", "0", "--transfer", "1", "--n-prompts", "24",

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import torch
 
 import interventions as iv
 from circuits import cli, files
+from circuits.fitset import FitSet
 from circuits.errors import CorruptRunError, RunLockedError, RunMismatchError
 from circuits.lock import DirLock
 from circuits.loading import self_answer_prompts
@@ -27,7 +29,7 @@ from circuits.necessity import necessity_sweep
 from circuits.faithfulness import faithfulness
 from circuits.prune import prune_heads
 from circuits.search import SearchConfig, search_af1
-from tests.conftest import build_default, random_tokens
+from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = ["--model", "arith-gpt2", "--task", "add_sub", "--no-progress"]
@@ -195,8 +197,9 @@ def test_unexpected_errors_are_one_line_with_exit_1(tmp_path, capsys, monkeypatc
 @pytest.fixture(scope="module")
 def tiny():
     model = build_default("gpt2")
-    prompts = self_answer_prompts(model, random_tokens(40, 6, seed=4, values=5), task="random")
-    return model, prompts
+    tokens = random_tokens(40, 6, seed=4, values=5)
+    prompts = self_answer_prompts(model, tokens, task="random")
+    return model, replace(prompts, fit=FitSet.given(disjoint_fit_tokens(tokens)))
 
 
 API_CASES = [
@@ -258,7 +261,7 @@ def test_padded_batches_are_refused(zoo_model):
 def finished_search(tiny, tmp_path):
     model, p = tiny
     out = tmp_path / "run"
-    search_af1(model, p.tokens, p.answers, out_dir=out, grid="full", progress=False, n_boot=50)
+    search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=out, grid="full", progress=False, n_boot=50)
     return out
 
 
@@ -284,7 +287,7 @@ def test_bad_resumed_records_are_refused(finished_search, tiny, change, expected
     model, p = tiny
     rewrite_record(finished_search, 2, **change)
     with pytest.raises(CorruptRunError, match=expected):
-        search_af1(model, p.tokens, p.answers, out_dir=finished_search, grid="full", progress=False, n_boot=50)
+        search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=finished_search, grid="full", progress=False, n_boot=50)
 
 
 def test_a_non_object_record_is_refused(finished_search, tiny):
@@ -293,36 +296,62 @@ def test_a_non_object_record_is_refused(finished_search, tiny):
     with open(finished_search / files.SEARCH_RESULTS, "a") as f:
         f.write("[]\n")
     with pytest.raises(CorruptRunError, match=rf"line {n_lines + 1}: expected a JSON object"):
-        search_af1(model, p.tokens, p.answers, out_dir=finished_search, grid="full", progress=False, n_boot=50)
+        search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=finished_search, grid="full", progress=False, n_boot=50)
 
 
 def test_swapped_means_cache_is_refused(tiny, tmp_path):
     """Issue case: a cache fitted on other prompts copied into an interrupted run."""
     model, p = tiny
     small, big = tmp_path / "small", tmp_path / "big"
-    search_af1(model, p.tokens[:20], p.answers[:20], out_dir=small, grid="full", progress=False, n_boot=50)
-    search_af1(model, p.tokens, p.answers, out_dir=big, grid="full", progress=False, n_boot=50)
+    search_af1(model, p.tokens[:20], p.answers[:20], fit=p.fit, out_dir=small, grid="full", progress=False, n_boot=50)
+    search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=big, grid="full", progress=False, n_boot=50)
     lines = (small / files.SEARCH_RESULTS).read_text().splitlines(keepends=True)
     (small / files.SEARCH_RESULTS).write_text("".join(lines[:10]))  # interrupted after 10 configurations
     shutil.copy(big / files.MEANS, small / files.MEANS)
     before = snapshot(small)
     with pytest.raises(CorruptRunError, match="changed since this run wrote it"):
-        search_af1(model, p.tokens[:20], p.answers[:20], out_dir=small, grid="full", progress=False, n_boot=50)
+        search_af1(model, p.tokens[:20], p.answers[:20], fit=p.fit, out_dir=small, grid="full", progress=False, n_boot=50)
     assert snapshot(small) == before
 
 
-def test_means_written_before_hashes_were_recorded_must_equal_a_fresh_fit(tiny, tmp_path):
+def test_a_means_file_without_a_recorded_hash_is_refused(tiny, tmp_path):
     model, p = tiny
-    out, other = tmp_path / "old", tmp_path / "other"
-    search_af1(model, p.tokens[:20], p.answers[:20], out_dir=out, grid="full", progress=False, n_boot=50)
-    (out / files.ARTIFACTS).unlink()  # a directory of the first release: no recorded hashes
-    again = search_af1(model, p.tokens[:20], p.answers[:20], out_dir=out, grid="full", progress=False, n_boot=50)
-    assert again.n_evaluated == 0 and json.loads((out / files.ARTIFACTS).read_text())[files.MEANS]
-    search_af1(model, p.tokens, p.answers, out_dir=other, grid="full", progress=False, n_boot=50)
-    (out / files.ARTIFACTS).unlink()
-    shutil.copy(other / files.MEANS, out / files.MEANS)
-    with pytest.raises(CorruptRunError, match="not the cache fitted on this run's prompts"):
-        search_af1(model, p.tokens[:20], p.answers[:20], out_dir=out, grid="full", progress=False, n_boot=50)
+    out = tmp_path / "old"
+    search_af1(model, p.tokens[:20], p.answers[:20], fit=p.fit, out_dir=out, grid="full", progress=False, n_boot=50)
+    (out / files.ARTIFACTS).unlink()  # which cache this is can no longer be told
+    before = snapshot(out)
+    with pytest.raises(CorruptRunError, match="was not written by this run"):
+        search_af1(model, p.tokens[:20], p.answers[:20], fit=p.fit, out_dir=out, grid="full", progress=False, n_boot=50)
+    assert snapshot(out) == before
+
+
+def test_foreign_means_with_their_own_artifacts_are_refused(tiny, tmp_path):
+    """Another run's means copied in together with that run's artifacts.json (hashes that match): the cache
+    was fitted on another fit set (the other run removed other scored prompts from it), so it is refused."""
+    model, p = tiny
+    small, big = tmp_path / "small", tmp_path / "big"
+    search_af1(model, p.tokens[:20], p.answers[:20], fit=p.fit, out_dir=small, grid="full", progress=False, n_boot=50)
+    other = FitSet.given(disjoint_fit_tokens(p.tokens, seed=7))
+    search_af1(model, p.tokens[:20], p.answers[:20], fit=other, out_dir=big, grid="full", progress=False, n_boot=50)
+    lines = (small / files.SEARCH_RESULTS).read_text().splitlines(keepends=True)
+    (small / files.SEARCH_RESULTS).write_text("".join(lines[:10]))
+    for name in (files.MEANS, files.ARTIFACTS):
+        shutil.copy(big / name, small / name)
+    with pytest.raises(CorruptRunError, match="was not fitted on this run's fit set"):
+        search_af1(model, p.tokens[:20], p.answers[:20], fit=p.fit, out_dir=small, grid="full", progress=False, n_boot=50)
+
+
+def test_a_directory_of_means_fitted_on_the_scored_prompts_is_refused(tiny, tmp_path):
+    """Run directories of earlier versions (means fitted on the prompts they scored) are never resumed."""
+    model, p = tiny
+    out = tmp_path / "old"
+    search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=out, grid="full", progress=False, n_boot=50)
+    ident = json.loads((out / files.IDENTITY).read_text())
+    (out / files.IDENTITY).write_text(json.dumps({**ident, "means": "fitted on the prompts"}))
+    before = snapshot(out)
+    with pytest.raises(RunMismatchError, match="fitted the means on the scored prompts themselves.*new --out"):
+        search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=out, grid="full", progress=False, n_boot=50)
+    assert snapshot(out) == before
 
 
 def test_truncated_means_cache_is_refused(finished_search, tiny):
@@ -330,7 +359,7 @@ def test_truncated_means_cache_is_refused(finished_search, tiny):
     data = (finished_search / files.MEANS).read_bytes()
     (finished_search / files.MEANS).write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptRunError, match="changed since this run wrote it"):
-        search_af1(model, p.tokens, p.answers, out_dir=finished_search, grid="full", progress=False, n_boot=50)
+        search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=finished_search, grid="full", progress=False, n_boot=50)
 
 
 # --- the lock -------------------------------------------------------------------------------------------
@@ -341,17 +370,17 @@ def test_a_locked_directory_is_refused_at_once_naming_the_holder(tiny, tmp_path)
     with DirLock(out):
         t0 = time.perf_counter()
         with pytest.raises(RunLockedError, match=rf"in use by another af1 command \(process {os.getpid()}\)"):
-            search_af1(model, p.tokens, p.answers, out_dir=out, progress=False)
+            search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=out, progress=False)
         assert time.perf_counter() - t0 < 5
     assert not (out / files.LOCK).exists()
-    search_af1(model, p.tokens, p.answers, out_dir=out, progress=False, n_boot=50)  # released: runs
+    search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=out, progress=False, n_boot=50)  # released: runs
 
 
 def test_a_stale_lock_file_of_a_dead_process_is_ignored(tiny, tmp_path):
     model, p = tiny
     out = tmp_path / "run"
     write(out / files.LOCK, "999999\n")  # left by a process killed with -9: the kernel released its flock
-    assert search_af1(model, p.tokens, p.answers, out_dir=out, progress=False, n_boot=50).n_evaluated > 0
+    assert search_af1(model, p.tokens, p.answers, fit=p.fit, out_dir=out, progress=False, n_boot=50).n_evaluated > 0
 
 
 def test_two_commands_on_one_directory(tmp_path):

@@ -15,7 +15,7 @@ import interventions as iv
 from circuits import search as S
 from circuits.faithfulness import faithfulness
 from circuits.runs import RunMismatchError
-from tests.conftest import BACKENDS, build_hooked, build_model, needs_hooked, random_tokens
+from tests.conftest import BACKENDS, build_hooked, build_model, disjoint_fit_tokens, needs_hooked, random_tokens
 
 N_LAYERS = 4
 
@@ -41,7 +41,7 @@ def own_answers(model, tokens):
 def data(model):
     tokens = random_tokens(32, 6, seed=3, values=5)
     answers = own_answers(model, tokens)
-    cache = iv.MeanCache.fit(model, tokens, progress=False)
+    cache = iv.MeanCache.fit(model, disjoint_fit_tokens(tokens), progress=False)  # means never from the scored prompts
     return tokens, answers, cache
 
 
@@ -203,13 +203,13 @@ def test_search_selection_equals_brute_force_on_model(model):
     """answers = the model's own prediction under one AF1 configuration (base-correct prompts only):
     the faithfulness grid is then non-trivial; the search agrees with brute force and auto == full."""
     tokens = random_tokens(64, 6, seed=5, values=4)
-    cache = iv.MeanCache.fit(model, tokens, progress=False)
+    cache = iv.MeanCache.fit(model, disjoint_fit_tokens(tokens), progress=False)
     base = own_answers(model, tokens)
     with torch.inference_mode():
         under = iv.run(model, tokens, iv.af1_subgraph(N_LAYERS, 1, 1, cache))[:, -1].argmax(-1)
     keep = under == base
     assert int(keep.sum()) >= 8
-    tokens, answers = tokens[keep], base[keep]  # the cache fitted on all prompts stays in use
+    tokens, answers = tokens[keep], base[keep]
     faith = {}
     for w, t in S.configurations(N_LAYERS):
         faith[(w, t)] = faithfulness(model, tokens, answers, iv.af1_subgraph(N_LAYERS, w, t, cache),
@@ -269,17 +269,29 @@ def test_bad_inputs_raise(data, model):
         S.check_config(N_LAYERS, 1, 3)
 
 
+def summary_fit_is_recorded(out, fit) -> bool:
+    """``summary.json`` and ``run.json`` name the fit set by its size and content hash."""
+    from circuits.fitset import FitSet
+
+    summary = json.loads((out / "summary.json").read_text())
+    ident = json.loads((out / "run.json").read_text())
+    sha = FitSet.given(fit).sha256
+    return (summary["fit"]["fit"]["sha256"] == ident["means"]["fit"]["sha256"] == sha
+            and summary["fit"]["coverage"]["n_under"] == 0 and summary["fit"]["fit"]["n_fit"] == len(fit))
+
+
 # --- output directory -----------------------------------------------------------------------------
 def small_case():
+    """A tiny model, 32 prompts with its own answers, and a disjoint fit set for the means."""
     model = build_model("gpt2", BACKENDS[0])
     tokens = random_tokens(32, 6, seed=7, values=5)
-    return model, tokens, own_answers(model, tokens)
+    return model, tokens, own_answers(model, tokens), disjoint_fit_tokens(tokens)
 
 
 def test_outputs_written(tmp_path):
-    model, tokens, answers = small_case()
+    model, tokens, answers, fit = small_case()
     out = tmp_path / "run"
-    r = S.search_af1(model, tokens, answers, grid="full", threshold=0.5, out_dir=out, progress=False,
+    r = S.search_af1(model, tokens, answers, fit_tokens=fit, grid="full", threshold=0.5, out_dir=out, progress=False,
                      n_boot=10, meta={"model": "tiny", "task": "random", "command": ["af1", "search"]})
     lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(lines) == 15
@@ -290,7 +302,8 @@ def test_outputs_written(tmp_path):
     prompts = [json.loads(x) for x in (out / "prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == 32 and {"prompt", "answer"} <= set(prompts[0])
     cache = iv.MeanCache.load(out / "means.safetensors")
-    assert cache.n_prompts == 32
+    assert cache.n_prompts == len(fit) and not bool(cache.contains(tokens).any())
+    assert summary_fit_is_recorded(out, fit)
     summary = json.loads((out / "summary.json").read_text())
     for key in ("model", "task", "seed", "threshold", "base_accuracy", "n_prompts", "selected", "interventions",
                 "seconds", "circuits_version", "transformer_lens_version", "smallest_transfer_per_wait", "grid",
@@ -310,15 +323,15 @@ def test_outputs_written(tmp_path):
 
 
 def test_resume_after_interruption(tmp_path):
-    model, tokens, answers = small_case()
+    model, tokens, answers, fit = small_case()
     out = tmp_path / "run"
     kwargs = dict(grid="full", threshold=0.5, out_dir=out, progress=False, n_boot=10)
-    first = S.search_af1(model, tokens, answers, **kwargs)
+    first = S.search_af1(model, tokens, answers, fit_tokens=fit, **kwargs)
     path = out / "results.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     k = 6
     path.write_text("".join(lines[:k]) + lines[k][: len(lines[k]) // 2])  # a torn write
-    again = S.search_af1(model, tokens, answers, **kwargs)
+    again = S.search_af1(model, tokens, answers, fit_tokens=fit, **kwargs)
     assert again.n_resumed == k
     assert again.n_evaluated == 15 - k
     assert [r.to_dict() for r in again.results] == [r.to_dict() for r in first.results]
@@ -326,15 +339,15 @@ def test_resume_after_interruption(tmp_path):
     assert len(records) == 15
     assert len({(r["wait"], r["transfer"]) for r in records}) == 15
     # a third run recomputes nothing
-    third = S.search_af1(model, tokens, answers, **kwargs)
+    third = S.search_af1(model, tokens, answers, fit_tokens=fit, **kwargs)
     assert third.n_evaluated == 0 and third.n_resumed == 15
 
 
 def test_auto_then_full_reuses_results(tmp_path):
-    model, tokens, answers = small_case()
+    model, tokens, answers, fit = small_case()
     out = tmp_path / "run"
-    auto = S.search_af1(model, tokens, answers, grid="auto", threshold=0.3, out_dir=out, progress=False, n_boot=10)
-    full = S.search_af1(model, tokens, answers, grid="full", threshold=0.3, out_dir=out, progress=False, n_boot=10)
+    auto = S.search_af1(model, tokens, answers, fit_tokens=fit, grid="auto", threshold=0.3, out_dir=out, progress=False, n_boot=10)
+    full = S.search_af1(model, tokens, answers, fit_tokens=fit, grid="full", threshold=0.3, out_dir=out, progress=False, n_boot=10)
     assert full.n_resumed == len(auto.results)
     assert full.n_evaluated == 15 - len(auto.results)
     assert (full.selected is None) == (auto.selected is None)
@@ -343,23 +356,23 @@ def test_auto_then_full_reuses_results(tmp_path):
 
 
 def test_different_command_in_same_dir_raises(tmp_path):
-    model, tokens, answers = small_case()
+    model, tokens, answers, fit = small_case()
     out = tmp_path / "run"
-    S.search_af1(model, tokens, answers, grid="auto", threshold=0.5, out_dir=out, progress=False, n_boot=10)
+    S.search_af1(model, tokens, answers, fit_tokens=fit, grid="auto", threshold=0.5, out_dir=out, progress=False, n_boot=10)
     with pytest.raises(RunMismatchError, match=r"threshold: 0\.5 -> 0\.8.*new --out"):
-        S.search_af1(model, tokens, answers, grid="auto", threshold=0.8, out_dir=out, progress=False, n_boot=10)
+        S.search_af1(model, tokens, answers, fit_tokens=fit, grid="auto", threshold=0.8, out_dir=out, progress=False, n_boot=10)
     with pytest.raises(RunMismatchError, match="ablation: 'cama' -> 'zero'"):
-        S.search_af1(model, tokens, answers, ablation="zero", threshold=0.5, out_dir=out, progress=False, n_boot=10)
+        S.search_af1(model, tokens, answers, fit_tokens=fit, ablation="zero", threshold=0.5, out_dir=out, progress=False, n_boot=10)
     with pytest.raises(RunMismatchError, match="n_prompts: 32 -> 31"):
-        S.search_af1(model, tokens[:31], answers[:31], threshold=0.5, out_dir=out, progress=False, n_boot=10)
+        S.search_af1(model, tokens[:31], answers[:31], fit_tokens=fit, threshold=0.5, out_dir=out, progress=False, n_boot=10)
 
 
 def test_given_cache_is_part_of_the_identity(tmp_path):
-    model, tokens, answers = small_case()
+    model, tokens, answers, fit = small_case()
     out = tmp_path / "run"
-    S.search_af1(model, tokens, answers, threshold=0.5, out_dir=out, progress=False, n_boot=10)
-    other = iv.MeanCache.fit(model, tokens[:16], progress=False)
-    with pytest.raises(RunMismatchError, match=r"differing parameters: means: 'fitted on the prompts' -> '[0-9a-f]{64}'\)"):
+    S.search_af1(model, tokens, answers, fit_tokens=fit, threshold=0.5, out_dir=out, progress=False, n_boot=10)
+    other = iv.MeanCache.fit(model, fit[:200], progress=False)
+    with pytest.raises(RunMismatchError, match=r"differing parameters: means.cache_sha256: '<missing>' -> '[0-9a-f]{12}\.\.\.'"):
         S.search_af1(model, tokens, answers, cache=other, threshold=0.5, out_dir=out, progress=False, n_boot=10)
 
 
@@ -393,8 +406,9 @@ def test_bridge_search_equals_hooked_search(arch):
     hooked, bridge = build_hooked(arch), build_bridge(arch)
     tokens = random_tokens(24, 6, seed=5, values=5)
     answers = own_answers(hooked, tokens)
-    ref = S.search_af1(hooked, tokens, answers, grid="full", progress=False, n_boot=50)
-    got = S.search_af1(bridge, tokens, answers, grid="full", progress=False, n_boot=50)
+    fit = disjoint_fit_tokens(tokens)
+    ref = S.search_af1(hooked, tokens, answers, fit_tokens=fit, grid="full", progress=False, n_boot=50)
+    got = S.search_af1(bridge, tokens, answers, fit_tokens=fit, grid="full", progress=False, n_boot=50)
     assert got.method == ref.method == "fast"
     assert {(r.wait, r.transfer): r.n_faithful for r in got.results} == {
         (r.wait, r.transfer): r.n_faithful for r in ref.results

@@ -1,0 +1,128 @@
+"""What a run is made of, as values: the model (:class:`ModelSpec`) and the prompts with their fit set
+(:class:`PromptSpec`).
+
+The command line, the sweep config and the Python API all build these; nothing below them reads an
+argparse ``Namespace``. ``ModelSpec.load()`` prints the memory estimate and loads the model;
+``PromptSpec.prepare(model)`` returns the evaluation prompts and, when the analysis needs means, the fit
+set they are fitted on (:mod:`circuits.fitset`)::
+
+    model = ModelSpec("arith-gpt2").load()
+    prompts = PromptSpec("add_sub", n_prompts=200).prepare(model, means="cama")
+    search_af1(model, prompts.tokens, prompts.answers, fit=prompts.fit)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from circuits.errors import ArgumentError, PromptError
+from circuits.fitset import FitSet, FitSpec
+from circuits.vocab import SOURCES
+
+__all__ = ["MAX_REDRAWS", "ModelSpec", "PromptSpec", "fit_covered"]
+
+MAX_REDRAWS = 3
+"""Times :meth:`PromptSpec.prepare` draws more prompts to replace those set aside for thin means."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to load: a zoo name, a pretrained name or a local folder (``name``), the backend
+    (``"hooked"``, ``"bridge"``, ``"nnsight"``; ``None``: the default of the installed TransformerLens), the
+    weight ``dtype`` (``None``: float32), the ``device`` or a ``device_map`` (with ``max_memory``), and
+    ``remote`` (nnsight on NDIF)."""
+
+    name: str
+    backend: str | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+    device_map: str | None = None
+    max_memory: Any = None
+    remote: bool = False
+
+    def load(self, *, estimate: "PromptSpec | None" = None, batch_size: int = 128) -> Any:
+        """The model, in eval mode. A pretrained model that runs here first prints the memory it will need
+        (and the cost of fitting its means) for the prompts of ``estimate`` in batches of ``batch_size``."""
+        from circuits import loading, memory
+
+        if self.remote:  # a remote model needs no memory here
+            return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype,
+                                      remote=True)
+        if estimate is not None:
+            memory.print_estimate(self.name, self.dtype, estimate.task, estimate.n_prompts, batch_size,
+                                  fit=estimate.fit)
+        spread = {k: v for k, v in (("device_map", self.device_map), ("max_memory", self.max_memory)) if v is not None}
+        return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype, **spread)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """The evaluation prompts of a run: ``n_prompts`` prompts of ``task`` the model answers correctly, drawn
+    with ``seed`` (``source="build"``) or from the task's frozen set, checking at most ``max_checked``
+    (``None``: :data:`circuits.prompts.MAX_CHECKED`), BOS per ``prepend_bos`` (``None``: the model's default),
+    and the fit set of their means (``fit``)."""
+
+    task: str
+    n_prompts: int = 200
+    seed: int = 0
+    source: str = "build"
+    max_checked: int | None = None
+    prepend_bos: bool | None = None
+    fit: FitSpec = field(default_factory=FitSpec)
+
+    def validate(self) -> "PromptSpec":
+        """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
+        if self.source not in SOURCES:
+            raise ArgumentError(f"source={self.source!r} is not valid: choose one of {', '.join(SOURCES)}")
+        self.fit.validate()
+        return self
+
+    def prepare(self, model: Any, *, means: str | None = None, progress: bool = True,
+                batch_size: int = 128) -> Any:
+        """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional means, ``"mean"`` or
+        ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA, prompts reading an
+        entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
+        ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set."""
+        from circuits import loading  # loading.prepare_prompts: the one place prompts are drawn
+        from circuits.fitset import draw_fit_set
+
+        options: dict[str, Any] = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source}
+        if self.max_checked is not None:
+            options["max_checked"] = self.max_checked
+        want = self.n_prompts
+        for _ in range(MAX_REDRAWS + 1):
+            drawn = loading.prepare_prompts(model, self.task, want, self.seed, min_prompts=self.n_prompts, **options)
+            if means is None:
+                return drawn.subset(None, self.n_prompts)
+            fit = draw_fit_set(model, self.task, drawn.tokens, self.fit, prepend_bos=self.prepend_bos,
+                               batch_size=batch_size)
+            keep = fit_covered(fit, drawn.tokens) if means == "cama" else torch.ones(len(drawn), dtype=torch.bool)
+            n_kept = int(keep.sum())
+            if n_kept >= self.n_prompts or len(drawn) < want:
+                break
+            want += self.n_prompts - n_kept + max(5, self.n_prompts // 20)  # replace the prompts set aside
+        if n_kept < self.n_prompts:
+            raise PromptError(
+                f"task {self.task!r}: only {n_kept} of the {len(drawn)} correct prompts read means that the fit "
+                f"set ({len(fit)} prompts) backs with >= {self.fit.min_count} fit prompts each, "
+                f"{self.n_prompts} needed: lower --n-prompts, raise --fit-size or lower --fit-min-count"
+            )
+        # The fit set excludes every drawn prompt, so it stays disjoint from the kept ones; dropped: the
+        # prompts set aside before the last one kept.
+        last = int(keep.nonzero().flatten()[self.n_prompts - 1]) + 1
+        return replace(drawn.subset(keep, self.n_prompts), fit=fit, n_dropped_fit=int((~keep[:last]).sum()))
+
+    def meta(self) -> dict[str, Any]:
+        """The prompts' part of a run's description (``run.json`` / ``summary.json``)."""
+        return {"task": self.task, "source": self.source}
+
+
+def fit_covered(fit: FitSet, tokens: Any) -> Any:
+    """``[batch]`` bool: which prompts read only ``(position, token)`` entries (positions ``>= 1``) that at
+    least ``fit.spec.min_count`` fit prompts hold."""
+    from interventions.coverage import entry_counts
+
+    return (entry_counts(fit.tokens, tokens)[:, 1:] >= fit.spec.min_count).all(dim=1)
