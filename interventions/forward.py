@@ -113,9 +113,11 @@ def run(
     interventions: Intervention | Sequence[Intervention],
     **forward_kwargs: Any,
 ) -> Logits:
-    """Logits ``[batch, pos, d_vocab]`` of ``model(tokens)`` under ``interventions``."""
+    """Logits ``[batch, pos, d_vocab]`` of ``model(tokens)`` under ``interventions``. The token ids are put
+    on the model's device first (``adapt(model).device()``): a ``TransformerBridge``, unlike
+    ``HookedTransformer``, does not move them itself."""
     ad = adapt(model)
-    tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
+    tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab).to(ad.device())
     with apply(model, interventions):
         return model(tokens, **forward_kwargs)
 
@@ -144,7 +146,10 @@ def run_many(
         outs = []
         for i, (tokens, interventions) in enumerate(runs):
             items = checked(ad, interventions)
-            out = run(model, tokens, items) if items else model(check_tokens(tokens, d_vocab=ad.info.d_vocab))
+            if items:
+                out = run(model, tokens, items)
+            else:  # on the model's device, as in run()
+                out = model(check_tokens(tokens, d_vocab=ad.info.d_vocab).to(ad.device()))
             outs.append(answer_readout(out[:, -1], answers[i]) if logits == "answer" else
                         out[:, -1:] if logits == "last" else out)
         return outs

@@ -9,6 +9,7 @@ is built from them with :func:`interventions.bridge_from_hooked_state`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -212,3 +213,31 @@ def zoo_float64_atol(card: dict) -> float:
     1e-5..8e-5 in exact arithmetic too, so 1e-4 there. (In float32 the ground truths, whose forbidden
     attention scores sit far below the allowed ones, differ by up to 3.4e-4 from kernel rounding alone.)"""
     return 1e-4 if card["arch"] == "llama" else 1e-9
+
+
+class ForwardStopped(Exception):
+    """Raised by :func:`token_devices` to end a forward pass before it runs."""
+
+
+@contextlib.contextmanager
+def token_devices(model, device: str = "meta"):
+    """Inside the block ``adapt(model).device()`` answers ``device`` and every forward pass of ``model`` stops at
+    its start with :class:`ForwardStopped`; yields the list that collects the device of the token ids each
+    pass was given. (A ``TransformerBridge`` does not move token ids to its weights' device itself, so its
+    callers must; on a CPU-only machine the meta device stands in for a GPU.)"""
+    from unittest import mock
+
+    import interventions as iv
+
+    seen: list = []
+
+    def stop(module, args, kwargs):
+        seen.append((args[0] if args else kwargs["input"]).device)
+        raise ForwardStopped
+
+    handle = model.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        with mock.patch.object(type(iv.adapt(model)), "device", lambda self: torch.device(device)):
+            yield seen
+    finally:
+        handle.remove()

@@ -61,9 +61,10 @@ class NaiveEvaluator(Evaluator):
     @torch.inference_mode()
     def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
         ivs = iv.af1_subgraph(self.n_layers, wait, transfer, self.cache, self.ablation)
+        device = iv.adapt(self.model).device()  # iv.run moves token ids there too: a bridge does not
         logits = []
         for sl in self.batches():
-            out = iv.run(self.model, self.tokens[sl], ivs) if ivs else self.model(self.tokens[sl])
+            out = iv.run(self.model, self.tokens[sl], ivs) if ivs else self.model(self.tokens[sl].to(device))
             self.passes += 1
             logits.append(out[:, -1].float())
         return torch.cat(logits)

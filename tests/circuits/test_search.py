@@ -15,7 +15,8 @@ import interventions as iv
 from circuits import search as S
 from circuits.faithfulness import faithfulness
 from circuits.runs import RunMismatchError
-from tests.conftest import BACKENDS, build_hooked, build_model, disjoint_fit_tokens, needs_hooked, random_tokens
+from tests.conftest import (BACKENDS, ForwardStopped, build_hooked, build_model, disjoint_fit_tokens, needs_hooked,
+                            random_tokens, token_devices)
 
 N_LAYERS = 4
 
@@ -80,6 +81,16 @@ def test_naive_evaluator_matches_faithfulness_module(model, data):
         correct, _, _ = naive.evaluate(w, t)
         ref = faithfulness(model, tokens, answers, iv.af1_subgraph(N_LAYERS, w, t, cache), assume_correct=True)
         assert int(correct.sum()) == ref.n_faithful
+
+
+def test_naive_evaluator_puts_token_ids_on_the_model_device(model, data):
+    tokens, answers, cache = data
+    naive = S.NaiveEvaluator(model, tokens, answers, cache, "cama", 64)
+    with token_devices(model) as seen:
+        for w, t in [(-1, 0), (1, 1)]:  # a plain forward pass and an intervened one
+            with pytest.raises(ForwardStopped):
+                naive.last_logits(w, t)
+    assert seen == [torch.device("meta")] * 2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,7 +9,7 @@ import torch
 
 import interventions as iv
 from interventions.bridge import transformer_lens_major
-from tests.conftest import N_LAYERS, random_tokens
+from tests.conftest import N_LAYERS, ForwardStopped, random_tokens, token_devices
 from tests.interventions.reference import cama_hook, conditional_means, peek_allowed, score_mask_hook
 
 VALUES = 6
@@ -155,6 +155,20 @@ def test_results_do_not_depend_on_the_batch(model, cache):
 def test_run_rejects_bad_tokens(model, tokens, match):
     with pytest.raises(ValueError, match=match):
         iv.run(model, tokens, [iv.Peek([0])])
+
+
+def test_run_and_run_many_put_token_ids_on_the_model_device(model, cache):
+    """Token ids built on the CPU reach the model on its device, with and without interventions (a bridge on
+    a GPU would otherwise fail in its embedding)."""
+    tokens = random_tokens(2, 6, values=VALUES)
+    calls = [lambda: iv.run(model, tokens, [iv.CAMA(cache, layer=1)]),
+             lambda: iv.run_many(model, [(tokens, [])]),
+             lambda: iv.run_many(model, [(tokens, [iv.Peek([0])])])]
+    with token_devices(model) as seen:
+        for call in calls:
+            with pytest.raises(ForwardStopped):
+                call()
+    assert seen == [torch.device("meta")] * len(calls)
 
 
 def test_bad_layer_and_intervention_objects(model, cache):
