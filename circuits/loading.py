@@ -4,7 +4,8 @@
   TransformerLens model name through ``HookedTransformer.from_pretrained`` (3.x) or
   ``TransformerBridge.boot_transformers`` + ``enable_compatibility_mode()`` (``backend="bridge"``, the
   default on 4.x); needs the weights locally or network access, fails with a clear message otherwise.
-  A local Hugging Face folder (:mod:`circuits.local_models`) loads the same way, offline.
+  A GGUF name or file (:mod:`circuits.gguf`) and a local Hugging Face folder
+  (:mod:`circuits.local_models`) load the same way, offline.
 * :func:`prepare_prompts` (from :mod:`circuits.prompts`): prompts of a task that the model answers
   correctly, sampled in rounds, in one layout (token length; CAMA needs aligned positions).
 
@@ -60,8 +61,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     or network access, and raises :class:`~circuits.errors.ModelLoadError` (a ``ValueError``) with the
     reason otherwise.
 
-    A local Hugging Face model folder given as ``name`` loads on every backend: the bridge and nnsight
-    read it as they read a hub name, ``"hooked"`` builds the model from the folder's config and weights
+    A GGUF name (``"smollm2-135m-instruct"``, :data:`circuits.gguf.REGISTERED`) or a path ending in
+    ``.gguf`` is first converted, once, into a Hugging Face folder of the conversion cache
+    (:func:`circuits.gguf.resolve`); that folder, or any local Hugging Face model folder given as
+    ``name``, loads on every backend: the bridge and nnsight read it as they read a hub name,
+    ``"hooked"`` builds the model from the folder's config and weights
     (:func:`circuits.local_models.load_hooked`: GPT-2 and Llama; another architecture is refused naming
     the bridge). Its ``cfg.model_name`` is ``name``.
 
@@ -76,7 +80,7 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     import torch
 
     import interventions as iv
-    from circuits import local_models
+    from circuits import gguf, local_models
     from circuits.errors import AF1Error, ModelLoadError
 
     backend = iv.resolve_backend(backend)
@@ -107,9 +111,9 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         if device_map is not None:
             raise ValueError(f"zoo model {name!r} is small: device_map applies to pretrained models; use device")
         return zoo.load(name, device=device, backend=backend).eval()
-    if remote and local_models.is_model_folder(name):
+    if remote and (gguf.is_gguf(name) or local_models.is_model_folder(name)):
         raise ModelLoadError(f"{name!r} is a local checkpoint, which NDIF does not host: load it without remote")
-    source = name
+    source = gguf.resolve(name)  # a GGUF name or file: its converted folder (once); else name itself
     local = local_models.is_model_folder(source)
     kwargs: dict[str, Any] = {"device": device}
     if device_map is not None and backend in ("bridge", "nnsight"):
