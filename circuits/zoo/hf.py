@@ -24,6 +24,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from circuits.errors import ModelLoadError
+
 __all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
            "hooked_state", "load_hf", "read_meta", "save_hf"]
 
@@ -40,12 +42,13 @@ def is_hf(model: Any) -> bool:
 
 
 def _arch(hf_config) -> str:
-    """``"gpt2"`` or ``"llama"`` for a Hugging Face config; ``ValueError`` for anything else."""
-    kinds = {"gpt2": "gpt2", "llama": "llama"}
-    if hf_config.model_type not in kinds:
-        raise ValueError(f"model_type {hf_config.model_type!r} is not a zoo architecture; zoo models are "
-                         f"{' or '.join(ARCHITECTURES.values())}")
-    return kinds[hf_config.model_type]
+    """``"gpt2"`` or ``"llama"`` for a Hugging Face config; :class:`~circuits.errors.ModelLoadError` naming
+    the bridge for anything else."""
+    if hf_config.model_type not in ARCHITECTURES:
+        raise ModelLoadError(f"model_type {hf_config.model_type!r}: a HookedTransformer is built here from "
+                             f"{' and '.join(ARCHITECTURES.values())} checkpoints only; load it with "
+                             f"backend='bridge' (--backend bridge)")
+    return hf_config.model_type
 
 
 def hf_config(cfg, tokenizer) -> Any:
@@ -106,7 +109,11 @@ def hf_state_from_hooked(cfg_dict: dict, state: dict) -> dict:
 
 
 def hooked_config(hf_config) -> dict:
-    """Keyword arguments of ``HookedTransformerConfig`` for a zoo model's Hugging Face config."""
+    """Keyword arguments of ``HookedTransformerConfig`` for a GPT-2 or Llama Hugging Face config (a zoo
+    model's or a pretrained checkpoint's): widths, heads (grouped-query attention as ``n_key_value_heads``),
+    norm epsilon, rotary base (``rope_theta``), BOS prepended by default as ``from_pretrained`` does.
+    :class:`~circuits.errors.ModelLoadError` naming the bridge for another architecture or a rotary
+    scaling (``rope_type`` other than ``"default"``) that this config does not carry over."""
     arch = _arch(hf_config)
     c = hf_config
     if arch == "gpt2":
@@ -115,6 +122,9 @@ def hooked_config(hf_config) -> dict:
                     d_vocab_out=c.vocab_size, act_fn=c.activation_function, eps=c.layer_norm_epsilon,
                     normalization_type="LN", positional_embedding_type="standard", default_prepend_bos=True)
     rope = getattr(c, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ModelLoadError(f"rope_type {rope['rope_type']!r}: a HookedTransformer is built here with unscaled "
+                             f"rotary embeddings only; load it with backend='bridge' (--backend bridge)")
     kv = c.num_key_value_heads
     return dict(n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads,
                 d_head=c.head_dim, d_mlp=c.intermediate_size, n_ctx=c.max_position_embeddings,
@@ -126,10 +136,10 @@ def hooked_config(hf_config) -> dict:
 
 
 def hooked_state(hf_model, cfg, b_U=None) -> dict:
-    """The ``HookedTransformer`` state dict (config ``cfg``) of a zoo Hugging Face model, with ``b_U``
+    """The ``HookedTransformer`` state dict (config ``cfg``) of a GPT-2 or Llama Hugging Face model, with ``b_U``
     as the unembedding bias. Weights go through TransformerLens' ``convert_gpt2_weights`` /
     ``convert_llama_weights``; the Llama attention and MLP biases, which that converter sets to 0, are
-    copied from the model (the MLP bias lives in ``down_proj``, so ``b_in`` is 0). ``ValueError`` if the
+    copied from the model (the MLP bias lives in ``down_proj``, so ``b_in`` is 0). ``ModelLoadError`` if the
     gate or up projection has a nonzero bias (a ``HookedTransformer`` gated MLP has no place for it)."""
     import torch
 
@@ -148,8 +158,8 @@ def hooked_state(hf_model, cfg, b_U=None) -> dict:
             p, a, m = f"blocks.{layer_idx}.", layer.self_attn, layer.mlp
             for name, lin in (("gate_proj", m.gate_proj), ("up_proj", m.up_proj)):
                 if lin.bias is not None and bool(lin.bias.abs().max() > 0):
-                    raise ValueError(f"layer {layer_idx} mlp.{name} has a nonzero bias, which a HookedTransformer "
-                                     f"gated MLP cannot hold: load this model with backend='bridge'")
+                    raise ModelLoadError(f"layer {layer_idx} mlp.{name} has a nonzero bias, which a HookedTransformer "
+                                         f"gated MLP cannot hold: load this model with backend='bridge'")
             for key, lin, heads in (("attn.b_Q", a.q_proj, n), (f"attn.{g}b_K", a.k_proj, kv),
                                     (f"attn.{g}b_V", a.v_proj, kv)):
                 if lin.bias is not None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from circuits import loading, tasks
+from circuits.errors import ModelLoadError
 from tests import standins
 from tests.checkpoints.conftest import combos
 from tests.conftest import BACKENDS, needs_hooked
@@ -142,3 +143,38 @@ def test_cached_spelling_finds_the_weights_under_either_spelling(tmp_path):
     with standins.offline_cache(lower):
         assert not loading.has_cached_weights("EleutherAI/gpt-j-6b")
         assert loading.cached_spelling("EleutherAI/gpt-j-6B") is None
+
+
+def snapshot_folder(hub_cache, key: str):
+    """The folder of stand-in ``key``'s checkpoint, to load as a local path rather than by its hub name."""
+    return hub_cache / ("models--" + standins.STANDINS[key].repo.replace("/", "--")) / "snapshots" / standins.REVISION
+
+
+@pytest.mark.parametrize("key,backend", combos(["gpt2", "llama3"]))
+def test_a_local_folder_loads_like_plain_transformers(key, backend, standin_root):
+    """A Hugging Face folder given as a path: logits of plain transformers on that folder (centred per position:
+    the processed weights centre the unembedding); on hooked (3.9) the model is built from the folder's config
+    and weights, and a rotary scaling it cannot carry (Llama-3's) is refused naming the bridge."""
+    from transformers import AutoModelForCausalLM
+
+    folder = str(snapshot_folder(standin_root, key))
+    if backend == "hooked" and key == "llama3":
+        with pytest.raises(ModelLoadError, match=r"^rope_type 'llama3': .*--backend bridge\)$"):
+            loading.load_model(folder, backend=backend)
+        return
+    model = loading.load_model(folder, backend=backend)
+    assert model.cfg.model_name == folder
+    tokens = model.to_tokens(TEXT[1])
+    with torch.inference_mode():
+        got, expected = model(tokens), AutoModelForCausalLM.from_pretrained(folder).eval()(tokens).logits
+    centred = [x - x.mean(-1, keepdim=True) for x in (got, expected)]
+    torch.testing.assert_close(*centred, atol=1e-4, rtol=0)
+
+
+@needs_hooked
+def test_an_architecture_hooked_cannot_build_from_a_folder_is_refused(standin_root):
+    """A folder of an architecture the hooked build does not cover: one line naming --backend bridge."""
+    with pytest.raises(ModelLoadError, match=r"^model_type 'qwen2': a HookedTransformer is built here from "
+                                                     r"GPT2LMHeadModel and LlamaForCausalLM checkpoints only; load it "
+                                                     r"with backend='bridge' \(--backend bridge\)$"):
+        loading.load_model(str(snapshot_folder(standin_root, "qwen2")), backend="hooked")
