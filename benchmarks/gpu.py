@@ -73,6 +73,8 @@ OPERANDS = range(2, 102)
 """Token ids of the operands: 100 values, as the two-digit operands of ``add_sub``."""
 PLUS, MINUS, EQUALS = 102, 103, 104
 LAYOUT = (BOS, None, PLUS, None, MINUS, None, EQUALS)
+FIT_PROMPTS = 10_000
+"""Prompts the means are fitted on (the commands' default ``--fit-size``), never the scored ones."""
 """The prompt layout ``BOS A + B - C =`` (7 tokens, as ``add_sub`` on Llama-3's tokenizer); ``None``: an operand."""
 
 PHASE_BUDGETS = {"imports": 60, "build": 150, "estimate": 30, "load": 180, "prompts": 30, "batch": 10, "means": 30,
@@ -471,13 +473,18 @@ def resolve_batch(model: Any, tokens: torch.Tensor, batch_size: int | str, dtype
             "devices": [str(d) for d in devices]}, batch
 
 
-def fit_means(model: Any, tokens: torch.Tensor, batch_size: int, device: torch.device) -> tuple[dict, Any]:
-    """Phase ``means``: ``MeanCache.fit`` on the prompts at ``batch_size``."""
+def fit_means(model: Any, tokens: torch.Tensor, batch_size: int, device: torch.device, seed: int
+              ) -> tuple[dict, Any]:
+    """Phase ``means``: ``MeanCache.fit`` at ``batch_size`` on a fit set of :data:`FIT_PROMPTS` other prompts of
+    the layout (drawn with ``seed + 1``, without the scored ``tokens``: the default fit size of the commands)."""
     import interventions as iv
+    from interventions.coverage import row_digests
 
-    cache = iv.MeanCache.fit(model, tokens, batch_size=batch_size, progress=False)
+    fit = layout_tokens(FIT_PROMPTS, seed + 1)
+    fit = fit[~torch.isin(row_digests(fit), row_digests(tokens))]
+    cache = iv.MeanCache.fit(model, fit, batch_size=batch_size, progress=False)
     synchronize(device)
-    return {"batch_size": batch_size, "n_entries": int(len(cache.entry_pos))}, cache
+    return {"batch_size": batch_size, "n_fit": int(len(fit)), "n_entries": int(len(cache.entry_pos))}, cache
 
 
 def search_with_estimate(model: Any, tokens: torch.Tensor, answers: torch.Tensor, cache: Any, batch_size: int,
@@ -589,7 +596,7 @@ def run_phases(report: Report, args: argparse.Namespace, config: Any, folder: Pa
         model = report.phase("load", lambda _: load(folder, dtype, device))
         tokens, answers = report.phase("prompts", lambda _: self_answered(model, args.prompts, args.seed))
         batch = report.phase("batch", lambda _: resolve_batch(model, tokens, args.batch_size, dtype))
-        cache = report.phase("means", lambda _: fit_means(model, tokens, batch, device))
+        cache = report.phase("means", lambda _: fit_means(model, tokens, batch, device, args.seed))
     except PhaseFailed:
         return False
     failed: list[str] = []
