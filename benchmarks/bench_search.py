@@ -22,7 +22,9 @@ full grid takes many minutes. The output names the TransformerLens version and t
 
 Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]
 [--threads 1] [--backend hooked|bridge] [--random] [--layers 6] [--d-model 256] [--naive-configs 0]
-[--no-naive-eq]``. Measured figures: ``docs/backends.md`` (Search benchmarks).
+[--no-naive-eq] [--model NAME --task TASK --numbers multi --shots K]``. Measured figures: ``docs/backends.md``
+(Search benchmarks). ``--model smollm2-135m-instruct --task add --numbers multi --shots 2`` runs it on the real
+pretrained model (answers of several tokens read under teacher forcing).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 import torch
 
 import interventions as iv
+from circuits.faithfulness import last_token_metrics
 from circuits.search import FastEvaluator, NaiveEvaluator, configurations
 
 
@@ -71,6 +74,20 @@ def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = Fal
         answers = model(tokens)[:, -1].argmax(-1)
     kind = "TransformerBridge" if backend == "bridge" else "HookedTransformer"
     return f"random {n_layers}-block {arch}-like, d_model {d_model} ({kind})", model, tokens, answers
+
+
+def named(args: argparse.Namespace):
+    """(name, model, tokens, answers, fit tokens) of ``--model`` on ``--task``: prompts it answers correctly
+    (``--numbers``, ``--shots``) and the fit set of their means, as ``af1 search`` prepares them."""
+    from circuits.formats import PromptFormat
+    from circuits.loading import load_model
+    from circuits.specs import PromptSpec
+
+    model = load_model(args.model, backend=args.backend if args.backend != "hooked" else None)
+    spec = PromptSpec(args.task, n_prompts=args.prompts, numbers=args.numbers, format=PromptFormat(shots=args.shots))
+    p = spec.prepare(model, means="cama", progress=False, batch_size=args.batch)
+    what = f"{args.model} on {args.task} ({spec.format.describe()}, numbers {args.numbers})"
+    return what, model, p.tokens, p.answers, p.fit.tokens
 
 
 def random_config(arch: str, n_layers: int, d_model: int) -> dict:
@@ -144,11 +161,22 @@ def main() -> None:
                         help="time the per-configuration passes on this many configurations spread over the "
                              "grid and extrapolate to the full grid (default 0: every configuration)")
     parser.add_argument("--no-naive-eq", action="store_true", help="skip the per-configuration passes at --batch")
+    parser.add_argument("--model", default=None,
+                        help="a model by name (e.g. smollm2-135m-instruct) on --task prompts it answers, instead of "
+                             "the default zoo model or a random one")
+    parser.add_argument("--task", default="add_sub", help="task of --model (default add_sub)")
+    parser.add_argument("--numbers", choices=("single", "multi"), default="single", help="as af1 --numbers")
+    parser.add_argument("--shots", type=int, default=0, help="as af1 --shots")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    name, model, tokens, answers = build(args.arch, args.prompts, args.backend, args.random, args.layers, args.d_model)
-    cache = iv.MeanCache.fit(model, tokens, batch_size=args.batch, progress=False)
+    if args.model is not None:
+        name, model, tokens, answers, fit = named(args)
+    else:
+        name, model, tokens, answers = build(args.arch, args.prompts, args.backend, args.random, args.layers,
+                                             args.d_model)
+        fit = tokens  # random prompts: the speed of the search does not depend on which prompts the means saw
+    cache = iv.MeanCache.fit(model, fit, batch_size=args.batch, progress=False)
     grid = configurations(iv.adapt(model).info.n_layers)
     sample = spread(grid, args.naive_configs)
 
@@ -174,8 +202,8 @@ def main() -> None:
     for ref in fns.keys() - {"fast"}:
         for c, other in outputs[ref].items():
             logits = outputs["fast"][c]
-            n_fast = int((logits.argmax(-1) == answers).sum())
-            n_ref = int((other.argmax(-1) == answers).sum())
+            n_fast = int(last_token_metrics(logits, answers)[0].sum())
+            n_ref = int(last_token_metrics(other, answers)[0].sum())
             assert n_fast == n_ref, f"config {c}: fast {n_fast} vs {ref} {n_ref} correct"
             worst = max(worst, float((logits - other).abs().max()))
     assert worst <= 1e-4, f"logits differ by {worst:.2e} > 1e-4"

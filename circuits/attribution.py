@@ -28,7 +28,9 @@ import interventions as iv
 from interventions import adapter as hooks
 from interventions.adapter import adapt
 from interventions.types import Head, InterventionError, Tokens
-from interventions.validation import check_choice
+from interventions.validation import check_answers, check_choice
+
+from interventions.readout import answer_positions
 
 from .faithfulness import last_token_metrics
 
@@ -75,12 +77,7 @@ def head_attribution_per_prompt(
     ad = adapt(model)
     for layer, head in heads:
         ad.info.check_head(layer, head)
-    answers = torch.as_tensor(answers, dtype=torch.long)
-    if answers.shape != (tokens.shape[0],):
-        raise InterventionError(
-            f"answers must hold one token id per prompt: got shape {tuple(answers.shape)} for "
-            f"{tokens.shape[0]} prompts"
-        )
+    answers = check_answers(answers, int(tokens.shape[0]))
     layers = sorted({layer for layer, _ in heads})
     device = ad.device()
     out = []
@@ -105,7 +102,7 @@ def head_attribution_per_prompt(
             leaf_hooks = [(hooks.z(layer), make(layer)) for layer in layers]
             with iv.apply(model, list(interventions)), ad.hooks(leaf_hooks):
                 logits = model(batch)
-            _, _, diff = last_token_metrics(logits[:, -1], ans)
+            _, _, diff = last_token_metrics(answer_positions(logits, ans), ans)
             grads = torch.autograd.grad(diff.sum(), [leaves[layer] for layer in layers])
             grad = dict(zip(layers, grads))
             cols = []

@@ -41,9 +41,19 @@ class FaithfulnessResult:
 
 
 def last_token_metrics(
-    last_logits: Float[torch.Tensor, "batch d_vocab"], answers: Int[torch.Tensor, "batch"]
+    last_logits: torch.Tensor, answers: torch.Tensor
 ) -> tuple[Bool[torch.Tensor, "batch"], Float[torch.Tensor, "batch"], Float[torch.Tensor, "batch"]]:
-    """Per prompt: argmax == answer, probability of the answer, answer logit minus best other logit."""
+    """Per prompt: argmax == answer, probability of the answer, answer logit minus best other logit.
+
+    ``last_logits`` ``[batch, d_vocab]`` with ``answers`` ``[batch]``; or, for answers of ``k`` tokens read
+    under teacher forcing, ``[batch, k, d_vocab]`` with ``[batch, k]``: correct when every answer token is the
+    argmax of its position, the probability of the whole answer (the product over its tokens) and the
+    smallest margin among its tokens (:func:`interventions.readout.readout_metrics`, the same rule)."""
+    if answers.ndim == 2:
+        b, k = answers.shape
+        correct, prob, diff = last_token_metrics(last_logits.reshape(b * k, -1), answers.reshape(b * k))
+        return (correct.reshape(b, k).all(dim=1), prob.reshape(b, k).prod(dim=1),
+                diff.reshape(b, k).min(dim=1).values)
     logits = last_logits.float()
     answers = answers.to(logits.device)
     answer_logit = logits.gather(-1, answers[:, None]).squeeze(-1)
@@ -86,20 +96,38 @@ def summarize(
 
 @torch.inference_mode()
 def last_logits(
-    model: Any, tokens: Tokens, interventions: Sequence[iv.Intervention] = (), *, batch_size: int = 128
-) -> Float[torch.Tensor, "batch d_vocab"]:
-    """Logits at the last position of every prompt, under ``interventions``, in batches."""
+    model: Any, tokens: Tokens, interventions: Sequence[iv.Intervention] = (), *, batch_size: int = 128,
+    n_answer: int = 1,
+) -> torch.Tensor:
+    """Logits at the last position of every prompt (``[batch, d_vocab]``), under ``interventions``, in batches;
+    with ``n_answer = k > 1`` at the last ``k`` positions (``[batch, k, d_vocab]``, an answer of ``k`` tokens
+    read under teacher forcing)."""
     out = []
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size]
         # The last position only (on a backend that runs several batches per pass, only it comes back).
-        out.append(iv.run_many(model, [(batch, list(interventions))])[0][:, -1].float())
+        if n_answer == 1:
+            out.append(iv.run_many(model, [(batch, list(interventions))])[0][:, -1].float())
+        else:
+            out.append(iv.run_many(model, [(batch, list(interventions))], logits="all")[0][:, -n_answer:].float())
     return torch.cat(out)
 
 
-def base_correct(model: Any, tokens: Tokens, answers: Int[torch.Tensor, "batch"], *, batch_size: int = 128) -> Bool[torch.Tensor, "batch"]:
-    """Which prompts the unmodified model answers correctly (argmax at the last position)."""
-    correct, _, _ = last_token_metrics(last_logits(model, tokens, batch_size=batch_size), answers)
+def answer_width(answers: torch.Tensor) -> int:
+    """Answer tokens per prompt: 1 for ``[batch]`` answers, ``k`` for ``[batch, k]``."""
+    return 1 if answers.ndim == 1 else int(answers.shape[1])
+
+
+def answer_logits(model: Any, tokens: Tokens, answers: torch.Tensor, interventions: Sequence[iv.Intervention] = (),
+                  *, batch_size: int = 128) -> torch.Tensor:
+    """:func:`last_logits` at the positions that predict ``answers`` (``[batch]`` or ``[batch, k]``)."""
+    return last_logits(model, tokens, interventions, batch_size=batch_size, n_answer=answer_width(answers))
+
+
+def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_size: int = 128) -> Bool[torch.Tensor, "batch"]:
+    """Which prompts the unmodified model answers correctly (argmax at the last position; for ``[batch, k]``
+    answers, every answer token the argmax of its position under teacher forcing)."""
+    correct, _, _ = last_token_metrics(answer_logits(model, tokens, answers, batch_size=batch_size), answers)
     return correct.cpu()
 
 
@@ -130,5 +158,5 @@ def faithfulness(
         tokens, answers = tokens[keep], answers[keep]
         if len(tokens) == 0:
             raise InterventionError("the unmodified model answers none of these prompts correctly")
-    metrics = last_token_metrics(last_logits(model, tokens, interventions, batch_size=batch_size), answers)
+    metrics = last_token_metrics(answer_logits(model, tokens, answers, interventions, batch_size=batch_size), answers)
     return summarize(*metrics, n_boot=n_boot, seed=seed)

@@ -136,13 +136,19 @@ def fit_passes(n_fit: int, batch_size: int) -> int:
 
 
 def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], spec: FitSpec = FitSpec(), *,
-                 prepend_bos: bool | None = None, batch_size: int = 128) -> FitSet:
+                 prepend_bos: bool | None = None, batch_size: int = 128, numbers: str = "single",
+                 layout: Any = None, fmt: Any = None) -> FitSet:
     """The fit set of ``task`` for the scored prompts ``scored`` (``[batch, pos]``, one layout): see the
-    module docstring. ``prepend_bos`` as for the scored prompts (``None``: the model's default)."""
+    module docstring. ``prepend_bos``, ``numbers``, ``layout`` (the key of the scored prompts' layout,
+    :attr:`circuits.tasks.Layout.key`; ``None``: their token length) and ``fmt`` (the prompt format,
+    :class:`~circuits.formats.PromptFormat`) as for the scored prompts."""
     from circuits import tasks
     from circuits.faithfulness import base_correct
+    from circuits.prompts import filter_numbers
 
     spec.validate()
+    if fmt is not None:
+        prepend_bos = fmt.prepend_bos(prepend_bos)
     n_pos = int(scored.shape[1])
     exclude = row_digests(scored)
     need = _needed(scored)
@@ -153,8 +159,11 @@ def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], 
     while n_drawn < space:
         ds = tasks.build_task(task, n=CHUNK, seed=spec.seed, start=n_drawn)
         n_drawn += len(ds)
-        ds, _ = tasks.filter_single_token(ds, model, verbose=False)
-        lay = next((x for x in tasks.to_layouts(model, ds, prepend_bos=prepend_bos) if x.n_pos == n_pos), None)
+        if fmt is not None:
+            ds = fmt.apply(ds, task, model)
+        ds, _ = filter_numbers(ds, model, numbers)
+        key = n_pos if layout is None else layout
+        lay = next((x for x in tasks.to_layouts(model, ds, prepend_bos=prepend_bos) if x.key == key), None)
         if lay is not None:
             keep = ~torch.isin(row_digests(lay.tokens), exclude)
             cand = lay.tokens[keep]

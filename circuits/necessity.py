@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
-from circuits.faithfulness import faithfulness
+from circuits.faithfulness import answer_width, faithfulness
 from circuits.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import Analysis, RunContext, execute
 from circuits.runs import RunDir, tokens_sha256
@@ -125,7 +125,7 @@ def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> Neces
             blocks.append(known[layer])
             n_resumed += 1
             continue
-        r = faithfulness(model, ctx.tokens, ctx.answers, [iv.Peek([layer], mode="self", queries="last")],
+        r = faithfulness(model, ctx.tokens, ctx.answers, [iv.Peek([layer], mode="self", queries="last", n_last=answer_width(ctx.answers))],
                          assume_correct=True, batch_size=config.batch_size, n_boot=config.n_boot, seed=config.seed)
         b = BlockNecessity(layer=layer, **r.to_dict())
         blocks.append(b)

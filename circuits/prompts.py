@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
-SOURCES = ("build", "frozen")
+from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.loading.SOURCES
+
 MAX_CHECKED = 20_000
 """Default budget of :func:`prepare_prompts`: prompts whose correctness is checked (forward passes)."""
 
@@ -47,6 +48,9 @@ class Prompts:
         fit: the :class:`~circuits.fitset.FitSet` of the means (``circuits.specs.PromptSpec.prepare``), or
             ``None``; ``n_dropped_fit``: correct prompts set aside because a mean they read had fewer fit
             prompts than the minimum.
+        numbers: ``"single"`` or ``"multi"`` (see :func:`prepare_prompts`); ``layout``: the key of their layout
+            (:attr:`circuits.tasks.Layout.key`), so that a fit set can be drawn in the same one; ``fmt``: the
+            :class:`~circuits.formats.PromptFormat` (``None``: zero-shot).
     """
 
     tokens: Int[torch.Tensor, "batch pos"]
@@ -70,6 +74,9 @@ class Prompts:
     stop: str = "found"
     fit: Any = None
     n_dropped_fit: int = 0
+    numbers: str = "single"
+    layout: Any = None
+    fmt: Any = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -90,7 +97,7 @@ class Prompts:
         """One ``{"prompt", "answer", "answer_token"}`` dict per prompt (for ``prompts.jsonl``), plus
         ``"answer_text"`` (the answer as written after the prompt, e.g. ``" 112"``) when known."""
         out = [
-            {"prompt": p, "answer": int(a), "answer_token": int(t)}
+            {"prompt": p, "answer": int(a), "answer_token": t}
             for p, a, t in zip(self.prompts, self.answer_values, self.answers.tolist())
         ]
         if self.answer_texts is not None:
@@ -118,6 +125,19 @@ def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "C
     if not bool((first == bos).all()):
         raise ValueError(f"{what} need BOS (token {bos}) at position 0 of every prompt, but this model does "
                          f"not prepend it by default: use --prepend-bos (prepare_prompts(..., prepend_bos=True))")
+
+
+def filter_numbers(ds: Any, model: Any, numbers: str = "single") -> tuple[Any, int]:
+    """``(kept rows, dropped)``: rows whose numbers are single tokens (``numbers="single"``,
+    :func:`circuits.tasks.filter_single_token`) or may span several (``"multi"``,
+    :func:`circuits.digits.filter_multi_token`)."""
+    from circuits import tasks
+
+    if numbers == "multi":
+        from circuits.digits import filter_multi_token
+
+        return filter_multi_token(ds, model)
+    return tasks.filter_single_token(ds, model, verbose=False)
 
 
 def _head(ds: Any, k: int) -> Any:
@@ -154,6 +174,8 @@ def prepare_prompts(
     max_checked: int = MAX_CHECKED,
     prepend_bos: bool | None = None,
     progress: bool = True,
+    numbers: str = "single",
+    fmt: Any = None,
 ) -> Prompts:
     """``n_prompts`` prompts of ``task`` that ``model`` answers correctly, all in one layout.
 
@@ -172,6 +194,11 @@ def prepare_prompts(
             True for GPT-2, GPT-J, Llama; False for Pythia/GPT-NeoX and Qwen2). The AF1 search and CAMA
             need BOS (see :func:`check_bos`).
         min_prompts: fewest prompts accepted when sampling stops early (default ``n_prompts``).
+        numbers: ``"single"`` (every operand and the answer one token, the AF1 papers' setting) or
+            ``"multi"`` (several tokens allowed, for digit-level tokenizers; :mod:`circuits.digits`: layouts
+            line up digit by digit, answers of ``k`` tokens are read under teacher forcing).
+        fmt: a :class:`~circuits.formats.PromptFormat` (solved examples before the query, the chat template;
+            ``None``: zero-shot, as the AF1 papers).
 
     Raises ``ValueError`` with one line: arguments out of range (e.g. ``n_prompts`` larger than the
     operand space), no single-token prompt, zero accuracy, or fewer than ``min_prompts`` correct
@@ -189,6 +216,10 @@ def prepare_prompts(
         raise ValueError(f"max_checked={max_checked!r} must be an integer >= 1")
     if prepend_bos not in (None, True, False):
         raise ValueError(f"prepend_bos={prepend_bos!r} must be True, False or None (the model's default)")
+    if numbers not in NUMBERS:
+        raise ValueError(f"numbers={numbers!r} is not valid: choose one of {', '.join(NUMBERS)}")
+    if fmt is not None:
+        prepend_bos = fmt.prepend_bos(prepend_bos)
     need = n_prompts if min_prompts is None else int(min_prompts)
     if not 1 <= need <= n_prompts:
         raise ValueError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
@@ -212,7 +243,9 @@ def prepare_prompts(
             else:
                 ds = tasks.build_task(task, n=size, seed=seed, start=n_drawn)
             n_drawn += size
-            ds, dropped = tasks.filter_single_token(ds, model, verbose=False)
+            if fmt is not None:
+                ds = fmt.apply(ds, task, model)
+            ds, dropped = filter_numbers(ds, model, numbers)
             n_dropped += int(dropped)
             if len(ds) > max_checked - n_checked:
                 ds = _head(ds, max_checked - n_checked)
@@ -223,7 +256,8 @@ def prepare_prompts(
             best = max((sum(int(p.tokens.shape[0]) for p in v) for v in by_len.values()), default=0)
             if len(ds):
                 for lay in tasks.to_layouts(model, ds, prepend_bos=prepend_bos):
-                    by_len.setdefault(int(lay.tokens.shape[1]), []).append(lay)
+                    key = getattr(lay, "key", None)
+                    by_len.setdefault(int(lay.tokens.shape[1]) if key is None else key, []).append(lay)
                 best = max(sum(int(p.tokens.shape[0]) for p in v) for v in by_len.values())
             bar.n = min(best, n_prompts)
             bar.set_postfix(drawn=n_drawn, checked=n_checked, correct=n_correct)
@@ -245,8 +279,9 @@ def prepare_prompts(
             size = min(size, 100_000)
     finally:
         bar.close()
-    return _result(task, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
-                   n_drawn=n_drawn, n_dropped=n_dropped, n_checked=n_checked, n_correct=n_correct)
+    return replace(_result(task, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
+                           n_drawn=n_drawn, n_dropped=n_dropped, n_checked=n_checked, n_correct=n_correct),
+                   numbers=numbers, fmt=fmt)
 
 
 def _result(task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
@@ -255,12 +290,15 @@ def _result(task: str, n_prompts: int, seed: int, source: str, by_len: dict[int,
     """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""
     if n_checked == 0:
         raise ValueError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
-                         f"model's tokenizer; choose a task with smaller numbers")
+                         f"model's tokenizer; choose a task with smaller numbers, or allow numbers of several "
+                         f"tokens (--numbers multi, for tokenizers that write digits one by one)")
     base_acc = n_correct / n_checked
     if n_correct == 0:
         raise ValueError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
                          f"(base accuracy 0%); choose a model trained on this task or an easier task")
-    n_pos, pieces = max(by_len.items(), key=lambda kv: (sum(int(p.tokens.shape[0]) for p in kv[1]), -kv[0]))
+    _, pieces = max(by_len.items(), key=lambda kv: (sum(int(p.tokens.shape[0]) for p in kv[1]),
+                                                     -int(kv[1][0].tokens.shape[1])))
+    n_pos = int(pieces[0].tokens.shape[1])
     n_best = sum(int(p.tokens.shape[0]) for p in pieces)
     if n_best < need:
         if source == "frozen":
@@ -296,6 +334,7 @@ def _result(task: str, n_prompts: int, seed: int, source: str, by_len: dict[int,
         bos_token=bos,
         answer_texts=None if merged["answer_texts"] is None else merged["answer_texts"][:k],
         stop=stop,
+        layout=getattr(pieces[0], "key", None),
     )
 
 

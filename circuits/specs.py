@@ -20,7 +20,8 @@ import torch
 
 from circuits.errors import ArgumentError, PromptError
 from circuits.fitset import FitSet, FitSpec
-from circuits.vocab import SOURCES
+from circuits.formats import PromptFormat
+from circuits.vocab import NUMBERS, SOURCES
 
 __all__ = ["MAX_REDRAWS", "ModelSpec", "PromptSpec", "fit_covered"]
 
@@ -63,7 +64,9 @@ class PromptSpec:
     """The evaluation prompts of a run: ``n_prompts`` prompts of ``task`` the model answers correctly, drawn
     with ``seed`` (``source="build"``) or from the task's frozen set, checking at most ``max_checked``
     (``None``: :data:`circuits.prompts.MAX_CHECKED`), BOS per ``prepend_bos`` (``None``: the model's default),
-    and the fit set of their means (``fit``)."""
+    the fit set of their means (``fit``) and whether numbers may span several tokens (``numbers``:
+    ``"single"`` or ``"multi"``, :mod:`circuits.digits`) and the prompt ``format`` (solved examples, the chat
+    template; :mod:`circuits.formats`)."""
 
     task: str
     n_prompts: int = 200
@@ -72,12 +75,17 @@ class PromptSpec:
     max_checked: int | None = None
     prepend_bos: bool | None = None
     fit: FitSpec = field(default_factory=FitSpec)
+    numbers: str = "single"
+    format: PromptFormat = field(default_factory=PromptFormat)
 
     def validate(self) -> "PromptSpec":
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
         if self.source not in SOURCES:
             raise ArgumentError(f"source={self.source!r} is not valid: choose one of {', '.join(SOURCES)}")
+        if self.numbers not in NUMBERS:
+            raise ArgumentError(f"numbers={self.numbers!r} is not valid: choose one of {', '.join(NUMBERS)} (--numbers)")
         self.fit.validate()
+        self.format.validate()
         return self
 
     def prepare(self, model: Any, *, means: str | None = None, progress: bool = True,
@@ -89,16 +97,17 @@ class PromptSpec:
         from circuits import loading  # loading.prepare_prompts: the one place prompts are drawn
         from circuits.fitset import draw_fit_set
 
-        options: dict[str, Any] = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source}
+        options: dict[str, Any] = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source,
+                                   "numbers": self.numbers, "fmt": self.format}
         if self.max_checked is not None:
             options["max_checked"] = self.max_checked
         want = self.n_prompts
         for _ in range(MAX_REDRAWS + 1):
             drawn = loading.prepare_prompts(model, self.task, want, self.seed, min_prompts=self.n_prompts, **options)
             if means is None:
-                return drawn.subset(None, self.n_prompts)
+                return drawn  # drawn with want == n_prompts
             fit = draw_fit_set(model, self.task, drawn.tokens, self.fit, prepend_bos=self.prepend_bos,
-                               batch_size=batch_size)
+                               batch_size=batch_size, numbers=self.numbers, layout=drawn.layout, fmt=self.format)
             keep = fit_covered(fit, drawn.tokens) if means == "cama" else torch.ones(len(drawn), dtype=torch.bool)
             n_kept = int(keep.sum())
             if n_kept >= self.n_prompts or len(drawn) < want:
@@ -116,8 +125,14 @@ class PromptSpec:
         return replace(drawn.subset(keep, self.n_prompts), fit=fit, n_dropped_fit=int((~keep[:last]).sum()))
 
     def meta(self) -> dict[str, Any]:
-        """The prompts' part of a run's description (``run.json`` / ``summary.json``)."""
-        return {"task": self.task, "source": self.source}
+        """The prompts' part of a run's description (``run.json`` / ``summary.json``): the task, the source, and
+        how numbers are tokenised and prompts formatted where that is not the papers' default."""
+        out: dict[str, Any] = {"task": self.task, "source": self.source}
+        if self.numbers != "single":
+            out["numbers"] = self.numbers
+        if not self.format.zero_shot:
+            out["format"] = self.format.identity()
+        return out
 
 
 def fit_covered(fit: FitSet, tokens: Any) -> Any:

@@ -256,13 +256,16 @@ class Layout:
     """Prompts of one token length, ready for a forward pass without padding.
 
     Attributes:
-        tokens: ``[batch, pos]`` long tensor, BOS at position 0 (when prepended), last prompt token at -1.
-        answers: ``[batch]`` long tensor, answer token ids (see :func:`answer_token_ids`).
+        tokens: ``[batch, pos]`` long tensor, BOS at position 0 (when prepended), last prompt token at -1
+            (answers of ``k > 1`` tokens: followed by the first ``k-1`` answer tokens, see :mod:`circuits.digits`).
+        answers: ``[batch]`` long tensor, answer token ids (see :func:`answer_token_ids`); ``[batch, k]`` for
+            answers of ``k`` tokens.
         prompts: prompt strings (without BOS), one per row.
         answer_values: integer answers, one per row.
         indices: row indices into the source dataset, one per row.
         answer_texts: the answer as written after the prompt (``"112"`` / ``" 112"``), when known.
         bos: the token id at position 0, or ``None`` when no BOS was prepended.
+        key: what groups the rows: the token length, or the layout key of :mod:`circuits.digits`.
     """
 
     tokens: "torch.Tensor"
@@ -272,6 +275,7 @@ class Layout:
     indices: list[int]
     answer_texts: list[str] | None = None
     bos: int | None = None
+    key: Any = None
 
     @property
     def n_pos(self) -> int:
@@ -288,7 +292,10 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
     BOS per :func:`resolve_bos` (``None``: the model's default). Answer ids come from the
     ``answer_text`` column when there is one (see :func:`filter_single_token`), else from ``answer``.
     Prompts of different lengths are never mixed: one :class:`Layout` per length, sorted by descending
-    number of rows (ties: shorter length first). Row order inside a layout follows ``ds``.
+    number of rows (ties: shorter length first). Row order inside a layout follows ``ds``. Rows of
+    :func:`circuits.digits.filter_multi_token` (columns ``answer_ids``, ``layout``) are grouped by their
+    layout key and carry their first ``k-1`` answer tokens (``answers`` ``[batch, k]``; ``[batch]`` when
+    ``k = 1``).
     """
     import torch
 
@@ -297,27 +304,37 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
     if not prompts:
         return []
     bos = resolve_bos(model, prepend_bos)
-    texts = list(ds["answer_text"]) if "answer_text" in getattr(ds, "column_names", ()) else None
-    ans_ids = answer_token_ids(model, texts if texts is not None else answers)
-    groups: dict[int, list[int]] = {}
-    rows: list[torch.Tensor] = []
+    columns = getattr(ds, "column_names", ())
+    texts = list(ds["answer_text"]) if "answer_text" in columns else None
+    multi = list(ds["answer_ids"]) if "answer_ids" in columns else None  # numbers of several tokens (circuits.digits)
     tok = tokenizer_of(model)
-    # One batched call without special tokens, then BOS in front: what model.to_tokens(p) gives.
+    # One batched call without special tokens, then BOS in front: what model.to_tokens(p) gives; answers of k
+    # tokens add their first k-1 (teacher forcing).
     enc = encode_texts(tok, prompts)["input_ids"]
+    rows: list[torch.Tensor] = []
+    groups: dict[Any, list[int]] = {}
     for i, ids in enumerate(enc):
-        t = torch.tensor(([bos] if bos is not None else []) + list(ids), dtype=torch.long)
+        forced = [] if multi is None else list(multi[i][:-1])
+        t = torch.tensor(([bos] if bos is not None else []) + list(ids) + forced, dtype=torch.long)
         rows.append(t)
-        groups.setdefault(len(t), []).append(i)
+        groups.setdefault(len(t) if multi is None else ds["layout"][i], []).append(i)
+    ans_ids = answer_token_ids(model, texts if texts is not None else answers) if multi is None else None
     layouts = []
-    for length, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+    for key, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), len(rows[kv[1][0]]), str(kv[0]))):
+        if multi is None:
+            lay_answers = ans_ids[idx].clone()
+        else:
+            lay_answers = torch.tensor([multi[i] for i in idx], dtype=torch.long)
+            lay_answers = lay_answers[:, 0] if lay_answers.shape[1] == 1 else lay_answers
         layouts.append(Layout(
             tokens=torch.stack([rows[i] for i in idx]).long(),
-            answers=ans_ids[idx].clone(),
+            answers=lay_answers,
             prompts=[prompts[i] for i in idx],
             answer_values=[answers[i] for i in idx],
             indices=list(idx),
             answer_texts=[texts[i] for i in idx] if texts is not None else None,
             bos=bos,
+            key=key,
         ))
     return layouts
 
@@ -340,12 +357,16 @@ def filter_correct(
     dev = next(model.parameters()).device
     if dev.type == "meta":  # a remote model (weights on NDIF): its inputs are built here, on the CPU
         dev = torch.device("cpu")
+    from interventions.readout import answer_positions
+
     correct: list[int] = []
     with torch.no_grad():
         for lay in to_layouts(model, ds, prepend_bos=prepend_bos):
             for s in range(0, len(lay), batch_size):
-                logits = model(lay.tokens[s : s + batch_size].to(dev), return_type="logits")[:, -1].float()
-                hit = (logits.argmax(-1).cpu() == lay.answers[s : s + batch_size]).tolist()
+                ans = lay.answers[s : s + batch_size]
+                logits = answer_positions(model(lay.tokens[s : s + batch_size].to(dev), return_type="logits"), ans)
+                hit = (logits.float().argmax(-1).cpu() == ans)
+                hit = (hit if ans.ndim == 1 else hit.all(dim=1)).tolist()
                 correct += [lay.indices[s + j] for j, h in enumerate(hit) if h]
     correct.sort()
     return ds.select(correct), len(correct) / len(ds)

@@ -13,7 +13,7 @@ from interventions.vocab import ABLATIONS, HEAD_METHODS, MEANS_ABLATIONS, Ablati
 __all__ = [
     "ABLATIONS", "Ablation", "GRIDS", "Grid", "HEAD_METHODS", "HeadMethod", "MEANS_ABLATIONS", "POPULATIONS",
     "Population", "RANKS", "Rank", "SEARCH_METHODS", "SOURCES", "SearchMethod", "Source", "config_problem",
-    "FIT_SIZE", "FIT_MIN_COUNT",
+    "FIT_SIZE", "FIT_MIN_COUNT", "NUMBERS", "Numbers",
 ]
 
 FIT_SIZE = 10_000
@@ -37,6 +37,11 @@ RANKS: tuple[str, ...] = get_args(Rank)
 Source = Literal["build", "frozen"]
 """Evaluation prompts generated with a seed (``build``) or the task's frozen set."""
 SOURCES: tuple[str, ...] = get_args(Source)
+
+Numbers = Literal["single", "multi"]
+"""How a task's operands and answers may be tokenised: one token each (the AF1 papers) or several
+(digit-level tokenizers; :mod:`circuits.digits`)."""
+NUMBERS: tuple[str, ...] = get_args(Numbers)
 
 Population = Literal["all", "correct"]
 """Which task prompts the means are averaged over: ``all`` prompts of the layout (the CAMA formula's

@@ -19,6 +19,7 @@ def af1_subgraph(
     transfer: int,
     cache: MeanCache | None = None,
     ablation: Ablation = "cama",
+    n_last: int = 1,
 ) -> list[Intervention]:
     """Interventions of the AF1 configuration ``(wait, transfer)`` for a model of ``n_layers`` blocks.
 
@@ -27,6 +28,11 @@ def af1_subgraph(
     * ``transfer`` (``L_transfer``): number of blocks ``wait+1 .. wait+transfer`` in which the last token
       full-peeks while the other tokens self-peek; ``0 .. n_layers-1-wait``.
     * every later block: all tokens self-peek (BOS kept).
+
+    ``n_last``: how many final positions count as "the last token" (default 1). An answer of ``k`` tokens,
+    read under teacher forcing from the last ``k`` positions, makes each of them a last token: they
+    full-peek in the transfer blocks and self-peek after them, like the single last token does (``k = 1`` is
+    the AF1 subgraph itself).
     """
     if not -1 <= wait <= n_layers - 1:
         raise InterventionError(f"wait={wait} is out of range: valid -1..{n_layers - 1} (-1 = no ablation)")
@@ -51,8 +57,8 @@ def af1_subgraph(
     transfer_layers = list(range(wait + 1, wait + 1 + transfer))
     compute_layers = list(range(wait + 1 + transfer, n_layers))
     if transfer_layers:
-        out.append(Peek(transfer_layers, mode="full", queries="last"))
-        out.append(Peek(transfer_layers, mode="self", queries="others"))
+        out.append(Peek(transfer_layers, mode="full", queries="last", n_last=n_last))
+        out.append(Peek(transfer_layers, mode="self", queries="others", n_last=n_last))
     if compute_layers:
         out.append(Peek(compute_layers, mode="self", queries="all"))
     return out

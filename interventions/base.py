@@ -21,6 +21,9 @@ HookBody = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
 
 REGISTRY: dict[str, type["Intervention"]] = {}
 
+OMIT_DEFAULT = "omit_default"
+"""``dataclasses.field(metadata={OMIT_DEFAULT: True})``: left out of specs and reprs at its default."""
+
 
 class ForwardContext:
     """What hooks may know about the forward pass that is running: its token ids."""
@@ -63,10 +66,16 @@ class Intervention:
         return None
 
     # --- specs -------------------------------------------------------------------------------
+    def spec_fields(self) -> list[dataclasses.Field]:
+        """The fields a spec and the repr show: all, except a field added later (``metadata`` key
+        :data:`OMIT_DEFAULT`) while it holds its default, so specs written before it existed stay the same."""
+        return [f for f in dataclasses.fields(self)
+                if not (f.metadata.get(OMIT_DEFAULT) and getattr(self, f.name) == f.default)]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable spec. A cache is referenced by its content hash and file path."""
         out: dict[str, Any] = {"type": type(self).__name__}
-        for f in dataclasses.fields(self):
+        for f in self.spec_fields():
             value = getattr(self, f.name)
             if isinstance(value, MeanCache):
                 value = {"sha256": value.sha256, "path": value.source}

@@ -11,7 +11,7 @@ from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
-from .readout import answer_readout
+from .readout import answer_positions, answer_readout
 from .validation import check_choice, check_tokens
 
 
@@ -150,7 +150,7 @@ def run_many(
                 out = run(model, tokens, items)
             else:  # on the model's device, as in run()
                 out = model(check_tokens(tokens, d_vocab=ad.info.d_vocab).to(ad.device()))
-            outs.append(answer_readout(out[:, -1], answers[i]) if logits == "answer" else
+            outs.append(answer_readout(answer_positions(out, answers[i]), answers[i]) if logits == "answer" else
                         out[:, -1:] if logits == "last" else out)
         return outs
     prepared = []

@@ -47,16 +47,20 @@ def check_index(name: str, value: Any, minimum: int = 0) -> int:
 
 
 def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> torch.Tensor:
-    """``answers`` as a ``[n_prompts]`` long tensor of token ids in ``0..d_vocab-1``, else raise."""
+    """``answers`` as a ``[n_prompts]`` long tensor of token ids in ``0..d_vocab-1`` (one answer token per
+    prompt), or ``[n_prompts, k]`` (``k`` answer tokens per prompt, read under teacher forcing from the
+    prompts' last ``k`` positions), else raise."""
     try:
         answers = torch.as_tensor(answers)
     except (TypeError, ValueError, RuntimeError):
         raise InterventionError(f"answers must be token ids, one per prompt; got {type(answers).__name__}") from None
     if answers.is_floating_point() or answers.is_complex() or answers.dtype == torch.bool:
         raise InterventionError(f"answers must hold integer token ids, got dtype {answers.dtype}")
-    if answers.shape != (n_prompts,):
+    if answers.shape != (n_prompts,) and not (answers.ndim == 2 and answers.shape[0] == n_prompts
+                                               and answers.shape[1] >= 1):
         raise InterventionError(
-            f"answers must hold one token id per prompt: got shape {tuple(answers.shape)} for {n_prompts} prompts"
+            f"answers must hold one token id per prompt (or [n_prompts, k] for k answer tokens): got shape "
+            f"{tuple(answers.shape)} for {n_prompts} prompts"
         )
     if d_vocab is not None and answers.numel():
         lo, hi = int(answers.min()), int(answers.max())

@@ -239,6 +239,20 @@ def snapshot_config(hub_cache: Path, key: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ answers
+def split_covered(tokens: Any, n: int) -> tuple[list[int], list[int]]:
+    """TEST ONLY: ``(scored, rest)`` row indices of ``tokens``: the first ``n`` rows whose every
+    ``(position, token)`` is still held by a row left in ``rest`` (the fit set), and the others."""
+    left = Counter((t, tok) for row in tokens.tolist() for t, tok in enumerate(row))
+    scored = []
+    for i, row in enumerate(tokens.tolist()):
+        entries = list(enumerate(row))
+        if len(scored) < n and all(left[e] >= 2 for e in entries):
+            scored.append(i)
+            left.subtract(entries)
+    chosen = set(scored)
+    return scored, [i for i in range(len(tokens)) if i not in chosen]
+
+
 def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: bool | None = None):
     """TEST ONLY: ``n`` prompts of ``task`` in one layout whose "answers" are the model's own top-1
     tokens at the last position (``circuits.loading.self_answer_prompts``), so that a random model
@@ -254,16 +268,44 @@ def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: boo
     ds, _ = tasks.filter_single_token(ds, model, verbose=False)
     layouts = tasks.to_layouts(model, ds, prepend_bos=prepend_bos)
     best = layouts[0]
-    # Scored: the first rows whose every (position, token) is still held by a row left for the fit set.
-    left = Counter((t, tok) for row in best.tokens.tolist() for t, tok in enumerate(row))
-    scored = []
-    for i, row in enumerate(best.tokens.tolist()):
-        entries = list(enumerate(row))
-        if len(scored) < n and all(left[e] >= 2 for e in entries):
-            scored.append(i)
-            left.subtract(entries)
-    rest = [i for i in range(len(best)) if i not in set(scored)]
+    scored, rest = split_covered(best.tokens, n)
     p = loading.self_answer_prompts(model, best.tokens[scored], task=task)
     p.prompts = [best.prompts[i] for i in scored]
     p.fit = FitSet.given(best.tokens[rest], min_count=1)
+    return p
+
+
+def self_answered_multi(model: Any, task: str, n: int, seed: int = 0, prepend_bos: bool | None = True,
+                        fmt: Any = None, n_fit: int | None = None):
+    """TEST ONLY: ``n`` prompts of ``task`` in the largest layout of several-token numbers
+    (:mod:`circuits.digits`) whose "answers" are the model's own greedy continuation of the true answer's
+    length ``k`` (each token the argmax given the ones before it), laid out for teacher forcing: ``tokens``
+    are the prompt and the first ``k-1`` greedy tokens, ``answers`` ``[n, k]`` (``[n]`` when ``k = 1``);
+    ``fit`` holds the other prompts of the layout (at most ``n_fit``) with their own greedy continuations."""
+    import torch
+
+    from circuits import loading, tasks
+    from circuits.digits import filter_multi_token
+    from circuits.fitset import FitSet
+
+    ds = tasks.build_task(task, n=max(20 * n, 600), seed=seed)
+    if fmt is not None:
+        ds = fmt.apply(ds, task, model)
+    ds, _ = filter_multi_token(ds, model)
+    best = tasks.to_layouts(model, ds, prepend_bos=prepend_bos)[0]
+    k = 1 if best.answers.ndim == 1 else int(best.answers.shape[1])
+    prompt_len = int(best.tokens.shape[1]) - (k - 1)
+    rows = best.tokens[: None if n_fit is None else n + n_fit, :prompt_len].clone()
+    with torch.inference_mode():
+        for _ in range(k):
+            nxt = loading.self_answer_prompts(model, rows).answers
+            rows = torch.cat([rows, nxt[:, None]], dim=1)
+    tokens, answers = rows[:, :-1], rows[:, prompt_len:]
+    answers = answers[:, 0] if k == 1 else answers
+    scored, rest = split_covered(tokens, n)
+    p = loading.self_answer_prompts(model, tokens[scored], task=task)
+    p.answers = answers[scored]
+    p.prompts = [best.prompts[i] for i in scored]
+    p.fit = FitSet.given(tokens[rest], min_count=1)
+    p.numbers = "multi"
     return p

@@ -71,6 +71,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
                         help="put BOS at position 0 (default: the model's own default; CAMA and the search need "
                              "it, so models that do not prepend it, e.g. Pythia, need --prepend-bos)")
+    add_prompt_format_arguments(parser)
     parser.add_argument("--batch-size", type=batch_size_argument, default=128,
                         help="prompts per forward pass (default 128); auto: the largest that fits (on CPU "
                              "64), halved and retried when the GPU runs out of memory")
@@ -79,6 +80,19 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     add_fit_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+
+
+def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
+    """How prompts are tokenised and presented: ``--numbers single|multi``, ``--shots K``, ``--chat``
+    (:mod:`circuits.digits`, :mod:`circuits.formats`)."""
+    parser.add_argument("--numbers", choices=("single", "multi"), default="single",
+                        help="single (default): every operand and answer one token, as the AF1 papers; multi: "
+                             "several tokens (digit-level tokenizers such as SmolLM2, Qwen2, Gemma), answers read "
+                             "under teacher forcing")
+    parser.add_argument("--shots", type=int, default=0,
+                        help="solved examples of the task before each prompt (default 0: zero-shot, as the papers)")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap each prompt in the tokenizer's chat template (instruct models)")
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -242,6 +256,7 @@ def model_spec(args: argparse.Namespace):
 def prompt_spec(args: argparse.Namespace):
     """The :class:`~circuits.specs.PromptSpec` the flags name (task, counts, seed, source, BOS, fit set)."""
     from circuits.fitset import FitSpec
+    from circuits.formats import PromptFormat
     from circuits.specs import PromptSpec
 
     defaults = FitSpec()  # commands without means (lens) have no --fit-* flags
@@ -250,7 +265,9 @@ def prompt_spec(args: argparse.Namespace):
     try:
         return PromptSpec(task=args.task, n_prompts=args.n_prompts, seed=args.seed,
                           source=getattr(args, "source", "build"), max_checked=getattr(args, "max_checked", None),
-                          prepend_bos=args.prepend_bos, fit=fit).validate()
+                          prepend_bos=args.prepend_bos, fit=fit, numbers=getattr(args, "numbers", "single"),
+                          format=PromptFormat(shots=getattr(args, "shots", 0),
+                                              chat=bool(getattr(args, "chat", False)))).validate()
     except ArgumentError as err:
         raise ArgumentError(str(err)) from None
 
@@ -318,11 +335,11 @@ def means_of(ablation: str | None, head_method: str | None = None) -> str | None
 
 
 def meta_of(args: argparse.Namespace, prompts: Any) -> dict:
-    """The run's description: model, task, source, base accuracy, prompts checked and the command."""
+    """The run's description: model, task, source (and the prompts' numbers and format where not the default),
+    base accuracy, prompts checked and the command."""
     return {
         "model": args.model,
-        "task": args.task,
-        "source": args.source,
+        **prompt_spec(args).meta(),
         "base_accuracy": prompts.base_accuracy,
         "n_checked": prompts.n_checked,
         "command": command_line(args),

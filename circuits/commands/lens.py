@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from circuits.commands.common import add_backend_argument, batch_size_argument
+from circuits.commands.common import add_backend_argument, add_prompt_format_arguments, batch_size_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="put BOS at position 0 (default: the model's own default; models that do not "
                              "prepend it, e.g. Pythia, need --prepend-bos)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_prompt_format_arguments(parser)
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from circuits import loading
-    from circuits.commands.common import evaluate_batched, first_batch_size, load
+    from circuits.commands.common import evaluate_batched, first_batch_size, load, prompt_spec
     from circuits.lens.analysis import LENS, LensConfig
     from circuits.runner import Run, execute
 
@@ -75,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     with Run(args.out, "lens") as held:
         model = load(args)
-        prep = loading.prepare_prompts(model, args.task, args.n_prompts, args.seed,
-                                       prepend_bos=args.prepend_bos, progress=not args.no_progress)
-        meta = {"model": args.model, "task": args.task, "seed": args.seed, "n_requested": args.n_prompts,
+        spec = prompt_spec(args)
+        prep = spec.prepare(model, means=None, progress=not args.no_progress)
+        meta = {"model": args.model, **spec.meta(), "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}
         records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
         result, inter = evaluate_batched(args, model, prep.tokens, lambda batch_size: execute(

@@ -59,7 +59,12 @@ class LensConfig:
 
 
 def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list[Any]]:
-    """Early decoding of the kept prompts, and the interchange checks (pure)."""
+    """Early decoding of the kept prompts, and the interchange checks (pure).
+
+    Answers of ``k > 1`` tokens (``[n, k]``, digit-level tokenizers): the lens decodes the position that
+    predicts the *first* answer token (the last prompt token; the teacher-forced answer tokens are left out)
+    and scores that token, whose numeric value is its own (e.g. the leading digit); the interchange checks,
+    which swap whole operands, need single-token answers and are skipped."""
     import torch
 
     from circuits import lens
@@ -67,7 +72,10 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list
     records = ctx.kept_prompts or []
     prompts = [r["prompt"] for r in records]
     values = [int(r["answer"]) for r in records] if records else None
-    result = lens.early_decode(model, ctx.tokens, answers=torch.as_tensor(ctx.answers), answer_values=values,
+    tokens, answers = ctx.tokens, torch.as_tensor(ctx.answers)
+    if answers.ndim == 2:  # the first answer token, predicted at the last prompt position
+        tokens, answers, values = tokens[:, : tokens.shape[1] - answers.shape[1] + 1], answers[:, 0], None
+    result = lens.early_decode(model, tokens, answers=answers, answer_values=values,
                                prompts=prompts or None, decode=config.decode, top_k=config.top_k,
                                batch_size=config.batch_size)
     inter = []
@@ -86,7 +94,7 @@ def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, 
 
     ad = iv.adapt(model)
     return {
-        **{k: v for k, v in ctx.meta.items() if k in ("model", "task", "seed", "n_requested")},
+        **{k: v for k, v in ctx.meta.items() if k in ("model", "task", "seed", "n_requested", "numbers", "format")},
         "analysis": "lens",
         "n_prompts": int(ctx.tokens.shape[0]),
         "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),

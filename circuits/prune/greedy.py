@@ -14,7 +14,7 @@ import interventions as iv
 from circuits import files
 from circuits.attribution import head_attribution
 from circuits.fitset import FitSet, fit_set_of
-from circuits.faithfulness import FaithfulnessResult, last_logits, last_token_metrics, summarize
+from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, summary_dict
@@ -79,7 +79,7 @@ def run_prune(model: Any, cfg: PruneConfig, ctx: RunContext) -> PruneResult:
     info = adapt(model).info
     cache, tok, ans, batch_size = ctx.cache, ctx.tokens, ctx.answers, cfg.batch_size
     n_boot, seed, rank, method, confirm_top = cfg.n_boot, cfg.seed, cfg.rank, cfg.method, cfg.confirm_top
-    base = iv.af1_subgraph(info.n_layers, cfg.wait, cfg.transfer, cache, cfg.ablation)
+    base = iv.af1_subgraph(info.n_layers, cfg.wait, cfg.transfer, cache, cfg.ablation, n_last=answer_width(ans))
     all_heads = transfer_heads(info.n_layers, info.n_heads, cfg.wait, cfg.transfer)
     n_total = len(all_heads)
     n_dropped = ctx.n_given - int(tok.shape[0])
@@ -89,7 +89,7 @@ def run_prune(model: Any, cfg: PruneConfig, ctx: RunContext) -> PruneResult:
 
     def evaluate(heads_removed: Sequence[Head]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ivs = pruned_subgraph(base, heads_removed, method, cache)
-        return last_token_metrics(last_logits(model, tok, ivs, batch_size=batch_size), ans)
+        return last_token_metrics(answer_logits(model, tok, ans, ivs, batch_size=batch_size), ans)
 
     def record(point: CurvePoint) -> None:
         curve.append(point)
@@ -189,7 +189,7 @@ def prompt_records(ctx: RunContext) -> list[dict[str, Any]]:
     caller's record (if any), token ids and answer token id."""
     return [
         {"index": i, **(dict(ctx.prompts[i]) if ctx.prompts is not None else {}),
-         "tokens": ctx.given_tokens[i].tolist(), "answer_token": int(ctx.given_answers[i])}
+         "tokens": ctx.given_tokens[i].tolist(), "answer_token": ctx.given_answers[i].tolist()}
         for i in range(ctx.n_given)
         if bool(ctx.keep[i])
     ]

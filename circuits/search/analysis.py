@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
-from circuits.faithfulness import summarize
+from circuits.faithfulness import answer_width, summarize
 from circuits.fitset import FitSet, fit_set_of
 from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import Analysis, RunContext, execute
@@ -135,7 +135,7 @@ def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResul
     specs: list[dict[str, Any]] = []
     if selected is not None:
         specs = [x.to_dict() for x in iv.af1_subgraph(n_layers, selected.wait, selected.transfer, ctx.cache,
-                                                      config.ablation)]
+                                                      config.ablation, n_last=answer_width(ctx.answers))]
     return SearchResult(
         n_layers=n_layers,
         threshold=float(config.threshold),
@@ -190,7 +190,7 @@ def search_prompt_records(ctx: RunContext) -> list[dict[str, Any]]:
     kept = ctx.kept_prompts
     if kept is not None:
         return kept
-    return [{"prompt": " ".join(map(str, row)), "answer": int(a)}
+    return [{"prompt": " ".join(map(str, row)), "answer": a}
             for row, a in zip(ctx.tokens.tolist(), ctx.answers.tolist())]
 
 

@@ -16,8 +16,8 @@ import torch
 from jaxtyping import Float
 
 import interventions as iv
-from circuits.faithfulness import last_token_metrics
-from interventions.readout import readout_metrics
+from circuits.faithfulness import answer_width, last_token_metrics
+from interventions.readout import answer_positions, readout_metrics
 from interventions.types import Tokens
 from interventions.validation import check_choice
 
@@ -36,13 +36,19 @@ class Evaluator:
         self.ablation = ablation
         self.batch_size = batch_size
         self.n_layers = iv.adapt(model).info.n_layers
+        self.n_answer = answer_width(answers)  # answer tokens per prompt: the last n_answer positions are "last"
         self.passes = 0
+
+    def subgraph(self, wait: int, transfer: int) -> list[iv.Intervention]:
+        """The AF1 interventions of ``(wait, transfer)`` for these prompts (every answer position a last one)."""
+        return iv.af1_subgraph(self.n_layers, wait, transfer, self.cache, self.ablation, n_last=self.n_answer)
 
     def begin_wait(self, wait: int) -> None:
         pass
 
-    def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch d_vocab"]:
-        """Last-position logits of every prompt under configuration ``(wait, transfer)``."""
+    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+        """Logits at the answer positions of every prompt under configuration ``(wait, transfer)``: the last
+        position (``[batch, d_vocab]``), or the last ``k`` for answers of ``k`` tokens (``[batch, k, d_vocab]``)."""
         raise NotImplementedError
 
     def evaluate(self, wait: int, transfer: int) -> PerPrompt:
@@ -60,13 +66,13 @@ class NaiveEvaluator(Evaluator):
 
     @torch.inference_mode()
     def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
-        ivs = iv.af1_subgraph(self.n_layers, wait, transfer, self.cache, self.ablation)
+        ivs = self.subgraph(wait, transfer)
         device = iv.adapt(self.model).device()  # iv.run moves token ids there too: a bridge does not
         logits = []
         for sl in self.batches():
             out = iv.run(self.model, self.tokens[sl], ivs) if ivs else self.model(self.tokens[sl].to(device))
             self.passes += 1
-            logits.append(out[:, -1].float())
+            logits.append(answer_positions(out, self.answers[sl]).float())
         return torch.cat(logits)
 
 
@@ -93,7 +99,7 @@ class BatchedEvaluator(NaiveEvaluator):
         """:func:`interventions.readout.answer_readout` of every prompt under ``(wait, transfer)``."""
         if (wait, transfer) not in self.ready:
             group = self.group(wait, transfer)
-            subgraphs = [iv.af1_subgraph(self.n_layers, w, t, self.cache, self.ablation) for w, t in group]
+            subgraphs = [self.subgraph(w, t) for w, t in group]
             parts: list[list[torch.Tensor]] = [[] for _ in group]
             for sl in self.batches():
                 outs = iv.run_many(self.model, [(self.tokens[sl], ivs) for ivs in subgraphs], logits="answer",
@@ -231,7 +237,7 @@ class FastEvaluator(Evaluator):
     def advance(self) -> None:
         """Apply one more transfer block (last token full peek, others self peek) to every batch."""
         layer = self.wait + 1 + self.depth
-        peek = [iv.Peek([layer], mode="self", queries="others")]
+        peek = [iv.Peek([layer], mode="self", queries="others", n_last=self.n_answer)]
         for i, resid in enumerate(self.states):
             with iv.apply(self.model, peek, check_fired=True):
                 self.states[i] = self.adapter.run_from(resid, layer, layer + 1)
@@ -244,9 +250,10 @@ class FastEvaluator(Evaluator):
             self.begin_wait(wait)
         if transfer == 0:
             # No transfer block: every block after `wait` self-peeks, so the answer depends only on the
-            # last position's state after `wait` (a function of the last token: a cached mean, a
-            # constant or an embedding) and BOS. Evaluate one prompt per distinct last token.
-            uniq, inverse = torch.unique(self.tokens[:, -1], return_inverse=True)
+            # answer positions' states after `wait` (each a function of its own token: a cached mean, a
+            # constant or an embedding) and BOS. Evaluate one prompt per distinct last token(s).
+            last = self.tokens[:, -1] if self.n_answer == 1 else self.tokens[:, -self.n_answer:]
+            uniq, inverse = torch.unique(last, dim=0, return_inverse=True)
             rep = torch.empty(len(uniq), dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
             starts = [self.start(wait, rep[s : s + self.batch_size]) for s in range(0, len(rep), self.batch_size)]
             logits = self.tail_logits(starts, wait + 1)
@@ -260,33 +267,48 @@ class FastEvaluator(Evaluator):
         start = wait + 1 + transfer
         return self.tail_logits(self.states, start)
 
-    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]], start: int) -> Float[torch.Tensor, "n d_vocab"]:
-        """Last-position logits after blocks ``start..n_layers-1`` (0-indexed) with every token
+    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]], start: int) -> torch.Tensor:
+        """Logits at the answer positions after blocks ``start..n_layers-1`` (0-indexed) with every token
         self-peeking, for the prompts of every batch in ``resids`` (residuals entering block ``start``),
-        concatenated. The "pair" and "last" tails keep only the rows they need and run them in chunks
-        of ``batch_size * (n_pos // rows kept)`` prompts (about the memory of one batch)."""
+        concatenated: ``[n, d_vocab]`` for one answer token, ``[n, k, d_vocab]`` for ``k``. Under self-peek
+        each answer position reads only BOS and itself, so the "pair" and "last" tails run each of them on
+        its own, at its true position; they keep only the rows they need and run them in chunks of
+        ``batch_size * (n_pos // rows kept)`` prompts (about the memory of one batch)."""
+        k = self.n_answer
         if self.tail == "full" and start < self.n_layers:
-            return torch.cat([self.tail_chunk(resid, start) for resid in resids])
-        cols = [0, self.n_pos - 1] if self.tail == "pair" else [self.n_pos - 1]
-        rows = torch.cat([resid[:, cols] for resid in resids])
-        step = self.batch_size * max(1, self.n_pos // len(cols))
-        return torch.cat([self.tail_chunk(rows[i : i + step], start) for i in range(0, len(rows), step)])
+            out = torch.cat([self.full_chunk(resid, start) for resid in resids])
+        else:
+            per_position = []
+            for pos in range(self.n_pos - k, self.n_pos):
+                cols = [0, pos] if self.tail == "pair" else [pos]
+                rows = torch.cat([resid[:, cols] for resid in resids])
+                step = self.batch_size * max(1, self.n_pos // len(cols))
+                per_position.append(torch.cat([self.tail_chunk(rows[i : i + step], start, pos)
+                                               for i in range(0, len(rows), step)]))
+            out = torch.stack(per_position, dim=1)
+        return out[:, 0] if k == 1 else out
 
-    def tail_chunk(self, x: Float[torch.Tensor, "batch rows d_model"], start: int) -> Float[torch.Tensor, "batch d_vocab"]:
-        """One tail pass (see :meth:`tail_logits`) over ``x``: every position (``"full"``), ``[BOS, last]``
-        (``"pair"``) or ``[last]`` (``"last"``) of the residual entering block ``start``."""
+    def full_chunk(self, x: Float[torch.Tensor, "batch pos d_model"], start: int) -> torch.Tensor:
+        """The ``"full"`` tail over every position of ``x`` (the residual entering block ``start``), with every
+        token self-peeking: ``[batch, k, d_vocab]`` at the answer positions."""
+        self.passes += 1
+        layers = list(range(start, self.n_layers))
+        with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
+            return self.adapter.run_from(x, start)[:, -self.n_answer:].float()
+
+    def tail_chunk(self, x: Float[torch.Tensor, "batch rows d_model"], start: int, pos: int
+                   ) -> Float[torch.Tensor, "batch d_vocab"]:
+        """One tail pass (see :meth:`tail_logits`) over ``x``: ``[BOS, row]`` (``"pair"``) or ``[row]``
+        (``"last"``, and any tail after the last block) of the residual entering block ``start``, for the answer
+        position ``pos`` (0-indexed in the prompt); the logits of that row."""
         self.passes += 1
         ad = self.adapter
         if start >= self.n_layers:
             return ad.run_from(x[:, -1:], self.n_layers)[:, -1].float()
-        last = self.n_pos - 1 if self.rotary else None  # the last token's position inside the blocks
-        if self.tail == "full":
-            layers = list(range(start, self.n_layers))
-            with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
-                return ad.run_from(x, start)[:, -1].float()
-        # With only BOS and the last token "self peek" is the ordinary causal row: no mask is needed.
+        at = pos if self.rotary else None  # the row's position inside the blocks
+        # With only BOS and one answer row "self peek" is the ordinary causal row: no mask is needed.
         if self.tail == "pair":
-            positions = None if last is None else torch.tensor([0, last])
+            positions = None if at is None else torch.tensor([0, at])
             return ad.run_from(x, start, positions=positions)[:, -1].float()
         # "last": BOS enters only through its (constant) key and value
-        return ad.run_last_from(x, start, self.bos_kv, 1 if last is None else last)[:, -1].float()
+        return ad.run_last_from(x, start, self.bos_kv, 1 if at is None else at)[:, -1].float()

@@ -20,7 +20,8 @@ Optional keys: ``threshold`` (0.9), ``grid`` (``"full"``), ``source`` (``"build"
 ``{0 = "70GiB", 1 = "70GiB"}``; needs ``device_map``), see :mod:`circuits.placement`; ``remote``
 (``false``; ``true`` with ``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``); the fit set of the
 means: ``fit_size`` (10000), ``fit_min_count`` (5), ``fit_seed`` (0), ``fit_population`` (``"all"``), see
-:mod:`circuits.fitset`.
+:mod:`circuits.fitset`; the prompts: ``numbers`` (``"single"`` or ``"multi"``, :mod:`circuits.digits`), ``shots``
+(0) and ``chat`` (``false``), :mod:`circuits.formats`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class SweepConfig:
     fit_min_count: int = DEFAULT_MIN_COUNT
     fit_seed: int = 0
     fit_population: str = "all"
+    numbers: str = "single"
+    shots: int = 0
+    chat: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -168,7 +172,21 @@ class SweepConfig:
             FitSpec(self.fit_size, self.fit_min_count, self.fit_seed, self.fit_population).validate()
         except ArgumentError as err:
             raise ArgumentError(f"sweep key {err}".replace("fit ", "fit_", 1)) from None
+        self.prompt_spec(self.tasks[0], 0)  # numbers, shots, chat
         return self
+
+    def prompt_spec(self, task: str, seed: int) -> Any:
+        """The :class:`~circuits.specs.PromptSpec` of the cells of ``task`` and ``seed``."""
+        from circuits.formats import PromptFormat
+        from circuits.specs import PromptSpec
+
+        fit = FitSpec(size=self.fit_size, min_count=self.fit_min_count, seed=self.fit_seed,
+                      population=self.fit_population)
+        try:
+            return PromptSpec(task=task, n_prompts=self.n_prompts, seed=seed, source=self.source, fit=fit,
+                              numbers=self.numbers, format=PromptFormat(shots=self.shots, chat=self.chat)).validate()
+        except ArgumentError as err:
+            raise ArgumentError(f"sweep key {err}") from None
 
     def cells(self) -> Iterator[Cell]:
         """Every cell, model by model (so that each model is loaded once)."""

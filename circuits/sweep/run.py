@@ -92,13 +92,10 @@ class _State:
         self.progress = True
 
     def load(self, cell: Cell) -> None:
-        from circuits.fitset import FitSpec
-        from circuits.specs import ModelSpec, PromptSpec
+        from circuits.specs import ModelSpec
 
         cfg = self.config
-        prompt_spec = PromptSpec(task=cell.task, n_prompts=cfg.n_prompts, seed=cell.seed, source=cfg.source,
-                                 fit=FitSpec(size=cfg.fit_size, min_count=cfg.fit_min_count, seed=cfg.fit_seed,
-                                             population=cfg.fit_population))
+        prompt_spec = cfg.prompt_spec(cell.task, cell.seed)
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             spec = ModelSpec(cell.model, backend=cfg.backend, dtype=cfg.dtype, device=cfg.device,
@@ -146,7 +143,7 @@ class _State:
         from circuits.runner import execute
 
         cfg, p = self.config, self.prompts
-        meta = {"model": cell.model, "task": cell.task, "source": cfg.source, "base_accuracy": p.base_accuracy,
+        meta = {"model": cell.model, **cfg.prompt_spec(cell.task, cell.seed).meta(), "base_accuracy": p.base_accuracy,
                 "n_checked": p.n_checked, "command": self.command}
         common = dict(out_dir=folder, meta=meta, progress=progress)
         if cell.kind == "necessity":

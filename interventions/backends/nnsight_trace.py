@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..readout import answer_readout
+from ..readout import answer_positions, answer_readout
 from .nnsight_layout import Layout
 
 LOGITS = ("all", "last", "answer", "none")
@@ -194,7 +194,7 @@ def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> 
     if inv.logits != "none":
         logits = envoy_at(lm, layout.head).output
         if inv.logits == "answer":
-            out["logits"] = answer_readout(logits[:, -1], inv.answers).save()
+            out["logits"] = answer_readout(answer_positions(logits, inv.answers), inv.answers).save()
         else:
             out["logits"] = (logits[:, -1:] if inv.logits == "last" else logits).save()
     out["visited"] = visited

