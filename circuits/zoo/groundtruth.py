@@ -178,7 +178,8 @@ def train_config(cfg: GroundTruthConfig):
     s = Structure.from_dict(cfg.structure)
     desc = cfg.description or (
         f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth "
-        f"({'fine-tuned from ' + cfg.base if cfg.base else 'trained from scratch'}) with "
+        f"({'fine-tuned from ' + cfg.base if cfg.base else 'trained from scratch'}"
+        f"{', no longer shipped' if cfg.base in BASE_HINTS else ''}) with "
         f"a learned AF1 structure: wait={s.wait}, transfer={s.transfer} (blocks {s.blocks}), the last position "
         f"reads other positions only through " + ", ".join(f"L{b}H{h} ({s.window(b, h)} window)" for b, h in
         sorted(s.head_set)) + "; every other head attends to BOS and itself; no hooks at inference.")
