@@ -163,12 +163,13 @@ def estimate_memory(shape: ModelShape, dtype: str | None, *, n_pos: int, n_promp
 
 
 def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
-                        batch_size: int) -> MemoryEstimate | None:
+                        batch_size: int, fmt: Any = None) -> MemoryEstimate | None:
     """The estimate for pretrained model ``name`` on ``task``, from its config and tokenizer in the local
     Hugging Face cache (or the hub) or in a local model folder, before its weights load; a GGUF name or
     file is converted first (once, :func:`circuits.gguf.resolve`, whose
     :class:`~circuits.errors.ModelLoadError` propagates) and its folder read. ``n_pos`` is the longest
-    tokenised prompt of a sample of the task plus BOS. ``None`` when the config or tokenizer cannot be read,
+    tokenised prompt of a sample of the task in the prompt format ``fmt`` (a
+    :class:`~circuits.formats.PromptFormat`; ``None``: zero-shot) plus BOS. ``None`` when the config or tokenizer cannot be read,
     or no model can be built from the config."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -182,6 +183,8 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
     except Exception:  # noqa: BLE001 - not cached and offline, not a Hugging Face name, custom code: no estimate
         return None
     sample = tasks.build_task(task, n=min(50, n_prompts), seed=0)
+    if fmt is not None:
+        sample = fmt.apply(sample, task, tokenizer)
     n_pos = 1 + max(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in sample)
     return estimate_memory(shape, dtype, n_pos=n_pos, n_prompts=n_prompts, batch_size=batch_size)
 
@@ -193,13 +196,13 @@ def model_devices(model: Any) -> list[torch.device]:
 
 
 def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int,
-                   fit: Any = None) -> None:
+                   fit: Any = None, fmt: Any = None) -> None:
     """Print ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
     or its config cannot be read; with ``fit`` (a :class:`~circuits.fitset.FitSpec`) also what fitting the
-    means will cost (:func:`fit_cost`)."""
+    means will cost (:func:`fit_cost`); ``fmt``: the prompt format (few-shot prefixes lengthen every prompt)."""
     from circuits.loading import zoo_names
 
-    estimate = None if name in zoo_names() else estimate_pretrained(name, dtype, task, n_prompts, batch_size)
+    estimate = None if name in zoo_names() else estimate_pretrained(name, dtype, task, n_prompts, batch_size, fmt)
     if estimate is not None:
         print(f"{name}: {estimate.describe()}")
     from circuits import tasks

@@ -54,7 +54,7 @@ class ModelSpec:
                                       remote=True)
         if estimate is not None:
             memory.print_estimate(self.name, self.dtype, estimate.task, estimate.n_prompts, batch_size,
-                                  fit=estimate.fit)
+                                  fit=estimate.fit, fmt=estimate.format)
         spread = {k: v for k, v in (("device_map", self.device_map), ("max_memory", self.max_memory)) if v is not None}
         return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype, **spread)
 

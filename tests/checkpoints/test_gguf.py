@@ -280,6 +280,20 @@ def test_memory_estimate_reads_the_converted_folder(smollm2, capsys):
     assert out.startswith(f"{NAME}: memory estimate: weights 0.50 GiB (0.13B parameters, float32)")
     estimate = memory.estimate_pretrained(NAME, "bfloat16", "add_sub", 200, 64)
     assert estimate.n_params == 134_515_008 and estimate.weights == 2 * estimate.n_params
+    # Two solved examples before each prompt: the estimate's prompt length is that of the formatted prompts
+    # (BOS + the longest of the first 50 prompts, counted here with the tokenizer directly).
+    from transformers import AutoTokenizer
+
+    from circuits import tasks
+    from circuits.formats import PromptFormat
+
+    fmt = PromptFormat(shots=2)
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    rows = tasks.build_task("add_sub", n=50, seed=0)
+    shown = {tuple(e["operands"]) for e in fmt.examples("add_sub")}
+    longest = max(len(tok(fmt.prefix("add_sub") + p, add_special_tokens=False)["input_ids"])
+                  for p, o in zip(rows["prompt"], rows["operands"]) if tuple(o) not in shown)
+    assert memory.estimate_pretrained(NAME, None, "add_sub", 200, 64, fmt).n_pos == 1 + longest > estimate.n_pos + 10
 
 
 def test_a_local_checkpoint_is_not_sent_to_ndif():
