@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import torch
+from einops import rearrange
 
 from .backends.bridge import boot, is_bridge
 from .tokenization import make_word_tokenizer
@@ -109,9 +110,9 @@ def _to_gpt2(c, sd):
         hf[q + "ln_2.weight"], hf[q + "ln_2.bias"] = _ln(sd, p + "ln2", d)
         W = [sd[p + "attn.W_Q"], _kv(sd, l, "W_K"), _kv(sd, l, "W_V")]  # [n, d, h]
         B = [sd[p + "attn.b_Q"], _kv(sd, l, "b_K"), _kv(sd, l, "b_V")]  # [n, h]
-        hf[q + "attn.c_attn.weight"] = torch.cat([w.permute(1, 0, 2).reshape(d, n * h) for w in W], dim=1)
-        hf[q + "attn.c_attn.bias"] = torch.cat([b.reshape(n * h) for b in B])
-        hf[q + "attn.c_proj.weight"] = sd[p + "attn.W_O"].reshape(n * h, d)  # Conv1D: [in, out]
+        hf[q + "attn.c_attn.weight"] = torch.cat([rearrange(w, "n d h -> d (n h)") for w in W], dim=1)
+        hf[q + "attn.c_attn.bias"] = torch.cat([rearrange(b, "n h -> (n h)") for b in B])
+        hf[q + "attn.c_proj.weight"] = rearrange(sd[p + "attn.W_O"], "n h d -> (n h) d")  # Conv1D: [in, out]
         hf[q + "attn.c_proj.bias"] = sd[p + "attn.b_O"]
         hf[q + "mlp.c_fc.weight"] = sd[p + "mlp.W_in"]
         hf[q + "mlp.c_fc.bias"] = sd[p + "mlp.b_in"]
@@ -149,15 +150,15 @@ def _to_llama(c, sd):
         hf[q + "input_layernorm.weight"] = _ln(sd, p + "ln1", d, rms=True)[0]
         hf[q + "post_attention_layernorm.weight"] = _ln(sd, p + "ln2", d, rms=True)[0]
         a = q + "self_attn."
-        hf[a + "q_proj.weight"] = sd[p + "attn.W_Q"].permute(0, 2, 1).reshape(n * h, d)
-        hf[a + "q_proj.bias"] = sd[p + "attn.b_Q"].reshape(n * h)
+        hf[a + "q_proj.weight"] = rearrange(sd[p + "attn.W_Q"], "n d h -> (n h) d")
+        hf[a + "q_proj.bias"] = rearrange(sd[p + "attn.b_Q"], "n h -> (n h)")
         for hn, tn in (("k_proj", "K"), ("v_proj", "V")):
             W, B = _kv(sd, l, f"W_{tn}"), _kv(sd, l, f"b_{tn}")
             if W.shape[0] != nkv:  # ungrouped storage: keep one copy per group
                 W, B = W[:: n // nkv], B[:: n // nkv]
-            hf[a + hn + ".weight"] = W.permute(0, 2, 1).reshape(nkv * h, d)
-            hf[a + hn + ".bias"] = B.reshape(nkv * h)
-        hf[a + "o_proj.weight"] = sd[p + "attn.W_O"].reshape(n * h, d).T
+            hf[a + hn + ".weight"] = rearrange(W, "nkv d h -> (nkv h) d")
+            hf[a + hn + ".bias"] = rearrange(B, "nkv h -> (nkv h)")
+        hf[a + "o_proj.weight"] = rearrange(sd[p + "attn.W_O"], "n h d -> d (n h)")
         hf[a + "o_proj.bias"] = sd[p + "attn.b_O"]
         m = q + "mlp."
         hf[m + "gate_proj.weight"] = sd[p + "mlp.W_gate"].T
@@ -196,9 +197,9 @@ def _to_neox(c, sd):
         hf[q + "post_attention_layernorm.weight"], hf[q + "post_attention_layernorm.bias"] = _ln(sd, p + "ln2", d)
         W = torch.stack([sd[p + "attn.W_Q"], _kv(sd, l, "W_K"), _kv(sd, l, "W_V")], dim=1)  # [n,3,d,h]
         B = torch.stack([sd[p + "attn.b_Q"], _kv(sd, l, "b_K"), _kv(sd, l, "b_V")], dim=1)  # [n,3,h]
-        hf[q + "attention.query_key_value.weight"] = W.permute(0, 1, 3, 2).reshape(3 * n * h, d)
-        hf[q + "attention.query_key_value.bias"] = B.reshape(3 * n * h)
-        hf[q + "attention.dense.weight"] = sd[p + "attn.W_O"].reshape(n * h, d).T
+        hf[q + "attention.query_key_value.weight"] = rearrange(W, "n qkv d h -> (n qkv h) d")
+        hf[q + "attention.query_key_value.bias"] = rearrange(B, "n qkv h -> (n qkv h)")
+        hf[q + "attention.dense.weight"] = rearrange(sd[p + "attn.W_O"], "n h d -> d (n h)")
         hf[q + "attention.dense.bias"] = sd[p + "attn.b_O"]
         hf[q + "mlp.dense_h_to_4h.weight"] = sd[p + "mlp.W_in"].T
         hf[q + "mlp.dense_h_to_4h.bias"] = sd[p + "mlp.b_in"]

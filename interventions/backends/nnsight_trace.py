@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import einops
 import torch
 
 from ..readout import answer_positions, answer_readout
@@ -159,10 +160,10 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
     if z in wanted:
         proj = envoy_at(block, layout.out_proj)
         flat = proj.input
-        heads = flat.view(*flat.shape[:-1], n_heads, flat.shape[-1] // n_heads)
+        heads = einops.rearrange(flat, "... pos (n_heads d_head) -> ... pos n_heads d_head", n_heads=n_heads)
         new = at_point(z, heads, inv, out, visited)
         if new is not heads:
-            proj.input = new.reshape(flat.shape)
+            proj.input = einops.rearrange(new, "... pos n_heads d_head -> ... pos (n_heads d_head)")
     if attn in wanted:
         attention = envoy_at(block, layout.attention)
         output = attention.output
