@@ -54,7 +54,7 @@ class TaskSpec:
         operand_ranges: inclusive ``(lo, hi)`` per operand, same order as ``operand_names``.
         answer_min, answer_max: inclusive bounds on the answer; prompts outside are never generated.
         default_n: number of prompts :func:`build_task` returns when ``n`` is None.
-        group: ``"original"``, ``"style"`` or ``"early_decoding"``.
+        group: ``"original"``, ``"style"``, ``"early_decoding"`` or ``"digits"`` (several-token numbers).
         style: input style (``"original"``, ``"verbal"``, ``"question"``, ...).
         card: one-paragraph description.
     """

@@ -4,7 +4,7 @@ A sweep config is a TOML file with one ``[sweep]`` table::
 
     [sweep]
     models = ["arith-styles"]          # zoo names or pretrained names
-    tasks = ["add", "sub", "style"]    # task names, or a group: "original", "style", "early_decoding"
+    tasks = ["add", "sub", "style"]    # task names, or a group: "original", "style", "early_decoding", "digits"
     ablations = ["cama"]               # cama, mean, zero
     seeds = [42, 123, 999]
     n_prompts = 200
@@ -36,7 +36,7 @@ from circuits.errors import ArgumentError
 from circuits.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 
 MODES = ("search", "fixed")
-GROUPS = ("original", "style", "early_decoding")
+GROUPS = ("original", "style", "early_decoding", "digits")
 
 
 @dataclass(frozen=True)

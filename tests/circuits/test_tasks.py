@@ -17,6 +17,7 @@ ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
 STYLES = [f"{s}_{op}" for s in ("verbal", "question", "instruction", "word_problem", "python") for op in ("add", "sub")]
 EARLY = ["add_small", "sub_small", "add_large", "sub_large", "add_add_small", "add_sub_small", "sub_add_small",
          "sub_sub_small"]
+DIGITS = ["add_3d1d"]
 
 
 def _expected(expr: str, ops: list[int]) -> int:
@@ -26,13 +27,13 @@ def _expected(expr: str, ops: list[int]) -> int:
 
 def test_catalogue_lists_every_task():
     names = tasks.list_tasks()
-    assert set(ORIGINAL + STYLES + EARLY) <= set(names)
-    assert len(names) == len(set(names)) == 24
+    assert set(ORIGINAL + STYLES + EARLY + DIGITS) <= set(names)
+    assert len(names) == len(set(names)) == 25
     assert tasks.get_task("add_sub").template == "{A}+{B}-{C}="
     assert tasks.get_task("instruction_sub").template == "If you subtract {B} from {A}, you will get "
 
 
-@pytest.mark.parametrize("name", ORIGINAL + STYLES + EARLY)
+@pytest.mark.parametrize("name", ORIGINAL + STYLES + EARLY + DIGITS)
 def test_every_task_builds_with_right_answers(name):
     spec = tasks.get_task(name)
     ds = tasks.build_task(name, n=60, seed=3)
