@@ -150,6 +150,8 @@ def check_device(device: str) -> None:
 
 def check_out(out: str) -> None:
     """``ArgumentError`` unless ``--out`` is (or can become) a writable directory."""
+    if not str(out).strip():
+        raise ArgumentError("--out must be a non-empty path")
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ArgumentError(f"--out {out} exists and is not a directory; choose a directory")
