@@ -394,16 +394,25 @@ def test_flags_refused_before_loading(argv, expected, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_full_disk_while_saving_means_is_reported_as_such(tmp_path):
-    def full(path):
+def test_a_full_disk_while_saving_means_is_reported_as_such(finished, monkeypatch):
+    from circuits.means import keep_means
+    from circuits.runs import RunDir
+
+    cache = iv.MeanCache.load(finished / files.MEANS)
+    (finished / files.MEANS).unlink()
+
+    def full(self, path):
         raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space "
                            "left on device\" })")
 
+    monkeypatch.setattr(iv.MeanCache, "save", full)
+    run_dir = RunDir(finished, json.loads((finished / files.IDENTITY).read_text()), results_name=files.SEARCH_RESULTS)
     with pytest.raises(OSError) as err:
-        atomic.write_with(tmp_path / files.MEANS, full)
+        keep_means(run_dir, cache)
     message, code = cli.describe(err.value)
-    assert code == 2 and "No space left on device" in message and "corrupt" not in message
-    assert list(tmp_path.iterdir()) == []
+    assert code == 2 and str(finished / files.MEANS) in message and "No space left on device" in message
+    assert "corrupt" not in message
+    assert not list(finished.glob(f"*{atomic.TMP_SUFFIX}")) and not (finished / files.MEANS).exists()
 
 
 def test_a_read_only_file_system_does_not_mask_the_error_as_a_lock_failure(tmp_path, monkeypatch):
