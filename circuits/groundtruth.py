@@ -22,9 +22,12 @@ ordinary, resumable run directory under ``<out>/<model>/<ablation>/{search,prune
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from circuits import files
 
 __all__ = ["ABLATIONS", "Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
            "cpr_cmd", "recover", "run_recovery"]
@@ -200,13 +203,17 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
 
 def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("add_sub",), n_prompts: int = 200,
                  ablations: Sequence[str] = ABLATIONS, out_dir: str | Path | None = None, seed: int = 0,
-                 threshold: float = 0.9, target: float = 0.9, progress: bool = False, log=None) -> list[Recovery]:
+                 threshold: float = 0.9, target: float = 0.9, progress: bool = False, log=None,
+                 held: Any = None) -> list[Recovery]:
     """:func:`recover` for every planted model (zoo names or model folders, e.g. an ``af1 zoo train --out``
     folder; default :func:`planted_models`), task and ablation, on
     ``n_prompts`` prompts per task that the model answers correctly (generated with ``seed``).
-    ``out_dir``: run directories under ``<out_dir>/runs/<model>/<task>/<ablation>``."""
-    from circuits import zoo
-    from circuits.specs import PromptSpec
+    ``out_dir``: run directories under ``<out_dir>/runs/<model>/<task>/<ablation>``; ``out_dir`` is locked
+    (:class:`circuits.runner.Run`, or ``held``, one the caller holds) and gets the run identity
+    (:func:`identity`) like the directory of any other command."""
+    from circuits.atomic import safe_name
+    from circuits.runner import Run
+    from circuits.runs import RunDir
     from interventions.validation import check_choice
 
     for a in ablations:
@@ -214,6 +221,33 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
     names = list(models) if models else planted_models()
     if not names:
         raise ValueError("no planted zoo model is installed; give --models (zoo names or model folders)")
+    for name in names:
+        safe_name(Path(name).name, "model")
+    for task in tasks:
+        safe_name(task, "task")
+    args = dict(names=names, tasks=list(tasks), n_prompts=n_prompts, ablations=list(ablations), out_dir=out_dir,
+                seed=seed, threshold=threshold, target=target, progress=progress, log=log)
+    if out_dir is None:
+        return _run_all(**args)
+    ident = identity(names, tasks, n_prompts, ablations, seed, threshold, target)
+    with Run(out_dir, "groundtruth") if held is None else contextlib.nullcontext():
+        RunDir(out_dir, ident, results_name=files.NO_RESULTS).open()
+        return _run_all(**args)
+
+
+def identity(models: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str], seed: int,
+             threshold: float, target: float) -> dict[str, Any]:
+    """The run identity of ``af1 groundtruth`` (``run.json``): what determines its table."""
+    return {"analysis": "groundtruth", "models": list(models), "tasks": list(tasks), "n_prompts": int(n_prompts),
+            "ablations": list(ablations), "seed": int(seed), "threshold": float(threshold), "target": float(target)}
+
+
+def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str],
+             out_dir: str | Path | None, seed: int, threshold: float, target: float, progress: bool,
+             log: Any) -> list[Recovery]:
+    from circuits import zoo
+    from circuits.specs import PromptSpec
+
     rows = []
     for name in names:
         structure = planted_structure(name)

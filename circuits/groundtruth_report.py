@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from circuits.atomic import safe_name
 from circuits.report import page, write_text
 
 __all__ = ["COLUMNS", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
@@ -130,7 +131,8 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any]
     figures = []
     for (model, task), group in groups.items():
         title = f"{model}, {task}: faithfulness over circuit size"
-        paths[f"svg:{model}:{task}"] = write_text(out / "figures" / f"{model}-{task}.svg", curve_svg(group, title))
+        svg = safe_name(f"{model}-{task}.svg", "figure of model and task")
+        paths[f"svg:{model}:{task}"] = write_text(out / "figures" / svg, curve_svg(group, title))
         figures.append(_plotly_figure(group, title))
     notes = [f"{sum(r.config_recovered for r in rows)}/{len(rows)} rows recover the planted (wait, transfer); "
              f"{sum(r.heads_recovered for r in rows)}/{len(rows)} the planted head set exactly.",

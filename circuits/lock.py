@@ -40,9 +40,15 @@ class DirLock:
                 f"wait for it to finish or use another --out directory"
             ) from None
         self.fd = fd
-        tmp = self.path / f"{LOCK_FILE}.{os.getpid()}"
-        tmp.write_text(f"{os.getpid()}\n")
-        os.replace(tmp, self.path / LOCK_FILE)
+        try:
+            from circuits.atomic import write_text
+
+            write_text(self.path / LOCK_FILE, f"{os.getpid()}\n")
+        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            self.fd = None
+            raise
         return self
 
     def holder(self) -> str:
@@ -57,6 +63,8 @@ class DirLock:
             return
         try:
             (self.path / LOCK_FILE).unlink(missing_ok=True)
+        except OSError:  # e.g. the file system turned read-only: the flock below is what holds the directory
+            pass
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)

@@ -86,9 +86,12 @@ def fitted_on(cache: iv.MeanCache, fit_tokens: torch.Tensor) -> bool:
 
 def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
     """Save ``cache`` as the run's means file (unless that file already holds it) and record its hash."""
-    target = run_dir.path / files.MEANS
+    from circuits.atomic import no_link, write_with
+
+    target = no_link(run_dir.path / files.MEANS)
     if not target.exists() or iv.MeanCache.load(target).sha256 != cache.sha256:
-        cache.save(target)
+        write_with(target, cache.save)
+        cache.source = str(target)
     run_dir.record_artifact(files.MEANS)
 
 

@@ -142,7 +142,7 @@ def necessity_identity(config: NecessityConfig, ctx: RunContext, model: Any) -> 
         "analysis": "necessity",
         "n_prompts": int(len(ctx.tokens)),
         "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
-        "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
+        "model_signature": ad.model_identity(),
         "seed": int(config.seed),
         "n_boot": int(config.n_boot),
     }

@@ -85,6 +85,9 @@ class RecordSchema:
                 problem = f.problem(record)
                 if problem is not None:
                     raise CorruptRunError(f"{path}, line {line}: field {f.name!r} {problem}; {FIX}")
+            bad = consistency_problem(record)
+            if bad is not None:
+                raise CorruptRunError(f"{path}, line {line}: field {bad[0]!r} {bad[1]}; {FIX}")
             if self.check is not None:
                 bad = self.check(record)
                 if bad is not None:
@@ -99,6 +102,30 @@ class RecordSchema:
                 seen[k] = line
             out.append(record)
         return out
+
+
+def consistency_problem(record: dict[str, Any]) -> tuple[str, str] | None:
+    """A ``(field, problem)`` pair for a faithfulness record whose numbers do not agree (``None`` if they do,
+    or if the record has no faithfulness): ``faithfulness`` must be ``n_faithful / n``, its bootstrap
+    interval must hold it, and neither end may lie further from it than a bootstrap of ``n`` prompts can
+    (five standard errors ``sqrt(f (1 - f) / n)`` plus ``1/n``; an interval of a faithfulness of 0 or 1 is
+    that point). The fields were type-checked before."""
+    f, n = record.get("faithfulness"), record.get("n")
+    if not isinstance(f, (int, float)) or not isinstance(n, int) or n < 1:
+        return None
+    k = record.get("n_faithful")
+    if isinstance(k, int) and abs(f - k / n) > 1e-9:
+        return "faithfulness", f"= {f!r} is not n_faithful / n = {k}/{n} = {k / n:.6g}"
+    lo, hi = record.get("ci_low"), record.get("ci_high")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        if not lo - 1e-9 <= f <= hi + 1e-9:
+            return "faithfulness", f"= {f!r} lies outside its interval [ci_low, ci_high] = [{lo!r}, {hi!r}]"
+        reach = 5 * math.sqrt(max(f * (1 - f), 0.0) / n) + 1 / n
+        for name, end in (("ci_low", lo), ("ci_high", hi)):
+            if abs(end - f) > reach + 1e-9:
+                return name, (f"= {end!r} is further from faithfulness {f!r} than a bootstrap of {n} prompts "
+                              f"reaches ({reach:.3g})")
+    return None
 
 
 def _hashable(value: Any) -> Any:

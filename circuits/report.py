@@ -30,13 +30,11 @@ def page(title: str, figures: Sequence[Any], notes: Sequence[str] = (), links: S
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    """Write ``text`` to ``path`` atomically (:func:`circuits.atomic.write_text`: an exclusively created
+    temporary file of unpredictable name beside it, then rename; a link at ``path`` is refused)."""
+    from circuits import atomic
+
+    return atomic.write_text(path, text)
 
 
 def search_heatmap(result: Any, title: str = "AF1 search") -> Any:

@@ -32,7 +32,8 @@ import torch
 
 import interventions as iv
 from circuits import files
-from circuits.errors import CorruptRunError, PromptError, RunMismatchError
+from circuits.atomic import clean_temporaries, refuse_links
+from circuits.errors import ArgumentError, CorruptRunError, PromptError, RunMismatchError
 from circuits.faithfulness import base_correct
 from circuits.fitset import FitSet
 from circuits.means import check_current, keep_means, load_means, plan_means
@@ -189,6 +190,8 @@ class Run:
     empty is removed again."""
 
     def __init__(self, out: str | Path, command: str):
+        if not str(out).strip():
+            raise ArgumentError("--out must be a non-empty path")
         self.path = Path(out)
         self.command = command
         self.created = False
@@ -201,6 +204,8 @@ class Run:
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock = DirLock(self.path).acquire()
         try:
+            refuse_links(self.path)
+            clean_temporaries(self.path)
             ident = self.path / IDENTITY_FILE
             if ident.exists():
                 try:

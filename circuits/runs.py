@@ -33,6 +33,8 @@ from circuits.errors import CorruptRunError, RunMismatchError
 
 IDENTITY_FILE = "run.json"
 ARTIFACTS_FILE = "artifacts.json"
+RUN_KEY = "run.json"
+"""The entry of ``artifacts.json`` holding the SHA-256 of the run identity the artifacts belong to."""
 
 __all__ = [
     "ARTIFACTS_FILE", "IDENTITY_FILE", "RunDir", "RunMismatchError", "append_line", "dist_version", "dumps_line",
@@ -57,23 +59,20 @@ def dumps_line(record: Mapping[str, Any]) -> str:
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file + ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(_jsonable(obj), f, indent=2, sort_keys=True, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """Write ``obj`` as indented JSON to ``path`` atomically (:func:`circuits.atomic.write_bytes`: an
+    exclusively created temporary file beside it, then ``os.replace``; a link at ``path`` is refused)."""
+    from circuits.atomic import write_text
+
+    text = json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return write_text(path, text)
 
 
 def append_line(path: str | Path, record: Mapping[str, Any]) -> None:
     """Append ``record`` as one JSONL line: one ``write`` call, then flush and ``fsync``."""
+    from circuits.atomic import no_link
+
     data = dumps_line(record).encode()
-    fd = os.open(str(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_no_follow(no_link(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         written = os.write(fd, data)
         if written != len(data):  # pragma: no cover - regular files write whole
@@ -81,6 +80,19 @@ def append_line(path: str | Path, record: Mapping[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _open_no_follow(path: Path, flags: int) -> int:
+    """``os.open`` that refuses a symbolic link at ``path`` (``O_NOFOLLOW``), naming the file."""
+    from circuits.atomic import LinkError
+
+    try:
+        return os.open(str(path), flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as err:
+        if err.errno == 40 or path.is_symlink():  # ELOOP: a link
+            raise LinkError(f"{path} is a symbolic link: af1 writes only the files of its run directory, never "
+                            f"through a link; remove the link or use a new --out directory") from None
+        raise
 
 
 def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = False) -> list[Any]:
@@ -92,10 +104,14 @@ def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = Fal
     :class:`~circuits.errors.CorruptRunError` (a ``ValueError``: the file is corrupt).
     ``with_lines=True`` returns ``(line number, record)`` pairs (1-based) instead of records.
     """
-    path = Path(path)
+    from circuits.atomic import no_link
+
+    path = no_link(path)
     if not path.exists():
         return []
-    raw = path.read_bytes()
+    fd = _open_no_follow(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
     records: list[Any] = []
     good_end = 0
     pos = 0
@@ -116,6 +132,9 @@ def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = Fal
                         f"line; move the file away or use a new --out directory"
                     ) from None
                 break
+            except ValueError as err:  # valid JSON that Python refuses (an integer of more than 4300 digits)
+                raise CorruptRunError(f"{path}, line {line_no}: {one_line_text(err)}; the file was not written by "
+                                      f"af1: move it away or use a new --out directory") from None
             if not isinstance(record, dict):
                 raise CorruptRunError(
                     f"{path}, line {line_no}: expected a JSON object, found {type(record).__name__}; the file "
@@ -125,10 +144,12 @@ def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = Fal
         pos = nl + 1
         good_end = pos
     if repair and good_end < len(raw):
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-            f.flush()
-            os.fsync(f.fileno())
+        fd = _open_no_follow(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, good_end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return records
 
 
@@ -143,12 +164,21 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
             f"{path} is not valid JSON: cannot tell which command wrote {path.parent}; use a new --out "
             f"directory"
         ) from None
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise CorruptRunError(f"{path}: {one_line_text(err)}; it was not written by af1: use a new --out "
+                              f"directory") from None
     if not isinstance(obj, dict):
         raise CorruptRunError(
             f"{path} holds a JSON {type(obj).__name__}, not an object: it was not written by af1; use a new "
             f"--out directory"
         )
     return obj
+
+
+def one_line_text(err: BaseException, limit: int = 160) -> str:
+    """``err`` as one short line (for messages that quote a parser's complaint)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def file_sha256(path: str | Path) -> str:
@@ -210,10 +240,20 @@ class RunDir:
         return read_jsonl(self.results_path, repair=True, with_lines=True)
 
     # --- artifacts: files read back on resume, named by content hash ---------------------------
+    @property
+    def identity_sha256(self) -> str:
+        """Content hash of this run's identity: ``artifacts.json`` records it beside the artifacts' hashes,
+        binding them to the run that wrote them."""
+        return hashlib.sha256(json.dumps(self.identity, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
     def record_artifact(self, name: str) -> str:
-        """Record the SHA-256 of ``<dir>/name`` in ``artifacts.json`` (after writing the file)."""
+        """Record the SHA-256 of ``<dir>/name`` in ``artifacts.json`` (after writing the file), with the hash
+        of this run's identity (entries bound to another identity are dropped)."""
         digest = file_sha256(self.path / name)
-        self.write_json(ARTIFACTS_FILE, {**self.artifacts(), name: digest})
+        recorded = self.artifacts()
+        if recorded.get(RUN_KEY) != self.identity_sha256:
+            recorded = {}
+        self.write_json(ARTIFACTS_FILE, {**recorded, RUN_KEY: self.identity_sha256, name: digest})
         return digest
 
     def artifacts(self) -> dict[str, str]:
@@ -233,7 +273,14 @@ class RunDir:
         path = self.path / name
         if not path.exists():
             return None
-        recorded = self.artifacts().get(name)
+        artifacts = self.artifacts()
+        recorded = artifacts.get(name)
+        if recorded is not None and artifacts.get(RUN_KEY) != self.identity_sha256:
+            raise CorruptRunError(
+                f"{path} and {ARTIFACTS_FILE} were written by another run (its run identity hash "
+                f"{_short(artifacts.get(RUN_KEY))!s}, this run's {_short(self.identity_sha256)}): results resumed with "
+                f"it would mix two runs; move both away to recompute them, or use a new --out directory"
+            )
         if recorded is None:
             raise CorruptRunError(
                 f"{path} was not written by this run (no content hash recorded in {ARTIFACTS_FILE}): move it "
@@ -255,16 +302,10 @@ class RunDir:
         return write_json(self.path / name, obj)
 
     def write_jsonl(self, name: str, records: Iterable[Mapping[str, Any]]) -> Path:
-        """Write a whole JSONL file atomically."""
-        path = self.path / name
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            for rec in records:
-                f.write(dumps_line(rec))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        """Write a whole JSONL file atomically (:func:`circuits.atomic.write_bytes`)."""
+        from circuits.atomic import write_text
+
+        return write_text(self.path / name, "".join(dumps_line(rec) for rec in records))
 
 
 def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> str:

@@ -96,6 +96,17 @@ class TaskSpec:
 
 @lru_cache(maxsize=4)
 def _load_specs(path: str) -> dict[str, TaskSpec]:
+    try:
+        return _parse_specs(path)
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
+        from circuits.errors import ArgumentError
+
+        what = f"missing field {err}" if isinstance(err, KeyError) else " ".join(str(err).split())[:160]
+        raise ArgumentError(f"task catalogue {path} is malformed ({what}): it needs {{\"tasks\": [...]}} with the "
+                            f"fields of circuits/data/tasks.json; fix it or unset AF1_DATASETS_DIR") from None
+
+
+def _parse_specs(path: str) -> dict[str, TaskSpec]:
     raw = json.loads(Path(path).read_text())
     specs = {}
     for t in raw["tasks"]:

@@ -19,6 +19,8 @@ Edits are verified once per model (:mod:`interventions.edits`): a hook added thr
 from __future__ import annotations
 
 import hashlib
+import os
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -256,6 +258,27 @@ class ModelAdapter:
         sample = w[::stride][:64].to(device="cpu", dtype=torch.float32).contiguous()
         return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
 
+    def weights_module(self) -> torch.nn.Module | None:
+        """The torch module holding every weight of the model (``None`` where the weights are not here)."""
+        if isinstance(self.model, torch.nn.Module):
+            return self.model
+        hf = getattr(self.model, "hf", None)
+        return hf if isinstance(hf, torch.nn.Module) else None
+
+    def weights_sha256(self) -> str:
+        """SHA-256 over every tensor of the model's state dict (names, dtypes, shapes and bytes): two models
+        that differ in any weight differ here. Computed once per loaded model and kept while no tensor of it
+        is replaced or changed in place (:func:`weights_sha256`). Where the weights are not here (a remote
+        model), the :meth:`fingerprint`."""
+        module = self.weights_module()
+        digest = weights_sha256(module) if module is not None else None
+        return digest if digest is not None else self.fingerprint()
+
+    def model_identity(self) -> dict[str, Any]:
+        """What a run identity records of the model: its shapes, :meth:`fingerprint` and
+        :meth:`weights_sha256`."""
+        return {**self.info.signature(), "fingerprint": self.fingerprint(), "weights_sha256": self.weights_sha256()}
+
     def device(self) -> torch.device:
         return self.embedding_matrix().device
 
@@ -344,6 +367,46 @@ def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
         raise ValueError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
     if stop is not None and not start < stop <= n_layers:
         raise ValueError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
+
+
+_WEIGHT_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+
+
+def weights_sha256(module: torch.nn.Module) -> str | None:
+    """SHA-256 over every tensor of ``module.state_dict()`` in name order: of the SHA-256 of each tensor's name,
+    dtype, shape and bytes (tensors are hashed in parallel, up to 8 threads);
+    ``None`` if a tensor is on the ``meta`` device. Cached per module under a key of every tensor's storage
+    address and version counter, so it is computed once per load and again only after a weight changed."""
+    state = module.state_dict(keep_vars=True)
+    tensors = sorted((name, t) for name, t in state.items() if isinstance(t, torch.Tensor))
+    if any(t.device.type == "meta" for _, t in tensors):
+        return None
+    key = tuple((name, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for name, t in tensors)
+    cached = _WEIGHT_HASHES.get(module)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    def tensor_digest(item: tuple[str, torch.Tensor]) -> bytes:
+        name, t = item
+        h = hashlib.sha256(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        with torch.no_grad():
+            flat = t.detach().to("cpu").contiguous().reshape(-1)
+        if flat.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        if flat.numel():
+            h.update(flat.view(torch.uint8).numpy())  # hashlib releases the GIL: tensors hash in parallel
+        return h.digest()
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(8, os.cpu_count() or 1, len(tensors)))
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(tensor_digest, tensors))
+    h = hashlib.sha256(b"af1-weights-v1")
+    for part in parts:
+        h.update(part)
+    digest = h.hexdigest()
+    _WEIGHT_HASHES[module] = (key, digest)
+    return digest
 
 
 _BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []

@@ -96,11 +96,22 @@ class Intervention:
         if kind not in REGISTRY:
             raise InterventionError(f"unknown intervention type {kind!r}: known types are {sorted(REGISTRY)}")
         cls = REGISTRY[kind]
+        import dataclasses
+
+        if dataclasses.is_dataclass(cls):
+            known = {f.name for f in dataclasses.fields(cls) if f.init}
+            unknown = sorted(set(spec) - known)
+            if unknown:
+                raise InterventionError(f"{kind} spec has unknown field(s) {', '.join(map(str, unknown))}; known: "
+                                        f"{', '.join(sorted(known))}")
         ref = spec.get("cache")
         if isinstance(ref, dict):
             if cache is None:
                 if not ref.get("path"):
                     raise InterventionError(f"{kind} spec references a cache without a path: pass cache=...")
+                if not ref.get("sha256"):
+                    raise InterventionError(f"{kind} spec references cache file {ref['path']} without its sha256: "
+                                            f"a file that cannot be checked is not loaded; pass cache=...")
                 cache = MeanCache.load(Path(ref["path"]))
             if ref.get("sha256") and cache.sha256 != ref["sha256"]:
                 raise InterventionError(

@@ -150,6 +150,8 @@ def check_device(device: str) -> None:
 
 def check_out(out: str) -> None:
     """``ArgumentError`` unless ``--out`` is (or can become) a writable directory."""
+    if not str(out).strip():
+        raise ArgumentError("--out must be a non-empty path")
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ArgumentError(f"--out {out} exists and is not a directory; choose a directory")
@@ -234,12 +236,28 @@ def check_common(args: argparse.Namespace) -> None:
     check_backend(args)
     prompt_spec(args)  # validates the source and the fit set
     check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
+    if getattr(args, "seed", 0) < 0:
+        raise ArgumentError(f"--seed {args.seed} is out of range: give an integer >= 0")
     check_placement(args)
     if getattr(args, "max_checked", None) is not None:
         check_positive("--max-checked", args.max_checked)
     check_task(args.task, args.n_prompts, getattr(args, "source", "build"))
+    check_checked(args)
     check_device(args.device)
     check_out(args.out)
+
+
+def check_checked(args: argparse.Namespace) -> None:
+    """``--n-prompts`` at most the prompts that will be checked (``--max-checked``, default
+    :data:`circuits.prompts.MAX_CHECKED`) when prompts are built: more can never be found."""
+    from circuits.prompts import MAX_CHECKED
+
+    if getattr(args, "source", "build") != "build" or not hasattr(args, "max_checked"):
+        return
+    checked = args.max_checked if args.max_checked is not None else MAX_CHECKED
+    if args.n_prompts > checked:
+        raise ArgumentError(f"--n-prompts {args.n_prompts} exceeds --max-checked {checked}: at most {checked} prompts "
+                            f"are checked, so raise --max-checked or ask for fewer prompts")
 
 
 # --- specs ----------------------------------------------------------------------------------------

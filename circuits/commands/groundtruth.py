@@ -32,7 +32,7 @@ def _split(text: str) -> list[str]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_fraction, check_positive
+    from circuits.commands.common import check_fraction, check_out, check_positive
     from circuits.groundtruth import ABLATIONS
     from circuits.tasks import list_tasks
 
@@ -45,6 +45,7 @@ def check(args: argparse.Namespace) -> None:
     unknown = [t for t in _split(args.tasks) if t not in list_tasks()]
     if unknown or not _split(args.tasks):
         raise ValueError(f"--tasks {args.tasks!r}: unknown task(s) {unknown}; see circuits.tasks.list_tasks()")
+    check_out(args.out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,12 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from circuits.groundtruth import run_recovery
     from circuits.groundtruth_report import write_outputs
 
-    rows = run_recovery(models=_split(args.models) if args.models else None, tasks=_split(args.tasks),
-                        n_prompts=args.n_prompts, ablations=_split(args.ablations), out_dir=args.out,
-                        seed=args.seed, threshold=args.threshold, target=args.target,
-                        progress=not args.no_progress, log=print)
-    paths = write_outputs(rows, args.out, meta={"command": command_line(args), "n_prompts": args.n_prompts,
-                                                "threshold": args.threshold, "target": args.target})
+    from circuits.runner import Run
+
+    with Run(args.out, "groundtruth") as held:  # locked, and refused if another command's, before any model loads
+        rows = run_recovery(models=_split(args.models) if args.models else None, tasks=_split(args.tasks),
+                            n_prompts=args.n_prompts, ablations=_split(args.ablations), out_dir=args.out,
+                            seed=args.seed, threshold=args.threshold, target=args.target,
+                            progress=not args.no_progress, log=print, held=held)
+        paths = write_outputs(rows, args.out, meta={"command": command_line(args), "n_prompts": args.n_prompts,
+                                                    "threshold": args.threshold, "target": args.target})
     print()
     print(paths["md"].read_text())
     print(f"{sum(r.config_recovered for r in rows)}/{len(rows)} configurations and "

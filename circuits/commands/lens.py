@@ -58,7 +58,10 @@ def check(args: argparse.Namespace) -> None:
     check_task(args.task, args.n_prompts)
     check_device(args.device)
     check_out(args.out)
-    if (Path(args.out) / "lens.json").exists() and not args.force:
+    # A finished run is not overwritten without --force; one killed between lens.json and report.html is
+    # redone (run.json, checked by the runner, tells whether it is this run).
+    out = Path(args.out)
+    if (out / "lens.json").exists() and (out / "report.html").exists() and not args.force:
         raise FileExistsError(f"{Path(args.out) / 'lens.json'} exists: choose another --out or pass --force")
 
 

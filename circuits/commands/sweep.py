@@ -45,9 +45,18 @@ def config_of(args: argparse.Namespace):
         if not path.is_file():
             raise ArgumentError(f"--config {args.config}: no such file")
         try:
-            raw = dict(tomllib.loads(path.read_text()).get("sweep") or {})
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ArgumentError(f"--config {args.config} is not UTF-8 text (byte {err.start}): TOML files are "
+                                f"UTF-8") from None
+        try:
+            table = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ArgumentError(f"--config {args.config} is not valid TOML: {err}") from None
+        sweep = table.get("sweep")
+        if sweep is not None and not isinstance(sweep, dict):
+            raise ArgumentError(f"--config {args.config}: sweep must be a [sweep] table")
+        raw = dict(sweep or {})
     for key in ("models", "tasks", "ablations"):
         if getattr(args, key) is not None:
             raw[key] = [x.strip() for x in getattr(args, key).split(",") if x.strip()]

@@ -82,6 +82,7 @@ def _train(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from circuits import zoo
+    from circuits.errors import ArgumentError
 
     action = getattr(args, "zoo_command", None)
     if action in (None, "list"):
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     if action == "eval":
         from circuits.zoo.data import evaluate_frozen
 
+        if args.n is not None and args.n < 1:
+            raise ArgumentError(f"-n {args.n} is out of range: give an integer >= 1 (prompts per frozen set)")
         model = zoo.load(args.name)
         c = zoo.card(args.name)
         names = args.tasks or list(c.get("frozen_accuracy") or c["train"]["tasks"])

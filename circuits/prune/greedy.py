@@ -165,7 +165,7 @@ def prune_identity(cfg: PruneConfig, ctx: RunContext, model: Any) -> dict[str, A
         "n_boot": cfg.n_boot,
         "seed": cfg.seed,
         "prompts_sha256": tokens_sha256(ctx.given_tokens, ctx.given_answers),
-        "model": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
+        "model": ad.model_identity(),
         "cache_sha256": (ctx.means_identity or {}).get("cache_sha256"),
         "means": ctx.means_identity,
         "meta": {k: v for k, v in ctx.meta.items() if k not in NOT_IDENTITY},

@@ -162,7 +162,7 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
         **{k: v for k, v in ctx.meta.items() if k not in NOT_IDENTITY},
         "n_prompts": int(ctx.tokens.shape[0]),
         "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
-        "model_signature": {**ad.info.signature(), "fingerprint": ad.fingerprint()},
+        "model_signature": ad.model_identity(),
         **config.identity(),
         # The fit set (how it was drawn, its hash) or a given cache's hash, and the minimum count.
         "means": ctx.means_identity if config.needs_means else None,

@@ -34,6 +34,7 @@ from typing import Any, Iterator, Mapping
 from circuits import placement
 from circuits.errors import ArgumentError
 from circuits.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
+from circuits.sweep.types import check_types
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding", "digits")
@@ -104,6 +105,7 @@ class SweepConfig:
         unknown = sorted(set(raw) - names)
         if unknown:
             raise ArgumentError(f"unknown sweep key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        check_types(raw)  # before anything is built: circuits.sweep.types
         for key in ("models", "tasks"):
             if key not in raw:
                 raise ArgumentError(f"the sweep config needs `{key} = [...]`")

@@ -60,20 +60,33 @@ def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
 
     out = Path(out)
     t0 = time.perf_counter()
+    cells = list(config.cells())
+    folders = {cell: cell_folder(out, cell) for cell in cells}  # names from data checked before anything is written
     with Run(out, "sweep"):
         RunDir(out, {"analysis": "sweep", **config.identity()}, results_name=files.NO_RESULTS).open()
         rows = []
-        cells = list(config.cells())
         bar = tqdm(cells, desc="sweep", unit="cell", disable=not progress)
         state = _State(config, command or ["af1", "sweep"])
         try:
             for cell in bar:
                 bar.set_postfix(model=cell.model, task=cell.task, ablation=cell.ablation, seed=cell.seed)
-                rows.append(state.run(cell, out / CELLS_DIR / cell.folder(), progress))
+                rows.append(state.run(cell, folders[cell], progress))
         finally:
             bar.close()
         write_outputs(config, rows, out, seconds=time.perf_counter() - t0)
     return rows
+
+
+def cell_folder(out: Path, cell: Cell) -> Path:
+    """The run directory of ``cell``: ``<out>/cells/<model>/<task>/<ablation>-seed<seed>``, each part one plain
+    folder name (a task or model name holding ``/`` or ``..`` is refused, so no cell lies outside ``out``)."""
+    from circuits.atomic import inside, safe_name
+
+    from circuits.sweep.config import slug
+
+    parts = (safe_name(slug(cell.model), "model"), safe_name(cell.task, "task"),
+             safe_name(f"{cell.ablation}-seed{cell.seed}", "ablation"))
+    return inside(out / CELLS_DIR, Path(*parts), "cell folder")
 
 
 class _State:

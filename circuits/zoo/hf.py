@@ -177,6 +177,51 @@ def read_meta(folder: str | Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def parameter_floor(config: dict) -> int:
+    """A lower bound of the parameters a Hugging Face ``config.json`` asks for: per block the attention
+    (``4 d^2``) and two MLP matrices (``2 d ff``), and the embedding (``V d``)."""
+    def num(*keys: str, default: int = 0) -> int:
+        for k in keys:
+            v = config.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return max(0, v)
+        return default
+
+    d = num("hidden_size", "n_embd", "d_model")
+    layers = num("num_hidden_layers", "n_layer", "n_layers")
+    ff = num("intermediate_size", "n_inner", "d_mlp", default=4 * d) or 4 * d
+    return layers * (4 * d * d + 2 * d * ff) + num("vocab_size") * d
+
+
+def check_size(folder: str | Path) -> None:
+    """``ValueError`` naming ``config.json`` before anything is allocated, when it asks for more parameters
+    (float32) than its weights file holds or this machine's memory can take (a config of 4096 blocks of
+    width 65536 would otherwise try to allocate hundreds of terabytes)."""
+    import os
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        raise ValueError(f"{folder / 'config.json'} is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder / 'config.json'} is not a JSON object")
+    need = 4 * parameter_floor(config)
+    weights = folder / WEIGHTS
+    have = weights.stat().st_size if weights.exists() else None
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        memory = None
+    gb = lambda n: f"{n / 1e9:.3g} GB"  # noqa: E731
+    if have is not None and need > 2 * have + (1 << 20):
+        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights, but {weights.name} "
+                         f"holds {gb(have)}: the config does not describe these weights")
+    if memory is not None and need > memory:
+        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights, more than this "
+                         f"machine's {gb(memory)} of memory")
+
+
 def load_hf(folder: str | Path) -> tuple[Any, Any]:
     """``(hf_model, b_U)``: the folder's Hugging Face model (``from_pretrained``, offline, eager attention,
     eval mode) and its unembedding bias (``None`` without ``unembed_bias.safetensors``)."""
@@ -188,6 +233,7 @@ def load_hf(folder: str | Path) -> tuple[Any, Any]:
     if not (folder / "config.json").exists() or "architectures" not in json.loads((folder / "config.json").read_text()):
         raise ValueError(f"{folder} is not a Hugging Face model folder (config.json without 'architectures'): "
                          f"convert it with circuits.zoo.export.convert_folder({str(folder)!r})")
+    check_size(folder)
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     with torch.random.fork_rng(devices=[]):  # the throw-away initialisation must not move the caller's RNG
         hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager")

@@ -22,10 +22,16 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..hooks import HookFn
+from ..types import InterventionError
 from .nnsight_layout import config_of, layout_of
 from .nnsight_trace import POINT_KINDS, Invoke, run_trace
 
 INSTALL_HINT = "pip install 'af1-circuits[nnsight]'"
+
+
+class MissingPackageError(InterventionError, ImportError):
+    """An optional package is not installed (an ``ImportError``, and a ``ValueError`` like every expected
+    failure, so the command line prints one line)."""
 
 
 def require_nnsight() -> Any:
@@ -33,7 +39,7 @@ def require_nnsight() -> Any:
     try:
         import nnsight
     except ImportError:
-        raise ImportError(f"the nnsight backend needs the nnsight package: {INSTALL_HINT}") from None
+        raise MissingPackageError(f"the nnsight backend needs the nnsight package: {INSTALL_HINT}") from None
     return nnsight
 
 
