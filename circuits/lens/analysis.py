@@ -84,6 +84,7 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list
             inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
                                           counter_answers=cf.counter_answers, batch_size=config.batch_size,
                                           label=cf.label))
+    result.interchanges = inter
     return result, inter
 
 

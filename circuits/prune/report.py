@@ -104,16 +104,22 @@ def attention_figure(result: "PruneResult") -> Any:
     return fig
 
 
-def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
-                       notes: Sequence[str] = ()) -> Path:
-    """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
-    from circuits.report import page, write_text
-
+def figures(result: "PruneResult") -> list[Any]:
+    """The report's figures: the curve, the smallest head set (when one reaches the target) and its attention."""
     figs = [curve_figure(result)]
     if result.smallest_head_set is not None:
         figs.append(kept_heads_figure(result))
     if result.attention:
         figs.append(attention_figure(result))
+    return figs
+
+
+def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
+                       notes: Sequence[str] = ()) -> Path:
+    """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
+    from circuits.report import page, write_text
+
+    figs = figures(result)
     cfg = result.config
     smallest = (
         "no head set reaches the target"
