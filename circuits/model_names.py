@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,13 +27,25 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 """``config.json`` keys of the number of blocks (Llama/most, GPT-2, TransformerLens, GPT-NeoX style)."""
 
 
+def _hub_constants() -> Any:
+    """``huggingface_hub.constants`` once something imported it (its values are then what the loaders use)."""
+    return sys.modules.get("huggingface_hub.constants")
+
+
 def offline() -> bool:
     """Whether the Hugging Face libraries are told not to use the network."""
+    hc = _hub_constants()
+    if hc is not None and getattr(hc, "HF_HUB_OFFLINE", False):
+        return True
     return any(os.environ.get(k, "").strip().lower() in TRUE for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hf_cache_dir() -> Path:
-    """The local Hugging Face hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``)."""
+    """The local Hugging Face hub cache: ``huggingface_hub``'s own setting once it is imported, else
+    ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    hc = _hub_constants()
+    if hc is not None and getattr(hc, "HF_HUB_CACHE", None):
+        return Path(hc.HF_HUB_CACHE).expanduser()
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
@@ -110,6 +123,14 @@ def _transformer_lens_knows(name: str) -> bool:
 def close_names(name: str, names: Sequence[str], cutoff: float = 0.6) -> list[str]:
     """The ``names`` closest to ``name`` (``difflib``), best first."""
     return difflib.get_close_matches(name, list(names), n=3, cutoff=cutoff)
+
+
+def custom_loader() -> bool:
+    """Whether ``circuits.loading.load_model`` was replaced (an embedding application or a test that loads its
+    own models): such a loader decides what a name means, so no name is refused before it runs."""
+    mod = sys.modules.get("circuits.loading")
+    fn = getattr(mod, "load_model", None) if mod is not None else None
+    return fn is not None and getattr(fn, "__module__", None) != "circuits.loading"
 
 
 def check_model_name(name: str, zoo_names: Sequence[str] | None = None) -> None:

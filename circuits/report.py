@@ -93,7 +93,11 @@ def smallest_transfer_figure(result: Any) -> Any:
     labels = [str(result.smallest_transfer[w]) if result.smallest_transfer[w] is not None else "none" for w in waits]
     fig = go.Figure(go.Bar(x=waits, y=ys, text=labels, textposition="outside", name="smallest transfer"))
     fig.update_layout(title="Smallest sufficient transfer per wait", xaxis=dict(title="wait", dtick=1),
-                      yaxis=dict(title="transfer (blocks)", dtick=1), width=760, height=400)
+                      yaxis=dict(title="transfer (blocks)", dtick=1, rangemode="tozero"), width=760, height=400)
+    if not any(isinstance(y, int) for y in ys):
+        fig.add_annotation(text=f"no wait has a sufficient transfer: nothing reaches faithfulness {result.threshold:g}",
+                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+        fig.update_yaxes(range=[0, max(1, result.n_layers)])
     return fig
 
 
@@ -119,10 +123,13 @@ def necessity_figure(layers: Sequence[int], faith: Sequence[float], ci: Sequence
     if ci is not None:
         error_y = dict(type="data", symmetric=False, array=[hi - f for f, (_, hi) in zip(faith, ci)],
                        arrayminus=[f - lo for f, (lo, _) in zip(faith, ci)])
-    fig = go.Figure(go.Bar(x=list(layers), y=list(faith), error_y=error_y, name="faithfulness",
-                           text=[f"{f:.2f}" for f in faith], textposition="outside"))
+    fig = go.Figure(go.Bar(x=list(layers), y=list(faith), error_y=error_y, name="faithfulness"))
+    # The values above the interval's top (or the bar), where the error bars do not hide them.
+    tops = [hi if ci is not None and not math.isnan(hi) else f for f, (_, hi) in zip(faith, ci or [(0, math.nan)] * len(faith))]
+    for x, f, top in zip(layers, faith, tops):
+        fig.add_annotation(x=x, y=min(top, 1.0) + 0.02, text=f"{f:.2f}", showarrow=False, yanchor="bottom")
     fig.update_layout(title=title, xaxis=dict(title="block where the last token self-peeks", dtick=1),
-                      yaxis=dict(title="faithfulness", range=[0, 1.1]), width=760, height=450)
+                      yaxis=dict(title="faithfulness", range=[0, 1.12]), width=760, height=450)
     return fig
 
 

@@ -216,9 +216,10 @@ def check_backend(args: argparse.Namespace) -> None:
 def check_model(args: argparse.Namespace, names: list[str] | None = None) -> None:
     """A model name that can only be a mistake fails here, at once and without the network
     (:func:`circuits.model_names.check_model_name`); remote names are NDIF's to resolve."""
-    if getattr(args, "remote", False):
+    from circuits.model_names import check_model_name, custom_loader
+
+    if getattr(args, "remote", False) or custom_loader():
         return
-    from circuits.model_names import check_model_name
 
     for name in names if names is not None else [args.model]:
         check_model_name(name)

@@ -48,8 +48,11 @@ def test_mistyped_model_fails_fast_offline_naming_close_zoo_models(tmp_path):
 def test_mistyped_zoo_name_fails_without_asking_the_hub(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the hub was asked"))
     t0 = time.perf_counter()
@@ -60,8 +63,10 @@ def test_mistyped_zoo_name_fails_without_asking_the_hub(monkeypatch, tmp_path):
 
 
 def test_offline_unknown_name_lists_the_zoo(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelLoadError, match="cannot load model 'no-such-model-xyz'.*offline.*zoo models: arith-gpt2"):
         model_names.check_model_name("no-such-model-xyz")
     # cached, a local folder, a zoo model, a TransformerLens alias: not refused
