@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from circuits.report import page, write_text
+from circuits.report import write_page, write_text
 
 __all__ = ["COLUMNS", "GroundTruthResult", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
 
@@ -215,5 +215,5 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any]
              f"{sum(r.heads_recovered for r in rows)}/{len(rows)} the planted head set exactly.",
              "CPR: area under faithfulness over circuit size (heads kept / transfer heads), higher is better; "
              "CMD: area between the curve and 1, lower is better."]
-    paths["html"] = write_text(out / "report.html", page("Recovery of planted AF1 structures", figures, notes))
+    paths["html"] = write_page(out / "report.html", "Recovery of planted AF1 structures", figures, notes)
     return paths

@@ -207,7 +207,7 @@ def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunCo
     title = f"Necessity sweep: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
     notes = [f"Faithfulness when the last token attends only to BOS and itself in one block (all other blocks "
              f"unchanged); {result.n_prompts} prompts."]
-    report.write_text(run_dir.path / files.REPORT, report.page(title, result.figures(title), notes))
+    report.write_page(run_dir.path / files.REPORT, title, result.figures(title), notes)
 
 
 NECESSITY = Analysis(

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuits.files import LENS_ARRAYS
-from circuits.report import page, write_text
+from circuits.report import write_page, write_text
 
 from .interchange import InterchangeResult
 from .result import METRICS, LensResult, json_ready
@@ -209,5 +209,5 @@ def write_lens_outputs(
     notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items()),
              f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
              f"post-MLP residual states of every block (0-indexed)."]
-    html_path = write_text(out / "report.html", page("Early decoding (logit lens)", figs, notes))
+    html_path = write_page(out / "report.html", "Early decoding (logit lens)", figs, notes)
     return json_path, html_path

@@ -128,7 +128,7 @@ def figures(result: "PruneResult") -> list[Any]:
 def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
                        notes: Sequence[str] = ()) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
-    from circuits.report import page, write_text
+    from circuits.report import write_page
 
     figs = figures(result)
     cfg = result.config
@@ -146,4 +146,4 @@ def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[st
         *notes,
     ]
     title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
-    return write_text(path, page(title, figs, notes))
+    return write_page(path, title, figs, notes)

@@ -129,6 +129,10 @@ def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
     t0 = time.perf_counter()
     with Run(out, "sweep"):
         RunDir(out, {"analysis": "sweep", **config.identity()}, results_name=files.NO_RESULTS).open()
+        from circuits import report
+
+        if report.plotlyjs_mode() == "directory":
+            report.ensure_plotlyjs(out)  # one plotly.js for the sweep's report and every cell's
         rows = []
         cells = list(config.cells())
         bar = tqdm(cells, desc="sweep", unit="cell", disable=not progress)

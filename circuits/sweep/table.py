@@ -145,4 +145,4 @@ def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, second
              for r in rows if (out / r.path / files.REPORT).exists()]
     notes = [f"{len(rows)} cells in {seconds:.0f} s; table.csv has one row per cell, table.md the aggregate; "
              f"the reports of the cells:"]
-    report.write_text(out / files.REPORT, report.page("AF1 sweep", figures(config, rows), notes=notes, links=links))
+    report.write_page(out / files.REPORT, "AF1 sweep", figures(config, rows), notes=notes, links=links)

@@ -236,3 +236,23 @@ def test_to_pandas_without_pandas_says_so(monkeypatch, searched):
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ImportError, match="to_pandas\\(\\) needs pandas.*pip install pandas"):
         SearchResult.load(searched[4]).to_pandas()
+
+
+def test_reports_share_one_plotlyjs(tmp_path, monkeypatch, searched):
+    import re
+
+    from circuits import report
+
+    mem = searched[-1]
+    report.search_report(mem, tmp_path / "a" / "report.html")
+    report.search_report(mem, tmp_path / "a" / "other.html")
+    report.search_report(mem, tmp_path / "a" / "cells" / "c1" / "report.html")  # a cell under a sweep's root
+    js = tmp_path / "a" / "plotly.min.js"
+    assert "plotly.js v" in js.read_text() and sorted(p.name for p in tmp_path.rglob("plotly.min.js")) == [js.name]
+    for page, src in (("report.html", "plotly.min.js"), ("other.html", "plotly.min.js"),
+                      ("cells/c1/report.html", "../../plotly.min.js")):
+        text = (tmp_path / "a" / page).read_text()
+        assert f"<script src='{src}'>" in text and len(text) < 200_000 and "plotly.js v" not in text
+    monkeypatch.setenv("AF1_PLOTLYJS", "embed")
+    text = report.search_report(mem, tmp_path / "b" / "report.html").read_text()
+    assert "plotly.js v" in text and not re.search(r"<script src=", text) and not (tmp_path / "b" / "plotly.min.js").exists()
