@@ -22,8 +22,8 @@ PLOTLYJS = "directory"
 shared ``plotly.min.js`` next to them), ``"embed"`` (in every page) or ``"cdn"`` (a link, needs a network)."""
 SHARED_LEVELS = 6
 """Directories above a report searched for a shared ``plotly.min.js`` (a sweep cell's report is two below the
-sweep's, a ground-truth run five below its table); only af1 directories holding ``run.json``, ``cells/`` or
-``runs/`` count."""
+sweep's, a ground-truth run five below its table); only an af1 directory counts: one holding ``run.json``, or
+the report lies under its ``cells/`` or ``runs/``."""
 
 
 def plotlyjs_mode() -> str:
@@ -60,7 +60,8 @@ def shared_plotlyjs(report: Path) -> str:
         candidate = up / PLOTLYJS_FILE
         # Above its own folder only an af1 directory that holds others (a sweep, a ground-truth table): a
         # report must not depend on an unrelated file that happens to sit higher up.
-        ours = up == folder or (up / "run.json").is_file() or (up / "cells").is_dir() or (up / "runs").is_dir()
+        below = folder.relative_to(up).parts
+        ours = not below or (up / "run.json").is_file() or below[0] in ("cells", "runs")
         if ours and candidate.is_file() and candidate.stat().st_size == size:
             return Path(os.path.relpath(candidate, folder)).as_posix()
     ensure_plotlyjs(folder)
