@@ -87,10 +87,11 @@ def check_fixed_range(config) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_backend, check_device, check_model, check_out
+    from circuits.commands.common import check_backend, check_device, check_out
 
     config = config_of(args)
-    check_model(argparse.Namespace(remote=config.remote), list(config.models))
+    # Model names are not refused here: a model that fails to load is one failed cell, the others run (its
+    # load fails at once when the name can only be a mistake: circuits.model_names).
     if config.mode == "fixed":
         check_fixed_range(config)
     check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models,
