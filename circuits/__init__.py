@@ -37,15 +37,23 @@ _EXPORTS: dict[str, str] = {
     "AF1Error": "circuits.errors", "ArgumentError": "circuits.errors", "CorruptRunError": "circuits.errors",
     "ModelLoadError": "circuits.errors", "PromptError": "circuits.errors", "RunDirError": "circuits.errors", "RunLockedError": "circuits.errors",
     "RunMismatchError": "circuits.errors",
+    "SweepResult": "circuits.sweep", "GroundTruthResult": "circuits.groundtruth_report",
+    "PromptOutcomes": "circuits.outcomes", "prompt_faithfulness": "circuits.faithfulness",
+    "load_result": "circuits.results",
 }
-_SUBMODULES = ("tasks", "zoo", "search", "prune", "lens", "necessity", "sweep", "runner", "loading", "report")
+_SUBMODULES = ("tasks", "zoo", "search", "prune", "lens", "necessity", "sweep", "runner", "loading", "report",
+               "results")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 
+_ALIASES = {"load_result": "load"}
+"""Exported names spelled differently in their module."""
+
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        value = getattr(importlib.import_module(_EXPORTS[name]), _ALIASES.get(name, name))
         globals()[name] = value
         return value
     if name in _SUBMODULES:

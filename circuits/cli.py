@@ -61,9 +61,10 @@ def describe(err: BaseException) -> tuple[str, int] | None:
     import json
 
     from circuits.errors import AF1Error
-    from interventions.types import InterventionNotAppliedError
 
-    if isinstance(err, (AF1Error, InterventionNotAppliedError)):
+    # interventions.types imports torch: an error of it can only come once it is imported.
+    types = sys.modules.get("interventions.types")
+    if isinstance(err, AF1Error) or types is not None and isinstance(err, types.InterventionNotAppliedError):
         return one_line(err), 2
     if isinstance(err, KeyboardInterrupt):
         return "interrupted; finished results are saved: run the same command again to resume", 2
@@ -97,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     debug = bool(getattr(args, "debug", False))
+    from circuits.logs import cli_handler
+
+    cli_handler()  # the library's messages (logging, logger "circuits") on stderr
     try:
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):

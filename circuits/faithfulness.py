@@ -160,3 +160,39 @@ def faithfulness(
             raise InterventionError("the unmodified model answers none of these prompts correctly")
     metrics = last_token_metrics(answer_logits(model, tokens, answers, interventions, batch_size=batch_size), answers)
     return summarize(*metrics, n_boot=n_boot, seed=seed)
+
+
+def prompt_faithfulness(
+    model: Any,
+    tokens: Tokens,
+    answers: Int[torch.Tensor, "batch"],
+    interventions: Sequence[iv.Intervention],
+    *,
+    assume_correct: bool = False,
+    batch_size: int = 128,
+    prompts: Sequence[str] | None = None,
+) -> Any:
+    """:func:`faithfulness` prompt by prompt: a :class:`~circuits.outcomes.PromptOutcomes` (which prompts keep
+    their answer, the answer's probability and its margin over the best other token). Prompts the unmodified
+    model gets wrong are dropped first (``assume_correct=True`` skips that check); ``index`` says which of the
+    given prompts each row is, ``prompts`` (their text, aligned with ``tokens``) labels the rows."""
+    from circuits.outcomes import PromptOutcomes
+
+    d_vocab = iv.adapt(model).info.d_vocab
+    tokens = check_tokens(tokens, d_vocab=d_vocab)
+    answers = check_answers(answers, int(tokens.shape[0]), d_vocab)
+    check_positive("batch_size", batch_size)
+    if prompts is not None and len(prompts) != len(tokens):
+        raise ValueError(f"prompts has {len(prompts)} texts for {len(tokens)} prompts")
+    index = torch.arange(len(tokens))
+    if not assume_correct:
+        keep = base_correct(model, tokens, answers, batch_size=batch_size)
+        tokens, answers, index = tokens[keep], answers[keep], index[keep]
+        if len(tokens) == 0:
+            raise InterventionError("the unmodified model answers none of these prompts correctly")
+    metrics = last_token_metrics(answer_logits(model, tokens, answers, interventions, batch_size=batch_size), answers)
+    texts = [prompts[i] for i in index.tolist()] if prompts is not None else None
+    out = PromptOutcomes.from_metrics(*metrics, prompts=texts)
+    out.index = index.numpy()
+    return out
+

@@ -30,12 +30,12 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from circuits.errors import ModelLoadError
+from circuits.logs import get_logger
 
 __all__ = ["CACHE_ENV", "FORMAT", "INSTALL_HINT", "MARKER", "REGISTERED", "GGUFSource", "cache_root",
            "file_sha256", "gguf_file", "hf_folder", "is_gguf", "is_valid", "require_gguf", "resolve", "write_folder"]
@@ -173,7 +173,7 @@ def hf_folder(name: str | os.PathLike) -> Path:
     partial = target.parent / f".partial-{sha256}-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
-    print(f"converting {path.name} into {target} (once)", file=sys.stderr, flush=True)
+    get_logger("gguf").info("converting %s into %s (once)", path.name, target)
     try:
         write_folder(path, partial)
         files = {p.name: p.stat().st_size for p in sorted(partial.iterdir()) if p.is_file()}

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from circuits.atomic import safe_name
-from circuits.report import page, write_text
+from circuits.report import write_page, write_text
 
-__all__ = ["COLUMNS", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
+__all__ = ["COLUMNS", "GroundTruthResult", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
 
 COLUMNS = ("model", "task", "ablation", "planted", "selected", "config_recovered", "faithfulness_planted",
            "pruned_at", "planted_heads", "found_heads", "precision", "recall", "heads_recovered", "cpr", "cmd",
@@ -112,6 +112,85 @@ def _plotly_figure(rows: Sequence[Any], title: str) -> Any:
     return fig
 
 
+def recovery_from_dict(d: dict[str, Any]) -> Any:
+    """A :class:`~circuits.groundtruth.Recovery` from its ``summary.json`` row (lists back to tuples)."""
+    from dataclasses import fields
+
+    from circuits.groundtruth import Recovery
+
+    pair = lambda v: tuple(v) if v is not None else None  # noqa: E731
+    heads = lambda v: [tuple(h) for h in v] if v is not None else None  # noqa: E731
+    conv = {"planted": pair, "selected": pair, "pruned_at": pair, "planted_heads": heads, "found_heads": heads,
+            "curve": lambda v: [(int(k), float(f)) for k, f in v]}
+    names = {f.name for f in fields(Recovery)}
+    return Recovery(**{k: conv.get(k, lambda v: v)(v) for k, v in d.items() if k in names})
+
+
+class GroundTruthResult:
+    """The recovery table of ``af1 groundtruth`` (:func:`circuits.groundtruth.run_recovery`), reopened from its
+    ``--out`` directory (:meth:`load`): ``rows`` (one :class:`~circuits.groundtruth.Recovery` per model, task
+    and ablation), with :meth:`to_pandas`, the report's curves (:meth:`plot`) and each row's own search and
+    pruning runs (:meth:`search`, :meth:`prune`)."""
+
+    def __init__(self, rows: Sequence[Any], out_dir: str | Path | None = None, meta: dict[str, Any] | None = None):
+        self.rows = list(rows)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.meta = dict(meta or {})
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> "GroundTruthResult":
+        """The rows of ``out_dir/summary.json`` (``FileNotFoundError`` while the command has not finished)."""
+        path = Path(out_dir) / "summary.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{out_dir} holds no summary.json: not a finished af1 groundtruth directory")
+        doc = json.loads(path.read_text())
+        if not isinstance(doc.get("rows"), list):
+            raise ValueError(f"{path} has no recovery rows: not written by af1 groundtruth")
+        return cls([recovery_from_dict(r) for r in doc["rows"]], out_dir,
+                   {k: v for k, v in doc.items() if k != "rows"})
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` of the recovery table (:data:`COLUMNS`, as ``table.csv``)."""
+        from circuits.frames import dataframe
+
+        return dataframe(table_rows(self.rows), COLUMNS)
+
+    def groups(self) -> dict[tuple[str, str], list[Any]]:
+        out: dict[tuple[str, str], list[Any]] = {}
+        for r in self.rows:
+            out.setdefault((r.model, r.task), []).append(r)
+        return out
+
+    def plot(self, model: str | None = None, task: str | None = None) -> Any:
+        """The report's faithfulness-over-circuit-size curves of ``model`` and ``task`` (default: the first)."""
+        groups = self.groups()
+        key = next((k for k in groups if (model is None or k[0] == model) and (task is None or k[1] == task)), None)
+        if key is None:
+            raise KeyError(f"no rows for model={model!r}, task={task!r}; rows: {sorted(groups)}")
+        return _plotly_figure(groups[key], f"{key[0]}, {key[1]}: faithfulness over circuit size")
+
+    def figures(self) -> list[Any]:
+        """Every figure of the report."""
+        return [_plotly_figure(g, f"{m}, {t}: faithfulness over circuit size") for (m, t), g in self.groups().items()]
+
+    def _run(self, model: str, task: str, ablation: str, which: str) -> Path:
+        if self.out_dir is None:
+            raise ValueError("this result was not reopened from a directory: no run directories to open")
+        return self.out_dir / "runs" / model / task / ablation / which
+
+    def search(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:
+        """The search of one row (:class:`~circuits.search.SearchResult`)."""
+        from circuits.search.results import SearchResult
+
+        return SearchResult.load(self._run(model, task, ablation, "search"))
+
+    def prune(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:
+        """The pruning run of one row (:class:`~circuits.prune.PruneResult`)."""
+        from circuits.prune.result import PruneResult
+
+        return PruneResult.load(self._run(model, task, ablation, "prune"))
+
+
 def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any] | None = None) -> dict[str, Path]:
     """Write ``table.csv``, ``table.md``, ``summary.json``, ``figures/<model>-<task>.svg`` and
     ``report.html`` to ``out_dir``; returns their paths by name."""
@@ -138,5 +217,5 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any]
              f"{sum(r.heads_recovered for r in rows)}/{len(rows)} the planted head set exactly.",
              "CPR: area under faithfulness over circuit size (heads kept / transfer heads), higher is better; "
              "CMD: area between the curve and 1, lower is better."]
-    paths["html"] = write_text(out / "report.html", page("Recovery of planted AF1 structures", figures, notes))
+    paths["html"] = write_page(out / "report.html", "Recovery of planted AF1 structures", figures, notes)
     return paths

@@ -101,6 +101,10 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
         if name in zoo.ALIASES:  # a deprecated zoo name: load its replacement (FutureWarning)
             name = zoo.resolve(name)
+    if not remote:  # a name that can only be a mistake fails now, without the network
+        from circuits.model_names import check_model_name
+
+        check_model_name(name, names)
     if name in names and remote:
         raise ValueError(f"zoo model {name!r} is not hosted on NDIF: load it without remote")
     if name in names:

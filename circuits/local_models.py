@@ -37,6 +37,7 @@ def load_hooked(folder: str | os.PathLike, name: str, device: str = "cpu", dtype
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from circuits.logs import quiet_to
     from circuits.zoo import hf as zoo_hf
 
     folder = Path(folder).expanduser()
@@ -47,9 +48,9 @@ def load_hooked(folder: str | os.PathLike, name: str, device: str = "cpu", dtype
     model.load_and_process_state_dict(zoo_hf.hooked_state(hf_model, cfg), fold_ln=True, center_writing_weights=True,
                                       center_unembed=True, fold_value_biases=True)
     if dtype is not None:
-        model = model.to(dtype)
+        model = quiet_to(model, dtype)
     if n_devices > 1:
         model.move_model_modules_to_device()
     else:
-        model = model.to(device)
+        model = quiet_to(model, device)
     return model.eval()

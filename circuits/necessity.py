@@ -49,12 +49,49 @@ class BlockNecessity:
 
 @dataclass
 class NecessityResult:
-    """Per-block results (``blocks[l]`` for block ``l``), the prompts used and the wall time."""
+    """Per-block results (``blocks[l]`` for block ``l``), the prompts used and the wall time.
+
+    :meth:`load` reopens a run directory without a model; :meth:`to_pandas` and :meth:`plot` give the table
+    and the report's bar chart."""
 
     blocks: list[BlockNecessity]
     n_prompts: int
     seconds: float
     n_resumed: int = 0
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "NecessityResult":
+        """The sweep stored in ``run_dir`` (``af1 necessity --out``, :func:`necessity_sweep` with ``out_dir``):
+        the blocks of ``necessity.jsonl`` in the order of ``necessity.json`` (block order while unfinished)."""
+        from circuits.runs import read_json_object, read_jsonl
+
+        path = Path(run_dir)
+        if not (path / files.IDENTITY).is_file():
+            raise FileNotFoundError(f"{path} holds no {files.IDENTITY}: not a run directory")
+        identity = read_json_object(path / files.IDENTITY)
+        summary = read_json_object(path / files.NECESSITY_SUMMARY) if (path / files.NECESSITY_SUMMARY).is_file() else {}
+        names = BlockNecessity.__dataclass_fields__
+        rows = summary.get("blocks") or sorted(read_jsonl(path / files.NECESSITY_RESULTS), key=lambda r: r["layer"])
+        blocks = [BlockNecessity(**{k: float("nan") if rec.get(k) is None else rec[k] for k in names}) for rec in rows]
+        return cls(blocks=blocks, n_prompts=int(summary.get("n_prompts", identity.get("n_prompts", 0))),
+                   seconds=float(summary.get("seconds", 0.0)), n_resumed=int(summary.get("n_resumed", 0)))
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``: one row per block (the fields of :class:`BlockNecessity`)."""
+        from circuits.frames import dataframe
+
+        return dataframe([b.to_dict() for b in self.blocks], BlockNecessity.__dataclass_fields__)
+
+    def plot(self, title: str = "Necessity sweep") -> Any:
+        """The report's bar chart: faithfulness per block with its 95% interval (a plotly figure)."""
+        from circuits import report
+
+        return report.necessity_figure([b.layer for b in self.blocks], [b.faithfulness for b in self.blocks],
+                                       [(b.ci_low, b.ci_high) for b in self.blocks], title)
+
+    def figures(self, title: str = "Necessity sweep") -> list[Any]:
+        """Every figure of the report."""
+        return [self.plot(title)]
 
     def table(self) -> str:
         lines = [f"{'block':>5} {'faithfulness':>13} {'95% CI':>17}"]
@@ -163,17 +200,14 @@ def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunCo
         "seed": int(run_dir.identity.get("seed", 0)),
         "n_prompts": result.n_prompts,
         "seconds": result.seconds,
+        "n_resumed": result.n_resumed,
         "blocks": [b.to_dict() for b in result.blocks],
         "identity": run_dir.identity,
     })
     title = f"Necessity sweep: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
-    blocks = result.blocks
-    report.necessity_report(
-        [b.layer for b in blocks], [b.faithfulness for b in blocks], run_dir.path / files.REPORT,
-        ci=[(b.ci_low, b.ci_high) for b in blocks], title=title,
-        notes=[f"Faithfulness when the last token attends only to BOS and itself in one block "
-               f"(all other blocks unchanged); {result.n_prompts} prompts."],
-    )
+    notes = [f"Faithfulness when the last token attends only to BOS and itself in one block (all other blocks "
+             f"unchanged); {result.n_prompts} prompts."]
+    report.write_page(run_dir.path / files.REPORT, title, result.figures(title), notes)
 
 
 NECESSITY = Analysis(

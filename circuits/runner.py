@@ -145,6 +145,10 @@ class Analysis:
     determines the results); ``schema(config, info, n_prompts)``: the records' schema (default: none); ``run(model, config, ctx)``: the pure analysis; ``write(result, run_dir,
     ctx)``: summary and report; ``prompt_records(ctx)``: the ``prompts.jsonl`` records (``None``: none);
     ``base_correct_only``: run on the prompts the unmodified model answers correctly (``False``: on all).
+    ``optional_identity``: identity keys compared only when both the directory's ``run.json`` and this run
+    hold them (:data:`LABELS`: names the rest of the identity pins down, so that a run of the Python API,
+    which has no command-line names, and one of the command line share a directory; plus keys earlier
+    releases recorded that no longer determine the results).
     """
 
     name: str
@@ -158,8 +162,14 @@ class Analysis:
     prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = lambda ctx: None
     conditional_means: Callable[[Any], bool] = lambda config: getattr(config, "ablation", None) == "cama"
     base_correct_only: bool = True
+    optional_identity: tuple[str, ...] = ()
     batch_size: Callable[[Any], int] = lambda config: int(getattr(config, "batch_size", 128))
     n_boot: Callable[[Any], int] = lambda config: int(getattr(config, "n_boot", 1000))
+
+
+LABELS = ("model", "task", "source", "numbers", "format")
+"""The caller's names of the model and the prompts (``meta``): the model's signature and fingerprint and the
+prompts' hash already determine the results, so they are compared only when both identities hold them."""
 
 
 def check_inputs(model: Any, tokens: Any, answers: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -278,7 +288,8 @@ def execute(
     with run if held is None else contextlib.nullcontext():
         check_current(run.path)
         results_name = analysis.results_file or files.NO_RESULTS
-        run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name).open()
+        run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name,
+                         optional=LABELS + analysis.optional_identity).open()
         if needs_means:
             ctx.cache = load_means(model, ctx, cache, run_dir, **loading)
             keep_means(run_dir, ctx.cache)

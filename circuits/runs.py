@@ -198,10 +198,14 @@ class RunDir:
     left out so that, e.g., a full-grid run can resume an auto-grid run.
     """
 
-    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = "results.jsonl"):
+    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = "results.jsonl",
+                 optional: Iterable[str] = ()):
         self.path = Path(path)
         self.identity = _jsonable(dict(identity))
         self.results_path = self.path / results_name
+        self.optional = frozenset(optional)
+        """Keys compared only when both identities hold them: labels (the model's name, the task's) that the
+        rest of the identity already pins down, and keys older releases recorded (the search's threshold)."""
 
     def open(self) -> "RunDir":
         """Create the directory or check that it belongs to this command (raises
@@ -215,7 +219,7 @@ class RunDir:
                 theirs = read_json_object(ident_path)
             except CorruptRunError as err:
                 raise RunMismatchError(str(err)) from None
-            diff = identity_diff(theirs, self.identity)
+            diff = identity_diff(*comparable(theirs, self.identity, self.optional))
             if diff:
                 raise RunMismatchError(
                     f"output directory {self.path} holds results of a different command "
@@ -306,6 +310,20 @@ class RunDir:
         from circuits.atomic import write_text
 
         return write_text(self.path / name, "".join(dumps_line(rec) for rec in records))
+
+
+def comparable(old: Mapping[str, Any], new: Mapping[str, Any], optional: Iterable[str]) -> tuple[dict, dict]:
+    """``old`` and ``new`` without the ``optional`` keys that only one of them holds (at the top level and in
+    a nested ``meta`` object)."""
+    optional = frozenset(optional)
+    a, b = dict(old), dict(new)
+    for k in optional:
+        if (k in a) != (k in b):
+            a.pop(k, None)
+            b.pop(k, None)
+    if optional and isinstance(a.get("meta"), Mapping) and isinstance(b.get("meta"), Mapping):
+        a["meta"], b["meta"] = comparable(a["meta"], b["meta"], optional)
+    return a, b
 
 
 def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> str:

@@ -215,6 +215,18 @@ def check_backend(args: argparse.Namespace) -> None:
         raise ArgumentError("--device-map places weights here; a remote model's weights stay on NDIF: drop it")
 
 
+def check_model(args: argparse.Namespace, names: list[str] | None = None) -> None:
+    """A model name that can only be a mistake fails here, at once and without the network
+    (:func:`circuits.model_names.check_model_name`); remote names are NDIF's to resolve."""
+    from circuits.model_names import check_model_name, custom_loader
+
+    if getattr(args, "remote", False) or custom_loader():
+        return
+
+    for name in names if names is not None else [args.model]:
+        check_model_name(name)
+
+
 def check_placement(args: argparse.Namespace) -> None:
     """``--batch-size`` (an integer >= 1 or ``auto``), ``--device-map`` and ``--max-memory`` (which needs it)."""
     from circuits import placement
@@ -233,6 +245,7 @@ def check_placement(args: argparse.Namespace) -> None:
 
 def check_common(args: argparse.Namespace) -> None:
     """The checks every search-like command makes before loading anything."""
+    check_model(args)
     check_backend(args)
     prompt_spec(args)  # validates the source and the fit set
     check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)

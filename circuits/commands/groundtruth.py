@@ -10,6 +10,7 @@ head pruning at the selected configuration; writes ``table.csv``, ``table.md``, 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,11 +52,14 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from circuits.commands.common import command_line
     from circuits.groundtruth import run_recovery
+    from circuits import report
     from circuits.groundtruth_report import write_outputs
 
     from circuits.runner import Run
 
     with Run(args.out, "groundtruth") as held:  # locked, and refused if another command's, before any model loads
+        if report.plotlyjs_mode() == "directory":
+            report.ensure_plotlyjs(args.out)  # one plotly.js for the table's report and every run's
         rows = run_recovery(models=_split(args.models) if args.models else None, tasks=_split(args.tasks),
                             n_prompts=args.n_prompts, ablations=_split(args.ablations), out_dir=args.out,
                             seed=args.seed, threshold=args.threshold, target=args.target,

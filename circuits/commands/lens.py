@@ -43,9 +43,10 @@ def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import (check_backend, check_device, check_out, check_placement, check_positive,
-                                          check_task)
+    from circuits.commands.common import (check_backend, check_device, check_model, check_out, check_placement,
+                                          check_positive, check_task)
 
+    check_model(args)
     check_backend(args)
     if args.remote:
         from circuits.errors import ArgumentError

@@ -44,6 +44,18 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError("--rank attribution takes gradients through the model here, which a remote model cannot "
                          "give: add --rank none with --remote (every candidate is confirmed with forward passes)")
     check_common(args)
+    check_range(args)
+
+
+def check_range(args: argparse.Namespace) -> None:
+    """``--wait``/``--transfer`` against the model's number of blocks, read from its ``config.json`` (zoo,
+    local folder or Hugging Face cache) before any weight loads; skipped when the config is not here."""
+    from circuits.model_names import n_layers_of
+    from circuits.prune.config import PruneConfig
+
+    n = None if getattr(args, "remote", False) else n_layers_of(args.model)
+    if n is not None:
+        PruneConfig(wait=args.wait, transfer=args.transfer).validate(n)
 
 
 check = check_arguments

@@ -79,11 +79,30 @@ def config_of(args: argparse.Namespace):
     return SweepConfig.from_mapping(raw)
 
 
+def check_fixed_range(config) -> None:
+    """``--wait``/``--transfer`` against every model's number of blocks, read from its ``config.json``."""
+    from circuits.errors import ArgumentError
+    from circuits.model_names import n_layers_of
+    from circuits.search.rule import check_config
+
+    for model in config.models:
+        n = n_layers_of(model)
+        if n is not None and config.wait is not None and config.transfer is not None:
+            try:
+                check_config(n, config.wait, config.transfer)
+            except ValueError as err:
+                raise ArgumentError(f"{model} has {n} blocks: {err}") from None
+
+
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
     from circuits.commands.common import check_backend, check_device, check_out
 
     config = config_of(args)
+    # Model names are not refused here: a model that fails to load is one failed cell, the others run (its
+    # load fails at once when the name can only be a mistake: circuits.model_names).
+    if config.mode == "fixed":
+        check_fixed_range(config)
     check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models,
                                      batch_size=config.batch_size, device_map=config.device_map))
     check_device(config.device)

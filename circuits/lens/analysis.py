@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuits.errors import ArgumentError
+from circuits.logs import get_logger
 from circuits.runner import Analysis, RunContext
 
 
@@ -31,7 +32,7 @@ def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[in
         try:
             sets.append(lens.counterfactual_set(model, pairs, label=label))
         except ValueError as err:
-            print(f"af1 lens: skipping interchange '{label}': {err}")
+            get_logger("lens").warning("lens: skipping interchange '%s': %s", label, err)
     return sets
 
 
@@ -84,6 +85,7 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list
             inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
                                           counter_answers=cf.counter_answers, batch_size=config.batch_size,
                                           label=cf.label))
+    result.interchanges = inter
     return result, inter
 
 

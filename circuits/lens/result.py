@@ -7,14 +7,18 @@ interval of the mean (one shared resampling of prompts per call, ``numpy.random.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["METRICS", "LensResult", "json_ready"]
+__all__ = ["ARRAYS", "METRICS", "LensResult", "json_ready"]
 
 METRICS = ("answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error")
+ARRAYS = ("answers", "answer_values", "layout_lengths", *METRICS, "top1_token", "visible")
+"""The per-prompt arrays of a :class:`LensResult`, as ``lens.npz`` stores them."""
+INTERCHANGE_ARRAYS = ("layers", "clean_prob", "patched_prob", "orig_top1", "counter_prob", "counter_top1")
 
 
 @dataclass
@@ -45,6 +49,85 @@ class LensResult:
     top1_token: np.ndarray
     tracked: list[str]
     visible: np.ndarray
+    interchanges: list[Any] = field(default_factory=list)
+    """The interchange checks of the run (:class:`~circuits.lens.InterchangeResult`), when it made them."""
+
+    # --- reopening ---------------------------------------------------------------------------------
+    def array_dict(self) -> dict[str, np.ndarray]:
+        """What ``lens.npz`` holds: :data:`ARRAYS`, and per interchange check ``ix<i>_<array>`` and its label."""
+        out = {k: np.asarray(getattr(self, k)) for k in ARRAYS}
+        for i, r in enumerate(self.interchanges):
+            out[f"ix{i}_label"] = np.asarray(r.label)
+            for k in INTERCHANGE_ARRAYS:
+                v = getattr(r, k)
+                if v is not None:
+                    out[f"ix{i}_{k}"] = np.asarray(v)
+        return out
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "LensResult":
+        """The early decoding stored in ``run_dir`` (``af1 lens --out``): the settings and prompts of
+        ``lens.json``, the per-prompt arrays of ``lens.npz`` (written since this release; an older directory
+        raises ``FileNotFoundError`` saying to rerun it) and the interchange checks."""
+        import json
+
+        from circuits import files
+        from circuits.lens.interchange import InterchangeResult
+
+        path = Path(run_dir)
+        doc_path, npz_path = path / files.LENS, path / files.LENS_ARRAYS
+        if not doc_path.is_file():
+            raise FileNotFoundError(f"{path} holds no {files.LENS}: not an af1 lens directory")
+        if not npz_path.is_file():
+            raise FileNotFoundError(f"{path} holds {files.LENS} but no {files.LENS_ARRAYS} (written by an earlier "
+                                    f"release, which kept summaries only): rerun af1 lens with --force to reopen it")
+        doc = json.loads(doc_path.read_text())
+        with np.load(npz_path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        inter = []
+        i = 0
+        while f"ix{i}_label" in arrays:
+            get = lambda k: arrays.get(f"ix{i}_{k}")  # noqa: E731
+            inter.append(InterchangeResult(layers=[int(x) for x in get("layers")], clean_prob=get("clean_prob"),
+                                           patched_prob=get("patched_prob"), orig_top1=get("orig_top1"),
+                                           counter_prob=get("counter_prob"), counter_top1=get("counter_top1"),
+                                           label=str(get("label"))))
+            i += 1
+        return cls(layers=[int(x) for x in doc["layers"]], sublayers=tuple(doc["sublayers"]), decode=doc["decode"],
+                   top_k=int(doc["top_k"]), prompts=[str(p["prompt"]) for p in doc["prompts"]],
+                   tracked=list(doc["tracked"]), interchanges=inter, **{k: arrays[k] for k in ARRAYS})
+
+    # --- tables and figures ---------------------------------------------------------------------------
+    def to_pandas(self, *, per_prompt: bool = False, n_boot: int = 1000, seed: int = 0) -> Any:
+        """A ``pandas.DataFrame``: one row per (block, sub-layer) of :meth:`rows`; ``per_prompt=True``: one row
+        per (prompt, block, sub-layer) with the raw metrics instead."""
+        from circuits.frames import dataframe
+
+        if not per_prompt:
+            return dataframe(self.rows(n_boot=n_boot, seed=seed))
+        rows = []
+        for p in range(self.n_prompts):
+            for li, layer in enumerate(self.layers):
+                for si, sub in enumerate(self.sublayers):
+                    row: dict[str, Any] = {"index": p, "prompt": self.prompts[p], "layer": int(layer), "sublayer": sub}
+                    row.update({m: getattr(self, m)[p, li, si].item() for m in METRICS})
+                    rows.append(row)
+        return dataframe(rows)
+
+    def figures(self, *, n_boot: int = 1000, seed: int = 0) -> list[Any]:
+        """Every figure of the report, in its order (one line chart per metric of :data:`METRICS`, the tracked
+        tokens' visibility, the rank heatmap, the interchange drops)."""
+        from circuits.lens.report import figures
+
+        return figures(self, self.interchanges, n_boot=n_boot, seed=seed)
+
+    def plot(self, metric: str = "answer_prob", *, n_boot: int = 1000, seed: int = 0) -> Any:
+        """The report's line chart of ``metric`` (one of :data:`METRICS`) over depth."""
+        from circuits.lens.report import metric_figure
+
+        if metric not in METRICS:
+            raise ValueError(f"metric={metric!r} is not one of {', '.join(METRICS)}")
+        return metric_figure(self, metric, n_boot=n_boot, seed=seed)
 
     @property
     def n_prompts(self) -> int:

@@ -64,23 +64,34 @@ def kept_heads_figure(result: "PruneResult") -> Any:
     kept = set(result.smallest_head_set or [])
     step_of = {p.removed: p.step for p in result.curve if p.removed is not None}
     z = [[1.0 if (layer, head) in kept else 0.0 for head in range(n_heads)] for layer in layers]
-    text = [
+    hover = [
         [
             f"L{layer} H{head}: " + ("kept" if (layer, head) in kept else f"removed at step {step_of.get((layer, head))}")
             for head in range(n_heads)
         ]
         for layer in layers
     ]
+    cell = [["kept" if (layer, head) in kept else f"step {step_of.get((layer, head))}" for head in range(n_heads)]
+            for layer in layers]
+    xs, ys = [f"H{h}" for h in range(n_heads)], [f"L{layer}" for layer in layers]
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=list(range(n_heads)), y=[f"L{layer}" for layer in layers], text=text, hoverinfo="text",
-            colorscale=[[0, "#eeeeee"], [1, "#1f77b4"]], zmin=0, zmax=1, showscale=False, xgap=1, ygap=1,
+            z=z, x=xs, y=ys, text=cell, customdata=hover, texttemplate="%{text}",
+            hovertemplate="%{customdata}<extra></extra>", colorscale=[[0, "#e8e8e8"], [1, "#1f77b4"]], zmin=0, zmax=1,
+            showscale=False, xgap=2, ygap=2,
         )
     )
+    # The legend: one entry per colour (the heatmap itself has none).
+    for name, color in (("kept (in the smallest set)", "#1f77b4"), ("removed (at the step shown)", "#e8e8e8")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
+                                 marker=dict(symbol="square", size=14, color=color, line=dict(color="#999", width=1))))
     fig.update_layout(
         title=f"Smallest head set with faithfulness >= {result.config.target:g}: {len(kept)} of "
         f"{len(result.transfer_heads)} transfer heads",
-        xaxis_title="head", yaxis_title="block",
+        xaxis=dict(title="head", type="category", categoryorder="array", categoryarray=xs),
+        yaxis=dict(title="block", type="category", categoryorder="array", categoryarray=ys, autorange="reversed"),
+        legend=dict(orientation="h", y=-0.25), height=max(300, 160 + 60 * len(layers)),
+        width=max(500, 160 + 70 * n_heads), plot_bgcolor="white",
     )
     return fig
 
@@ -104,16 +115,22 @@ def attention_figure(result: "PruneResult") -> Any:
     return fig
 
 
-def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
-                       notes: Sequence[str] = ()) -> Path:
-    """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
-    from circuits.report import page, write_text
-
+def figures(result: "PruneResult") -> list[Any]:
+    """The report's figures: the curve, the smallest head set (when one reaches the target) and its attention."""
     figs = [curve_figure(result)]
     if result.smallest_head_set is not None:
         figs.append(kept_heads_figure(result))
     if result.attention:
         figs.append(attention_figure(result))
+    return figs
+
+
+def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
+                       notes: Sequence[str] = ()) -> Path:
+    """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
+    from circuits.report import write_page
+
+    figs = figures(result)
     cfg = result.config
     smallest = (
         "no head set reaches the target"
@@ -129,4 +146,4 @@ def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[st
         *notes,
     ]
     title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
-    return write_text(path, page(title, figs, notes))
+    return write_page(path, title, figs, notes)

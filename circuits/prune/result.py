@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -89,6 +90,81 @@ class PruneResult:
     attention: dict[Head, list[float]]
     key_labels: list[str]
 
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "PruneResult":
+        """The pruning run stored in ``run_dir`` (``af1 prune --out``, :func:`prune_heads` with ``out_dir``),
+        without a model: the configuration from ``run.json``, the curve from ``curve.jsonl`` and the target,
+        the smallest head set, its attention and the timings from ``summary.json`` (``FileNotFoundError``
+        while the run has not finished)."""
+        from circuits import files
+        from circuits.prune.heads import transfer_heads
+        from circuits.runs import read_json_object, read_jsonl
+
+        path = Path(run_dir)
+        for name in (files.IDENTITY, files.SUMMARY):
+            if not (path / name).is_file():
+                raise FileNotFoundError(f"{path} holds no {name}: not a finished pruning run")
+        ident, summary = read_json_object(path / files.IDENTITY), read_json_object(path / files.SUMMARY)
+        cfg = PruneConfig(wait=int(ident["wait"]), transfer=int(ident["transfer"]), ablation=ident["ablation"],
+                          method=ident["method"], target=float(summary["target"]), rank=ident["rank"],
+                          confirm_top=ident.get("confirm_top"), batch_size=int(summary.get("batch_size", 128)),
+                          n_boot=int(ident["n_boot"]), seed=int(ident["seed"]))
+        signature = ident["model"]
+        heads = transfer_heads(int(signature["n_layers"]), int(signature["n_heads"]), cfg.wait, cfg.transfer)
+        curve = [CurvePoint.from_dict(r) for r in read_jsonl(path / files.PRUNE_CURVE)]
+        smallest = summary.get("smallest_head_set")
+        attention = summary.get("attention") or {}
+        return cls(
+            config=cfg, transfer_heads=heads, curve=curve,
+            smallest_head_set=[tuple(h) for h in smallest] if smallest is not None else None,
+            smallest_step=summary.get("smallest_step"), smallest_faithfulness=summary.get("smallest_faithfulness"),
+            auc=float(summary["auc"]), passes_total=int(summary["passes_total"]),
+            attribution_passes_total=int(summary["attribution_passes_total"]), passes_run=int(summary["passes_run"]),
+            seconds=float(summary["seconds"]), seconds_run=float(summary["seconds_run"]),
+            n_prompts=int(summary["n_prompts"]), n_dropped=int(summary["n_dropped"]),
+            attention={tuple(int(x) for x in k.split(".")): v for k, v in (attention.get("heads") or {}).items()},
+            key_labels=list(attention.get("key_labels") or []),
+        )
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` of the curve: one row per step (:data:`CURVE_FIELDS` but the candidates)."""
+        from circuits.frames import dataframe
+
+        cols = [c for c in CURVE_FIELDS if c != "candidates"]
+        return dataframe([{k: getattr(p, k) for k in cols} for p in self.curve], cols)
+
+    def plot_curve(self) -> Any:
+        """The report's pruning curve: heads kept vs faithfulness with its interval and the target."""
+        from circuits.prune.report import curve_figure
+
+        return curve_figure(self)
+
+    def plot_kept_heads(self) -> Any:
+        """The report's block x head map of the smallest head set (``ValueError`` if none reaches the target)."""
+        from circuits.prune.report import kept_heads_figure
+
+        if self.smallest_head_set is None:
+            raise ValueError(f"no head set reaches the target {self.config.target:g}: nothing to map")
+        return kept_heads_figure(self)
+
+    def plot_attention(self) -> Any:
+        """The report's map of what the kept heads attend to from the last position."""
+        from circuits.prune.report import attention_figure
+
+        if not self.attention:
+            raise ValueError("no kept head: no attention to show")
+        return attention_figure(self)
+
+    def plot(self) -> Any:
+        """:meth:`plot_curve` (shows inline in a notebook)."""
+        return self.plot_curve()
+
+    def figures(self) -> list[Any]:
+        """Every figure of the report, in its order."""
+        from circuits.prune.report import figures
+
+        return figures(self)
+
     @property
     def removal_order(self) -> list[Head]:
         return [p.removed for p in self.curve[1:] if p.removed is not None]
@@ -121,6 +197,7 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
         **{k: v for k, v in meta.items()},
         **cfg.subgraph_fields(),
         "target": cfg.target,
+        "batch_size": cfg.batch_size,
         "n_prompts": result.n_prompts,
         "n_dropped": result.n_dropped,
         "n_transfer_heads": len(result.transfer_heads),

@@ -18,6 +18,7 @@ from circuits.fitset import FitSet, fit_set_of
 from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import Analysis, RunContext, execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
+from circuits.outcomes import PromptOutcomes
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult
@@ -114,8 +115,9 @@ def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResul
         if (w, t) in known:
             counts["resumed"] += 1
             return known[(w, t)]
-        res = summarize(*evaluator.evaluate(w, t), n_boot=config.n_boot, seed=config.seed)
-        r = ConfigResult.from_faithfulness(w, t, res, config.ablation)
+        per = evaluator.evaluate(w, t)
+        res = summarize(*per, n_boot=config.n_boot, seed=config.seed)
+        r = ConfigResult.from_faithfulness(w, t, res, config.ablation, outcomes=PromptOutcomes.from_metrics(*per))
         counts["evaluated"] += 1
         ctx.store.append(r.to_dict())
         return r
@@ -152,7 +154,13 @@ def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResul
         base_accuracy=float(ctx.meta.get("base_accuracy", ctx.keep.float().mean().item())),
         n_prompts=int(ctx.tokens.shape[0]),
         interventions=specs,
+        prompts=scored_texts(ctx),
     )
+
+
+def scored_texts(ctx: RunContext) -> list[str]:
+    """The text of the scored prompts, as ``prompts.jsonl`` records them."""
+    return [str(r["prompt"]) for r in search_prompt_records(ctx)]
 
 
 def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
@@ -210,6 +218,7 @@ SEARCH = Analysis(
     run=run_search,
     write=write_search_outputs,
     prompt_records=search_prompt_records,
+    optional_identity=("threshold",),
 )
 """The AF1 search as the runner runs it."""
 

@@ -69,6 +69,8 @@ class SearchConfig:
         return self.ablation in ("cama", "mean")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that determine the results (grid, method, batch size and configurations per pass do not)."""
-        return {"threshold": float(self.threshold), "ablation": self.ablation, "seed": int(self.seed),
-                "n_boot": int(self.n_boot)}
+        """The fields that determine the per-configuration results. The threshold only changes the
+        selection, which is recomputed from the stored results, so it is not one of them (nor are grid,
+        method, batch size and configurations per pass); directories of earlier releases, whose
+        ``run.json`` records a threshold, resume with any."""
+        return {"ablation": self.ablation, "seed": int(self.seed), "n_boot": int(self.n_boot)}

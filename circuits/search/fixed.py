@@ -9,6 +9,7 @@ from typing import Any
 
 from circuits import files
 from circuits.faithfulness import summarize
+from circuits.outcomes import PromptOutcomes
 from circuits.runner import Analysis, RunContext
 from circuits.runs import RunDir
 from circuits.search.analysis import search_identity, search_schema
@@ -54,8 +55,10 @@ def run_fixed(model: Any, config: FixedConfig, ctx: RunContext) -> ConfigResult:
     for rec in ctx.store.records():
         return ConfigResult.from_dict(rec)
     evaluator = FastEvaluator(model, ctx.tokens, ctx.answers, ctx.cache, config.ablation, config.batch_size)
-    res = summarize(*evaluator.evaluate(config.wait, config.transfer), n_boot=config.n_boot, seed=config.seed)
-    result = ConfigResult.from_faithfulness(config.wait, config.transfer, res, config.ablation)
+    per = evaluator.evaluate(config.wait, config.transfer)
+    res = summarize(*per, n_boot=config.n_boot, seed=config.seed)
+    result = ConfigResult.from_faithfulness(config.wait, config.transfer, res, config.ablation,
+                                            outcomes=PromptOutcomes.from_metrics(*per))
     ctx.store.append(result.to_dict())
     return result
 

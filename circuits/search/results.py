@@ -3,19 +3,26 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from circuits.faithfulness import FaithfulnessResult
-from circuits.search.rule import Config
+from circuits.outcomes import PromptOutcomes
+from circuits.search.rule import Config, select, smallest_transfers
+
+RECORD_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "n", "n_faithful", "mean_answer_prob",
+                 "mean_logit_diff", "ablation")
+"""The aggregate fields of a ``results.jsonl`` line (and the columns of :meth:`SearchResult.to_pandas`); a line
+of this release adds the per-prompt outcomes (:data:`circuits.outcomes.FIELDS`)."""
 
 
 @dataclass(frozen=True)
 class ConfigResult:
-    """Faithfulness of one configuration. ``faithfulness`` is a fraction of the ``n`` prompts."""
+    """Faithfulness of one configuration. ``faithfulness`` is a fraction of the ``n`` prompts; ``outcomes``:
+    prompt by prompt (``None`` for a record of an earlier release, which stored none)."""
 
     wait: int
     transfer: int
@@ -27,13 +34,18 @@ class ConfigResult:
     mean_answer_prob: float
     mean_logit_diff: float
     ablation: str
+    outcomes: PromptOutcomes | None = field(default=None, compare=False, repr=False)
 
     @property
     def config(self) -> Config:
         return (self.wait, self.transfer)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The ``results.jsonl`` line: :data:`RECORD_FIELDS` plus the per-prompt outcomes when known."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "outcomes"}
+        if self.outcomes is not None:
+            out.update(self.outcomes.to_record())
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ConfigResult":
@@ -49,11 +61,13 @@ class ConfigResult:
             mean_answer_prob=float(d.get("mean_answer_prob", nan)),
             mean_logit_diff=float(d.get("mean_logit_diff", nan)),
             ablation=str(d.get("ablation", "cama")),
+            outcomes=PromptOutcomes.from_record(d),
         )
 
     @classmethod
-    def from_faithfulness(cls, wait: int, transfer: int, r: FaithfulnessResult, ablation: str) -> "ConfigResult":
-        return cls(wait=wait, transfer=transfer, ablation=ablation, **r.to_dict())
+    def from_faithfulness(cls, wait: int, transfer: int, r: FaithfulnessResult, ablation: str,
+                          outcomes: PromptOutcomes | None = None) -> "ConfigResult":
+        return cls(wait=wait, transfer=transfer, ablation=ablation, outcomes=outcomes, **r.to_dict())
 
 
 @dataclass
@@ -70,6 +84,11 @@ class SearchResult:
         passes: model forward calls made by this call; ``seconds``: wall time of the search.
         base_accuracy: fraction of the given prompts the unmodified model answers correctly;
             ``n_prompts``: prompts kept (answered correctly), the faithfulness denominator.
+        prompts: the text of the scored prompts (as in ``prompts.jsonl``), when known.
+
+    Reopen a run directory without a model with :meth:`load`; :meth:`with_threshold` applies the selection
+    rule with another threshold to the same results; :meth:`to_pandas` and :meth:`plot` give the table and
+    the report's figures.
     """
 
     n_layers: int
@@ -88,6 +107,106 @@ class SearchResult:
     n_prompts: int
     out_dir: Path | None = None
     interventions: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[str] | None = None
+
+    # --- reopening ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, run_dir: str | Path, *, threshold: float | None = None) -> "SearchResult":
+        """The search stored in ``run_dir`` (written by ``af1 search``, :func:`~circuits.search.search_af1`
+        with ``out_dir``, a sweep cell or ``af1 groundtruth``), without a model: the configurations of
+        ``results.jsonl``, the selection with ``threshold`` (default: the run's), and what ``summary.json``
+        says of the run (grid, method, timings; absent while a run has not finished)."""
+        from circuits import files
+        from circuits.runs import read_json_object, read_jsonl
+
+        path = Path(run_dir)
+        ident_path = path / files.IDENTITY
+        if not ident_path.is_file():
+            raise FileNotFoundError(f"{path} holds no {files.IDENTITY}: not a run directory")
+        identity = read_json_object(ident_path)
+        summary = read_json_object(path / files.SUMMARY) if (path / files.SUMMARY).is_file() else {}
+        results = [ConfigResult.from_dict(r) for r in read_jsonl(path / files.SEARCH_RESULTS)]
+        prompts = [str(p.get("prompt")) for p in read_jsonl(path / files.PROMPTS)] or None
+        if prompts is not None:
+            results = [replace(r, outcomes=replace(r.outcomes, prompts=prompts))
+                       if r.outcomes is not None and r.outcomes.n == len(prompts) else r for r in results]
+        n_layers = int(summary.get("n_layers") or identity["model_signature"]["n_layers"])
+        stored = float(summary.get("threshold", identity.get("threshold", 0.9)))
+        base = cls(
+            n_layers=n_layers, threshold=stored,
+            ablation=str(summary.get("ablation") or identity.get("ablation", "cama")),
+            grid=str(summary.get("grid", "auto")), method=str(summary.get("method", "fast")),
+            results=sorted(results, key=lambda r: (-r.wait, r.transfer)), selected=None, smallest_transfer={},
+            n_evaluated=int(summary.get("n_evaluated_this_run", 0)), n_resumed=int(summary.get("n_resumed", 0)),
+            passes=int(summary.get("passes", 0)), seconds=float(summary.get("seconds", 0.0)),
+            base_accuracy=float(summary.get("base_accuracy", float("nan"))),
+            n_prompts=int(identity.get("n_prompts", summary.get("n_prompts", 0))), out_dir=path,
+            interventions=list(summary.get("interventions") or []), prompts=prompts,
+        )
+        reselected = base.with_threshold(stored)
+        reselected.interventions = base.interventions
+        return reselected if threshold is None else reselected.with_threshold(threshold)
+
+    def with_threshold(self, threshold: float) -> "SearchResult":
+        """The same results with the selection rule applied at ``threshold`` (nothing is evaluated). The
+        selected subgraph's ``interventions`` are kept when the selection is unchanged, else left empty (they
+        name the means cache, which needs the model)."""
+        from circuits.search.config import check_fraction
+
+        threshold = check_fraction("threshold", threshold)
+        faith = self.faithfulness_map()
+        chosen = select(faith, threshold)
+        selected = self.result(*chosen) if chosen is not None else None
+        same = (selected is None) == (self.selected is None) and (selected is None or selected.config == self.selected.config)
+        return replace(self, threshold=threshold, selected=selected,
+                       smallest_transfer=smallest_transfers(faith, self.n_layers, threshold),
+                       interventions=list(self.interventions) if same else [])
+
+    # --- per prompt, tables, figures --------------------------------------------------------------
+    def prompt_outcomes(self, wait: int, transfer: int) -> PromptOutcomes:
+        """Prompt by prompt, for configuration ``(wait, transfer)``: which prompts keep their answer, the
+        answer's probability and margin (:class:`~circuits.outcomes.PromptOutcomes`; ``.flipped()``: the
+        prompts it changes). ``KeyError`` if the configuration was not evaluated, ``ValueError`` for a run of
+        an earlier release, which stored aggregates only."""
+        r = self.result(wait, transfer)
+        if r is None:
+            raise KeyError(f"configuration wait={wait}, transfer={transfer} was not evaluated in this search")
+        if r.outcomes is None:
+            raise ValueError(f"configuration wait={wait}, transfer={transfer} has no per-prompt outcomes: it was "
+                             f"stored by an earlier release; rerun it into a new directory to have them")
+        out = r.outcomes
+        if out.prompts is None and self.prompts is not None and len(self.prompts) == out.n:
+            out = replace(out, prompts=list(self.prompts))
+        return out
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``: one row per evaluated configuration (:data:`RECORD_FIELDS`), plus
+        ``selected`` (the configuration the rule picks at this threshold)."""
+        from circuits.frames import dataframe
+
+        chosen = self.selected.config if self.selected is not None else None
+        rows = [{**{k: getattr(r, k) for k in RECORD_FIELDS}, "selected": r.config == chosen} for r in self.results]
+        return dataframe(rows, (*RECORD_FIELDS, "selected"))
+
+    def plot_heatmap(self, title: str = "AF1 search") -> Any:
+        """The report's faithfulness heatmap over ``wait`` x ``transfer`` (a plotly figure)."""
+        from circuits import report
+
+        return report.search_heatmap(self, title)
+
+    def plot_smallest_transfer(self) -> Any:
+        """The report's chart of the smallest sufficient transfer per wait (a plotly figure)."""
+        from circuits import report
+
+        return report.smallest_transfer_figure(self)
+
+    def plot(self, title: str = "AF1 search") -> Any:
+        """:meth:`plot_heatmap` (shows inline in a notebook)."""
+        return self.plot_heatmap(title)
+
+    def figures(self, title: str = "AF1 search") -> list[Any]:
+        """Every figure of the report, in its order."""
+        return [self.plot_heatmap(title), self.plot_smallest_transfer()]
 
     def faithfulness_map(self) -> dict[Config, float]:
         return {r.config: r.faithfulness for r in self.results}

@@ -3,6 +3,6 @@ command. Every cell is an ordinary run directory (the files of ``af1 search``), 
 alone; see :mod:`circuits.sweep.config` for the TOML format."""
 
 from circuits.sweep.config import Cell, SweepConfig
-from circuits.sweep.run import CellResult, run_sweep
+from circuits.sweep.run import CellResult, SweepResult, run_sweep
 
-__all__ = ["Cell", "CellResult", "SweepConfig", "run_sweep"]
+__all__ = ["Cell", "CellResult", "SweepConfig", "SweepResult", "run_sweep"]

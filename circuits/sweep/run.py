@@ -49,6 +49,73 @@ class CellResult:
         return asdict(self)
 
 
+@dataclass
+class SweepResult:
+    """A finished sweep reopened from its ``--out`` directory (:meth:`load`): the ``config``, one
+    :class:`CellResult` per cell (``cells``, the rows of ``table.csv``), the wall time and the directory.
+    :meth:`cell` reopens one cell's own result; :meth:`to_pandas` and :meth:`plot` give the table and the
+    report's heatmaps."""
+
+    config: SweepConfig
+    cells: list[CellResult]
+    seconds: float
+    out_dir: Path | None = None
+
+    @classmethod
+    def load(cls, out: str | Path) -> "SweepResult":
+        """The sweep of ``out`` (its ``summary.json``; ``FileNotFoundError`` while it has not finished)."""
+        import dataclasses
+
+        from circuits.runs import read_json_object
+
+        path = Path(out)
+        if not (path / files.SUMMARY).is_file():
+            raise FileNotFoundError(f"{path} holds no {files.SUMMARY}: not a finished sweep")
+        summary = read_json_object(path / files.SUMMARY)
+        names = {f.name for f in dataclasses.fields(SweepConfig)} - {"extra"}
+        raw = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items() if k in names}
+        config = SweepConfig(**raw)
+        known = {f.name for f in dataclasses.fields(CellResult)}
+        cells = [CellResult(**{k: v for k, v in c.items() if k in known}) for c in summary.get("cells", [])]
+        return cls(config=config, cells=cells, seconds=float(summary.get("seconds", 0.0)), out_dir=path)
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``: one row per cell (the columns of ``table.csv``)."""
+        from circuits.frames import dataframe
+        from circuits.sweep.table import COLUMNS
+
+        return dataframe([c.to_dict() for c in self.cells], COLUMNS)
+
+    def plot(self, model: str | None = None, ablation: str | None = None) -> Any:
+        """The report's heatmap of ``model`` (default: the first) and ``ablation`` (default: the first)."""
+        from circuits.sweep.table import heatmap
+
+        model = model if model is not None else self.config.models[0]
+        if model not in self.config.models:
+            raise ValueError(f"model {model!r} is not in this sweep: {', '.join(self.config.models)}")
+        if ablation is None and self.config.mode != "fixed":
+            ablation = self.config.ablations[0]
+        return heatmap(self.config, model, self.cells, ablation)
+
+    def figures(self) -> list[Any]:
+        """Every heatmap of the report."""
+        from circuits.sweep.table import figures
+
+        return figures(self.config, self.cells)
+
+    def cell(self, model: str, task: str, ablation: str = "cama", seed: int = 0) -> Any:
+        """The result of one cell, reopened from its run directory (:func:`circuits.results.load`)."""
+        from circuits.results import load
+
+        row = next((c for c in self.cells if (c.model, c.task, c.ablation, c.seed) == (model, task, ablation, seed)),
+                   None)
+        if row is None:
+            raise KeyError(f"no cell model={model!r}, task={task!r}, ablation={ablation!r}, seed={seed} in this sweep")
+        if row.status != "ok":
+            raise ValueError(f"cell {model}/{task}/{ablation}/seed {seed} failed: {row.error}")
+        return load(Path(self.out_dir or ".") / row.path)
+
+
 def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
               command: list[str] | None = None) -> list[CellResult]:
     """Run every cell of ``config`` under ``out/cells/`` and return the table rows (also written as
@@ -64,6 +131,10 @@ def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
     folders = {cell: cell_folder(out, cell) for cell in cells}  # names from data checked before anything is written
     with Run(out, "sweep"):
         RunDir(out, {"analysis": "sweep", **config.identity()}, results_name=files.NO_RESULTS).open()
+        from circuits import report
+
+        if report.plotlyjs_mode() == "directory":
+            report.ensure_plotlyjs(out)  # one plotly.js for the sweep's report and every cell's
         rows = []
         bar = tqdm(cells, desc="sweep", unit="cell", disable=not progress)
         state = _State(config, command or ["af1", "sweep"])

@@ -84,27 +84,50 @@ def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def heatmap(config: SweepConfig, model: str, rows: Sequence[Any]) -> Any:
-    """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds) or tasks x
-    ablations (fixed: the configuration's faithfulness averaged over seeds)."""
+def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str | None = None) -> Any:
+    """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds, of one
+    ``ablation``: never averaged across ablations) or tasks x ablations (fixed: the configuration's
+    faithfulness averaged over seeds). Its height follows the number of tasks."""
     import plotly.graph_objects as go
 
     mine = [r for r in rows if r.model == model and r.status == "ok" and r.ablation not in ("necessity", "lens")]
+    if config.mode != "fixed":
+        ablation = ablation if ablation is not None else next((r.ablation for r in mine), None)
+        mine = [r for r in mine if r.ablation == ablation]
     tasks = list(dict.fromkeys(r.task for r in mine))
     if config.mode == "fixed":
         cols = list(dict.fromkeys(r.ablation for r in mine))
         value = lambda rs, c: [r.faithfulness for r in rs if r.ablation == c]  # noqa: E731
         xtitle = "ablation"
+        title = f"{model}: faithfulness at wait={config.wait}, transfer={config.transfer}"
     else:
         cols = sorted({w for r in mine for w in r.faith_by_wait}, key=int, reverse=True)
         value = lambda rs, c: [r.faith_by_wait[c] for r in rs if c in r.faith_by_wait]  # noqa: E731
         xtitle = "wait (best faithfulness over transfers)"
+        title = f"{model}, {ablation} ablation: best faithfulness per wait"
     z = [[float(np.mean(v)) if (v := value([r for r in mine if r.task == t], c)) else None for c in cols]
          for t in tasks]
+    n_seeds = len(config.seeds)
     fig = go.Figure(go.Heatmap(z=z, x=[str(c) for c in cols], y=tasks, zmin=0, zmax=1, colorscale="Viridis",
                                texttemplate="%{z:.2f}", colorbar={"title": "faithfulness"}))
-    fig.update_layout(title=f"{model}", xaxis_title=xtitle, yaxis_title="task", height=120 + 28 * len(tasks))
+    fig.update_layout(title=title + (f" (mean of {n_seeds} seeds)" if n_seeds > 1 else ""), xaxis_title=xtitle,
+                      yaxis_title="task", height=max(320, 200 + 44 * len(tasks)),
+                      xaxis=dict(type="category"), yaxis=dict(type="category", autorange="reversed"))
+    if not tasks:
+        fig.add_annotation(text="no finished cell", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
+
+
+def figures(config: SweepConfig, rows: Sequence[Any]) -> list[Any]:
+    """The report's heatmaps: per model, one per ablation (search) or one over the ablations (fixed)."""
+    out = []
+    for m in config.models:
+        if config.mode == "fixed":
+            out.append(heatmap(config, m, rows))
+            continue
+        for a in config.ablations:
+            out.append(heatmap(config, m, rows, a))
+    return out
 
 
 def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, seconds: float) -> None:
@@ -122,5 +145,4 @@ def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, second
              for r in rows if (out / r.path / files.REPORT).exists()]
     notes = [f"{len(rows)} cells in {seconds:.0f} s; table.csv has one row per cell, table.md the aggregate; "
              f"the reports of the cells:"]
-    figures = [heatmap(config, m, rows) for m in config.models]
-    report.write_text(out / files.REPORT, report.page("AF1 sweep", figures, notes=notes, links=links))
+    report.write_page(out / files.REPORT, "AF1 sweep", figures(config, rows), notes=notes, links=links)

@@ -19,8 +19,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from interventions.adapter import resolve_backend
-
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
@@ -109,6 +107,8 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     from circuits.zoo import hf as _hf
     from circuits.zoo.tokenizer import load_tokenizer
 
+    from interventions.adapter import resolve_backend  # torch and TransformerLens: only to load a model
+
     backend = resolve_backend(backend)
     folder = Path(folder)
     hf_model, b_U = _hf.load_hf(folder)
@@ -138,7 +138,9 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
         if missing or unexpected:
             raise ValueError(f"weights of {folder.name!r} do not fit its config: missing {missing}, "
                              f"unexpected {unexpected}")
-    model = model.to(torch.device(device)).eval()
+    from circuits.logs import quiet_to
+
+    model = quiet_to(model, torch.device(device)).eval()
     planted = _hf.read_meta(folder).get("planted")
     if planted is not None:
         from circuits.zoo.mask import attach_planted_mask

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from circuits.logs import get_logger
 from circuits.zoo import MODELS_DIR
 from circuits.zoo import export as _export
 from circuits.zoo import trainer
@@ -70,7 +71,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     opt = trainer.make_optimizer(model, tcfg)
     state = trainer.start(model, opt, tcfg, ckpt_dir, resume, len(model.tokenizer))
     if state["step"]:
-        print(f"resuming {cfg.name} from step {state['step']}")
+        get_logger("zoo").info("resuming %s from step %s", cfg.name, state["step"])
     if not trainer.phase_done(state, tcfg):
         train_data, val_data = build_splits(tcfg, model.tokenizer)
         state = trainer.loop(model, opt, tcfg, state, batch=lambda step: task_batch(train_data, step, tcfg),

@@ -18,6 +18,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from circuits.logs import get_logger
 from circuits.zoo import MODELS_DIR
 from circuits.zoo.build import (MODEL_CLASSES, digit_features, init_from_folder, init_number_features, load_weights,
                                 new_model, number_features, require_hooked)
@@ -28,6 +29,8 @@ from circuits.zoo.recipes import (ORIGINAL_TASKS, PHASE2_STEPS, REGISTRY, STYLE_
                                   get_config, phase_configs)
 from circuits.zoo.tokenizer import build_tokenizer
 from circuits.zoo.trainer import lr_at, optimizer_step
+
+log = get_logger("zoo")
 
 __all__ = ["train", "run_phase", "MODELS_DIR",
            # re-exported from the modules above
@@ -89,15 +92,15 @@ def run_phase(model, cfg: TrainConfig, ckpt_dir: Path, resume: bool, progress: b
                 raise FileNotFoundError(f"{cfg.name} starts from {cfg.init_from}, but {src}/model.safetensors does "
                                         f"not exist: train it first with `af1 zoo train {cfg.init_from}`")
             init_from_folder(model, src)
-            print(f"{cfg.name}: initialised from {src}")
+            log.info("%s: initialised from %s", cfg.name, src)
 
     opt = trainer.make_optimizer(model, cfg)
     state = trainer.start(model, opt, cfg, ckpt_dir, resume, len(tokenizer), init=init)
     if trainer.phase_done(state, cfg):
-        print(f"{cfg.name}: phase {cfg.phase} finished ({state['step']} steps), loaded from {ckpt_dir}")
+        log.info("%s: phase %s finished (%s steps), loaded from %s", cfg.name, cfg.phase, state["step"], ckpt_dir)
         return state
     if state["step"]:
-        print(f"resuming {cfg.name} phase {cfg.phase} from step {state['step']}")
+        log.info("resuming %s phase %s from step %s", cfg.name, cfg.phase, state["step"])
     train_data, val_data = build_splits(cfg, tokenizer)
     return trainer.loop(model, opt, cfg, state,
                         batch=lambda step: sample_batch(train_data, step, cfg, tokenizer.pad_token_id),

@@ -56,11 +56,12 @@ def test_search_command(tiny_loading, tmp_path, capsys):
     # same command again: everything resumed
     assert cli.main(argv) == 0
     assert "resumed 15 configuration(s)" in capsys.readouterr().out
-    # another threshold into the same directory: one clear error line, exit 2
+    # another threshold into the same directory: the selection is recomputed, no configuration is
     other = [("0.7" if a == "0.5" else a) for a in argv]
-    assert cli.main(other) == 2
-    err = capsys.readouterr().err
-    assert "threshold: 0.5 -> 0.7" in err and "new --out" in err and "Traceback" not in err
+    assert cli.main(other) == 0
+    assert "resumed 15 configuration(s)" in capsys.readouterr().out
+    again = json.loads((out / "summary.json").read_text())
+    assert again["threshold"] == 0.7 and again["n_evaluated_this_run"] == 0 and again["n_resumed"] == 15
 
 
 def test_search_command_too_few_prompts(tiny_loading, tmp_path, capsys):

@@ -132,6 +132,10 @@ def test_load_model_dtype_reaches_the_pretrained_loader(monkeypatch):
         from transformer_lens.model_bridge import TransformerBridge
 
         monkeypatch.setattr(TransformerBridge, "boot_transformers", staticmethod(fake))
+    from circuits import model_names
+
+    # the test's own loader stands for the hub: the name counts as cached (an uncached name is refused offline)
+    monkeypatch.setattr(model_names, "in_hf_cache", lambda name: True)
     loading.load_model("some/pretrained-model", dtype="bfloat16")
     assert seen["name"] == "some/pretrained-model" and seen["dtype"] is torch.bfloat16
     assert seen.get("compat", False) == (iv.resolve_backend(None) == "bridge")

@@ -44,7 +44,8 @@ def test_table_has_every_cell(sweep_dir):
     md = (sweep_dir / "table.md").read_text()
     assert md.count("| arith-gpt2 |") == 4  # one line per (task, ablation), seeds aggregated
     html = (sweep_dir / files.REPORT).read_text()
-    assert html.count('class="plotly-graph-div"') == 1 and "cells/arith-gpt2/add/cama-seed0/report.html" in html
+    # one heatmap per ablation (never averaged across them), each sized to its tasks
+    assert html.count('class="plotly-graph-div"') == 2 and "cells/arith-gpt2/add/cama-seed0/report.html" in html
 
 
 @pytest.mark.parametrize("task,ablation,seed", [("add_sub", "cama", 1), ("add", "zero", 0)])

@@ -1,0 +1,116 @@
+"""Per-prompt outcomes of one intervention set: which prompts keep their answer, the answer's probability and
+its margin over the best other token, prompt by prompt.
+
+A search stores them with every configuration in ``results.jsonl`` (:meth:`PromptOutcomes.to_record`: the
+faithful prompts as a hexadecimal bitmask, bit ``i`` for the ``i``-th scored prompt of ``prompts.jsonl``, and
+the probabilities and margins rounded to 6 digits), so a reopened run answers "which prompts does this
+configuration flip" without a model (:meth:`circuits.search.SearchResult.prompt_outcomes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["FIELDS", "PromptOutcomes", "decode_mask", "encode_mask"]
+
+FIELDS = ("prompt_faithful", "prompt_answer_prob", "prompt_logit_diff")
+"""The keys :meth:`PromptOutcomes.to_record` adds to a results record."""
+
+DIGITS = 6
+
+
+def encode_mask(flags: Sequence[bool] | np.ndarray) -> str:
+    """A bool vector as hexadecimal (bit ``i`` = element ``i``, little-endian within each byte)."""
+    return np.packbits(np.asarray(flags, dtype=bool), bitorder="little").tobytes().hex()
+
+
+def decode_mask(text: str, n: int) -> np.ndarray:
+    """The ``[n]`` bool vector :func:`encode_mask` wrote as ``text``; ``ValueError`` if it does not hold ``n``."""
+    raw = np.frombuffer(bytes.fromhex(text), dtype=np.uint8)
+    if len(raw) != (n + 7) // 8:
+        raise ValueError(f"prompt mask of {len(raw)} bytes does not hold {n} prompts")
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+@dataclass
+class PromptOutcomes:
+    """Per prompt (in the order of the scored prompts): ``faithful`` (``[n]`` bool, the answer is still the
+    argmax), ``answer_prob`` (``[n]``, probability of the answer; ``None`` if not stored), ``logit_diff``
+    (``[n]``, answer logit minus the best other, negative = wrong) and ``prompts`` (their text, when known)."""
+
+    faithful: np.ndarray
+    answer_prob: np.ndarray | None = None
+    logit_diff: np.ndarray | None = None
+    prompts: list[str] | None = None
+    index: np.ndarray | None = None
+    """Which of the caller's prompts each row is (:func:`~circuits.faithfulness.prompt_faithfulness` drops the
+    prompts the unmodified model gets wrong); ``None``: row ``i`` is prompt ``i``."""
+
+    @classmethod
+    def from_metrics(cls, correct: Any, prob: Any, logit_diff: Any, prompts: Sequence[str] | None = None) -> "PromptOutcomes":
+        """From the three per-prompt tensors of :func:`circuits.faithfulness.last_token_metrics`."""
+        as_np = lambda t: np.asarray(t.detach().cpu().double().numpy() if hasattr(t, "detach") else t)  # noqa: E731
+        return cls(as_np(correct).astype(bool), as_np(prob).astype(np.float64), as_np(logit_diff).astype(np.float64),
+                   list(prompts) if prompts is not None else None)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], prompts: Sequence[str] | None = None) -> "PromptOutcomes | None":
+        """The outcomes a results record holds (``None`` for a record of an earlier release, which has none)."""
+        if not isinstance(record.get("prompt_faithful"), str):
+            return None
+        n = int(record["n"])
+        floats = lambda k: (np.array([np.nan if v is None else v for v in record[k]], dtype=np.float64)  # noqa: E731
+                            if isinstance(record.get(k), list) and len(record[k]) == n else None)
+        return cls(decode_mask(record["prompt_faithful"], n), floats("prompt_answer_prob"),
+                   floats("prompt_logit_diff"), list(prompts) if prompts is not None and len(prompts) == n else None)
+
+    def to_record(self) -> dict[str, Any]:
+        """The keys of :data:`FIELDS` for a results record."""
+        out: dict[str, Any] = {"prompt_faithful": encode_mask(self.faithful)}
+        if self.answer_prob is not None:
+            out["prompt_answer_prob"] = [round(float(v), DIGITS) for v in self.answer_prob]
+        if self.logit_diff is not None:
+            out["prompt_logit_diff"] = [round(float(v), DIGITS) for v in self.logit_diff]
+        return out
+
+    @property
+    def n(self) -> int:
+        return int(len(self.faithful))
+
+    @property
+    def faithfulness(self) -> float:
+        """Fraction of faithful prompts (the configuration's faithfulness)."""
+        return float(self.faithful.mean()) if self.n else float("nan")
+
+    def flipped(self) -> list[int]:
+        """Indices of the prompts whose answer the intervention changes (not faithful)."""
+        return [int(i) for i in np.flatnonzero(~self.faithful)]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per prompt: ``index``, ``prompt`` (when known), ``faithful``, ``answer_prob``, ``logit_diff``."""
+        out = []
+        for i in range(self.n):
+            row: dict[str, Any] = {"index": int(self.index[i]) if self.index is not None else i}
+            if self.prompts is not None:
+                row["prompt"] = self.prompts[i]
+            row["faithful"] = bool(self.faithful[i])
+            row["answer_prob"] = float(self.answer_prob[i]) if self.answer_prob is not None else None
+            row["logit_diff"] = float(self.logit_diff[i]) if self.logit_diff is not None else None
+            out.append(row)
+        return out
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` of :meth:`rows` (one row per prompt)."""
+        from circuits.frames import dataframe
+
+        return dataframe(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PromptOutcomes):
+            return NotImplemented
+        same = lambda a, b: (a is None) == (b is None) and (a is None or np.allclose(a, b, atol=10 ** -DIGITS, equal_nan=True))  # noqa: E731
+        return bool(np.array_equal(self.faithful, other.faithful) and same(self.answer_prob, other.answer_prob)
+                    and same(self.logit_diff, other.logit_diff))

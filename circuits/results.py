@@ -1,0 +1,53 @@
+"""Reopen any af1 output directory without a model: :func:`load` picks the result class from what the
+directory holds (``run.json`` names the command).
+
+>>> from circuits import results
+>>> r = results.load("runs/s1")           # a SearchResult
+>>> r.plot()                              # the report's heatmap, inline in a notebook
+>>> r.to_pandas()                         # one row per configuration
+
+Every result class has ``load(run_dir)``, ``to_pandas()`` (pandas is imported only then) and ``plot()`` /
+``figures()`` returning the plotly figures its report shows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CLASSES", "load"]
+
+CLASSES = {
+    "search": "circuits.search.results:SearchResult",
+    "necessity": "circuits.necessity:NecessityResult",
+    "prune": "circuits.prune.result:PruneResult",
+    "lens": "circuits.lens.result:LensResult",
+    "sweep": "circuits.sweep.run:SweepResult",
+    "groundtruth": "circuits.groundtruth_report:GroundTruthResult",
+}
+"""The result class of each command's directory (``fixed``, one configuration of a sweep, opens as a search)."""
+
+
+def kind_of(run_dir: str | Path) -> str:
+    """Which command wrote ``run_dir``: ``run.json``'s analysis, else ``groundtruth`` for a recovery table."""
+    from circuits import files
+    from circuits.runner import command_of
+    from circuits.runs import read_json_object
+
+    path = Path(run_dir)
+    if (path / files.IDENTITY).is_file():
+        kind = command_of(read_json_object(path / files.IDENTITY))
+        return "search" if kind == "fixed" else kind
+    if (path / files.SUMMARY).is_file() and (path / "table.md").is_file():
+        return "groundtruth"
+    if (path / files.LENS).is_file():
+        return "lens"
+    raise FileNotFoundError(f"{path} is not an af1 output directory (no {files.IDENTITY})")
+
+
+def load(run_dir: str | Path) -> Any:
+    """The result stored in ``run_dir``, as the class of the command that wrote it (:data:`CLASSES`)."""
+    import importlib
+
+    module, name = CLASSES[kind_of(run_dir)].split(":")
+    return getattr(importlib.import_module(module), name).load(run_dir)
