@@ -247,8 +247,11 @@ class RunDir:
     @property
     def identity_sha256(self) -> str:
         """Content hash of this run's identity: ``artifacts.json`` records it beside the artifacts' hashes,
-        binding them to the run that wrote them."""
-        return hashlib.sha256(json.dumps(self.identity, sort_keys=True, allow_nan=False).encode()).hexdigest()
+        binding them to the run that wrote them. The optional keys (labels such as the model's name, which
+        a run opened from Python may not give) are left out, so that every run allowed to resume a directory
+        has the same hash."""
+        bound = without_keys(self.identity, self.optional)
+        return hashlib.sha256(json.dumps(bound, sort_keys=True, allow_nan=False).encode()).hexdigest()
 
     def record_artifact(self, name: str) -> str:
         """Record the SHA-256 of ``<dir>/name`` in ``artifacts.json`` (after writing the file), with the hash
@@ -324,6 +327,15 @@ def comparable(old: Mapping[str, Any], new: Mapping[str, Any], optional: Iterabl
     if optional and isinstance(a.get("meta"), Mapping) and isinstance(b.get("meta"), Mapping):
         a["meta"], b["meta"] = comparable(a["meta"], b["meta"], optional)
     return a, b
+
+
+def without_keys(identity: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """``identity`` without ``keys`` (at the top level and in a nested ``meta`` object)."""
+    keys = frozenset(keys)
+    out = {k: v for k, v in identity.items() if k not in keys}
+    if keys and isinstance(out.get("meta"), Mapping):
+        out["meta"] = without_keys(out["meta"], keys)
+    return out
 
 
 def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> str:
