@@ -1,0 +1,112 @@
+"""Reliability, third round: per-prompt outcomes checked against the totals, model folders of absurd size refused
+from their config, `af1 zoo train` under the lock, a sweep with failed cells exits 2, crafted inputs through the
+command line, reruns of finished directories that recompute nothing, and no TransformerLens chatter."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from circuits import cli, files, results
+from circuits.errors import CorruptRunError
+from circuits.fitset import FitSet
+from circuits.loading import self_answer_prompts
+from circuits.outcomes import encode_mask
+from circuits.search import search_af1
+from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
+
+
+def one_line_error(capsys, code: int, *expected: str) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    for e in expected:
+        assert e in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = build_default("gpt2")
+    tokens = random_tokens(37, 6, seed=4, values=5)
+    prompts = self_answer_prompts(model, tokens, task="random")
+    return model, replace(prompts, fit=FitSet.given(disjoint_fit_tokens(tokens)))
+
+
+def search(tiny, out: Path):
+    m, p = tiny
+    return search_af1(m, p.tokens, p.answers, fit=p.fit, out_dir=out, grid="full", progress=False, n_boot=50)
+
+
+@pytest.fixture
+def finished(tiny, tmp_path):
+    out = tmp_path / "run"
+    search(tiny, out)
+    return out
+
+
+# --- per-prompt outcomes -------------------------------------------------------------------------------------
+def mixed_line(out: Path) -> tuple[int, dict]:
+    """The first record with faithful and unfaithful prompts (0-based line index and the record)."""
+    rows = [json.loads(line) for line in (out / files.SEARCH_RESULTS).read_text().splitlines()]
+    return next((i, r) for i, r in enumerate(rows) if 0 < r["n_faithful"] < r["n"])
+
+
+def forge(out: Path, index: int, **change) -> None:
+    path = out / files.SEARCH_RESULTS
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[index].update(change)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def flipped_mask(rec: dict) -> str:
+    """The record's mask with every prompt marked faithful."""
+    return encode_mask(np.ones(rec["n"], dtype=bool))
+
+
+CASES = {
+    "not hex": (lambda r: {"prompt_faithful": "zz" * ((r["n"] + 7) // 8)}, "'prompt_faithful' = 'zzzz"),
+    "short mask": (lambda r: {"prompt_faithful": r["prompt_faithful"][:-2]}, "'prompt_faithful' has 8 hexadecimal digits, but 37 prompts need 10"),
+    "mask not a string": (lambda r: {"prompt_faithful": 12}, "'prompt_faithful' must be a hexadecimal string"),
+    "probabilities not a list": (lambda r: {"prompt_answer_prob": "0.5"}, "'prompt_answer_prob' must be a list of 37"),
+    "too few probabilities": (lambda r: {"prompt_answer_prob": r["prompt_answer_prob"][:-1]}, "'prompt_answer_prob' holds 36 values for n = 37"),
+    "probability above 1": (lambda r: {"prompt_answer_prob": [1.5] + r["prompt_answer_prob"][1:]}, "'prompt_answer_prob' value 0 = 1.5 is not a probability"),
+    "margin not a number": (lambda r: {"prompt_logit_diff": ["x"] + r["prompt_logit_diff"][1:]}, "'prompt_logit_diff' value 0 = 'x' is not a finite number"),
+    # per-prompt outcomes that contradict the totals
+    "all marked faithful": (lambda r: {"prompt_faithful": flipped_mask(r)}, "'prompt_faithful' marks 37 faithful prompts, but n_faithful ="),
+    "mask and count forged together": (lambda r: {"prompt_faithful": flipped_mask(r), "n_faithful": 37, "faithfulness": 1.0,
+                                                 "ci_low": 1.0, "ci_high": 1.0},
+                                       "'prompt_logit_diff' value"),
+    "bits past n": (lambda r: {"prompt_faithful": r["prompt_faithful"][:-2] + "ff"}, "'prompt_faithful' sets bits past prompt 36"),
+    "mean probability": (lambda r: {"prompt_answer_prob": [min(1.0, v + 0.1) for v in r["prompt_answer_prob"]]},
+                         "'prompt_answer_prob' averages"),
+    "mean margin": (lambda r: {"mean_logit_diff": r["mean_logit_diff"] + 0.01}, "'prompt_logit_diff' averages"),
+    "interval": (lambda r: {"ci_low": r["ci_low"] - 0.01}, "'ci_low' = "),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_per_prompt_outcomes_are_checked_on_resume_and_on_load(finished, tiny, case):
+    change, expected = CASES[case]
+    index, rec = mixed_line(finished)
+    forge(finished, index, **change(rec))
+    where = f"{finished / files.SEARCH_RESULTS}, line {index + 1}: field {expected}"
+    for attempt in (lambda: search(tiny, finished), lambda: results.load(finished)):
+        with pytest.raises(CorruptRunError) as err:
+            attempt()
+        message, code = cli.describe(err.value)
+        assert code == 2 and "\n" not in message and where in message, message
+
+
+def test_consistent_per_prompt_outcomes_load_and_resume(finished, tiny):
+    """The checks pass the records a search writes (the same prompts, totals and intervals)."""
+    loaded = results.load(finished)
+    index, rec = mixed_line(finished)
+    config = loaded.result(rec["wait"], rec["transfer"])
+    assert config.outcomes.faithful.sum() == rec["n_faithful"] and config.ci_low == rec["ci_low"]
+    assert search(tiny, finished).n_evaluated == 0
