@@ -96,11 +96,16 @@ def test_killed_sweep_resumes_to_the_same_table(sweep_dir, tmp_path):
         assert summary["n_resumed"] + summary["n_evaluated_this_run"] == 28
 
 
-def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path):
+def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, capsys):
+    """The tables and the report are written with the failed row, then the sweep exits 2 with one line naming it."""
     out = tmp_path / "out"
     argv = ["sweep", "--models", "no-such-model-xyz,arith-gpt2", "--tasks", "add", "--n-prompts", "20",
             "--no-progress", "--out", str(out)]
-    assert cli.main(argv) == 0
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("af1 sweep: error: 1 of 2 cells failed: no-such-model-xyz/add/cama/seed 0 "
+                                               "(cannot load model 'no-such-model-xyz'"), err
+    assert (out / files.REPORT).exists() and (out / files.SUMMARY).exists()
     rows = table(out)
     assert [r["status"] for r in rows] == ["error", "ok"]
     assert "cannot load model 'no-such-model-xyz'" in rows[0]["error"] and rows[1]["faithfulness"]
