@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -176,6 +177,10 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
     from circuits import gguf, tasks
 
     source = gguf.resolve(name)
+    if (Path(str(source)).expanduser() / "config.json").is_file():  # a config that does not fit its weights
+        from circuits.zoo.hf import check_size
+
+        check_size(Path(str(source)).expanduser())
     try:
         config = AutoConfig.from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)

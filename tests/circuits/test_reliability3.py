@@ -110,3 +110,45 @@ def test_consistent_per_prompt_outcomes_load_and_resume(finished, tiny):
     config = loaded.result(rec["wait"], rec["transfer"])
     assert config.outcomes.faithful.sum() == rec["n_faithful"] and config.ci_low == rec["ci_low"]
     assert search(tiny, finished).n_evaluated == 0
+
+
+# --- a model folder whose config.json asks for absurd sizes ---------------------------------------------------
+@pytest.fixture
+def absurd_folder(tmp_path):
+    import shutil
+
+    from circuits import zoo
+
+    folder = tmp_path / "huge"
+    shutil.copytree(zoo.model_dir("arith-gpt2"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(n_layer=4096, n_embd=65536)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_model_folder_asking_for_absurd_sizes_is_refused_from_its_config(absurd_folder, tmp_path, capsys, monkeypatch):
+    """`--model PATH`: refused in the checks before loading, naming config.json and its size fields; in the
+    Python API and in a sweep (a failed cell), before any weight loads or any estimate is printed."""
+    import time
+
+    from circuits import loading
+    from circuits.local_models import load_hooked
+
+    loaded = []
+    monkeypatch.setattr("circuits.local_models.load_hooked", lambda *a, **k: loaded.append(a) or load_hooked(*a, **k))
+    expected = (f"{absurd_folder / 'config.json'} asks for at least", "n_layer=4096, n_embd=65536",
+                "the config does not describe these weights")
+    t0 = time.perf_counter()
+    code = cli.main(["search", "--model", str(absurd_folder), "--task", "add", "--n-prompts", "10", "--no-progress",
+                     "--out", str(tmp_path / "o")])
+    assert time.perf_counter() - t0 < 2.0
+    one_line_error(capsys, code, *expected)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="n_layer=4096, n_embd=65536"):
+        loading.load_model(str(absurd_folder))
+    code = cli.main(["sweep", "--models", str(absurd_folder), "--tasks", "add", "--n-prompts", "10", "--no-progress",
+                     "--out", str(tmp_path / "s")])
+    captured = capsys.readouterr()
+    assert code == 2 and "TFLOP" not in captured.out and all(e in captured.err for e in expected), captured
+    assert loaded == []
