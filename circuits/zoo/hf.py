@@ -260,24 +260,29 @@ def save_hf(folder: str | Path, hf_model, tokenizer, b_U=None, meta: dict | None
     into ``folder``; files of a previous format in the folder are replaced."""
     from safetensors.torch import save_file
 
+    from circuits.atomic import write_files, write_text, write_with
     from circuits.zoo.tokenizer import save_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    hf_model.config.to_json_file(str(folder / "config.json"))
-    save_file({k: v.detach().float().contiguous() for k, v in hf_model.state_dict().items()},
-              str(folder / WEIGHTS), metadata={"format": "pt"})
+    # every file through the atomic writer (circuits.atomic): a killed export leaves whole files only
+    write_with(folder / "config.json", lambda p: hf_model.config.to_json_file(str(p)))
+    write_with(folder / WEIGHTS, lambda p: save_file({k: v.detach().float().contiguous()
+                                                      for k, v in hf_model.state_dict().items()},
+                                                     str(p), metadata={"format": "pt"}))
     if b_U is not None:
-        save_file({"lm_head.bias": b_U.detach().float().contiguous()}, str(folder / BIAS), metadata={"format": "pt"})
+        write_with(folder / BIAS, lambda p: save_file({"lm_head.bias": b_U.detach().float().contiguous()}, str(p),
+                                                      metadata={"format": "pt"}))
     elif (folder / BIAS).exists():
         (folder / BIAS).unlink()
-    tokenizer.save_pretrained(str(folder))
-    save_tokenizer(tokenizer, folder / "tokenizer.json")  # without the truncation/padding save_pretrained keeps
-    tcfg = json.loads((folder / "tokenizer_config.json").read_text())
+    written = write_files(folder, lambda d: tokenizer.save_pretrained(str(d)))
+    # without the truncation/padding save_pretrained keeps
+    write_with(folder / "tokenizer.json", lambda p: save_tokenizer(tokenizer, p))
+    tcfg = json.loads(next(p for p in written if p.name == "tokenizer_config.json").read_text())
     tcfg["add_bos_token"] = True  # the zoo prompts start with BOS
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # the class name older transformers know too
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n")
+    write_text(folder / "tokenizer_config.json", json.dumps(tcfg, indent=2) + "\n")
     if meta:
-        (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
+        write_text(folder / META, json.dumps(meta, indent=1) + "\n")
     elif (folder / META).exists():
         (folder / META).unlink()

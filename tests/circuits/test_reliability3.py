@@ -152,3 +152,161 @@ def test_a_model_folder_asking_for_absurd_sizes_is_refused_from_its_config(absur
     captured = capsys.readouterr()
     assert code == 2 and "TFLOP" not in captured.out and all(e in captured.err for e in expected), captured
     assert loaded == []
+
+
+# --- af1 zoo train: the lock and the atomic writer ---------------------------------------------------------------
+def test_zoo_train_holds_the_lock_and_writes_every_file_atomically(tmp_path, monkeypatch, capsys):
+    import os
+
+    from circuits.atomic import LinkError
+    from circuits.lock import DirLock
+    from circuits.zoo import train as zoo_train
+    from circuits.zoo import trainer
+    from tests.circuits.test_zoo_train import _tiny
+
+    _tiny("arith-gpt2", monkeypatch)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    argv = ["zoo", "train", "tiny", "--out", str(out), "--ckpt", str(ckpt), "--model-class", "transformers"]
+    for held in (out, ckpt):
+        held.mkdir(exist_ok=True)
+        with DirLock(held):
+            one_line_error(capsys, cli.main(argv), "in use by another af1 command")
+    assert not list(ckpt.rglob("*.safetensors")) and not list(out.iterdir())
+
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: replaced.append(Path(dst)) or real_replace(src, dst))
+    (ckpt / "phase1").mkdir(parents=True)
+    leftover = ckpt / "phase1" / ".checkpoint.safetensors.x1y2.af1tmp"
+    leftover.write_bytes(b"half a file")
+    assert cli.main(argv) == 0
+    written = [p for p in [*out.iterdir(), *ckpt.rglob("*")] if p.is_file()]
+    assert written and all(p in replaced for p in written), sorted(set(written) - set(replaced))
+    assert not leftover.exists() and not list(tmp_path.rglob("*.af1tmp"))
+
+    # a checkpoint killed between its files is refused on resume, naming both
+    state = json.loads((ckpt / "phase2" / "state.json").read_text())
+    (ckpt / "phase2" / "state.json").write_text(json.dumps({**state, "step": state["step"] - 1, "stopped_early": False,
+                                                            "finished": False}))
+    with pytest.raises(CorruptRunError, match=r"checkpoint\.safetensors holds step .*state\.json step"):
+        zoo_train.train("tiny", out_dir=out, ckpt_dir=ckpt, threads=1, progress=False, model_class="transformers")
+    (ckpt / "phase2" / "state.json").write_text(json.dumps(state))
+
+    # a link planted in the output folder is refused, and its target is untouched
+    victim = tmp_path / "victim.md"
+    victim.write_text("mine")
+    (out / "card.md").unlink()
+    (out / "card.md").symlink_to(victim)
+    with pytest.raises(LinkError, match="card.md is a symbolic link"):
+        zoo_train.train("tiny", out_dir=out, ckpt_dir=ckpt, threads=1, progress=False, model_class="transformers")
+    assert victim.read_text() == "mine"
+    assert trainer.checkpoint_step(ckpt / "phase2" / "checkpoint.safetensors") == state["step"]
+
+
+# --- a rerun with nothing left to compute recomputes nothing -------------------------------------------------------
+CHATTER = ("Moving model to device", "Loaded pretrained model", "Changing model dtype")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the prompt checks, the fit-set draws and the means fits made from now on."""
+    import interventions as iv
+    from circuits import fitset, runner, tasks
+
+    calls = {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(tasks, "filter_correct", counting("filter_correct", tasks.filter_correct))
+    monkeypatch.setattr(runner, "base_correct", counting("base_correct", runner.base_correct))
+    monkeypatch.setattr(fitset, "draw_fit_set", counting("draw_fit_set", fitset.draw_fit_set))
+    fit = iv.MeanCache.fit.__func__
+    monkeypatch.setattr(iv.MeanCache, "fit", classmethod(counting("MeanCache.fit", fit)))
+    return calls
+
+
+SEARCH = ["search", "--model", "arith-gpt2", "--task", "add_sub", "--n-prompts", "30", "--grid", "full",
+          "--no-progress", "--out"]
+
+
+def test_a_finished_search_rerun_checks_no_prompt_and_fits_no_means(tmp_path, counted, capfd):
+    out = tmp_path / "s"
+    assert cli.main([*SEARCH, str(out)]) == 0
+    first = capfd.readouterr()
+    assert counted["filter_correct"] and counted["draw_fit_set"] == 1 and counted["MeanCache.fit"] == 1
+    summary = json.loads((out / files.SUMMARY).read_text())
+    results_before = (out / files.SEARCH_RESULTS).read_bytes()
+    for k in counted:
+        counted[k] = 0
+    assert cli.main([*SEARCH, str(out)]) == 0
+    again = capfd.readouterr()
+    assert counted == {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
+    assert f"reloaded from {out / files.PREPARED}" in again.out
+    resumed = json.loads((out / files.SUMMARY).read_text())
+    same = ("selected", "base_accuracy", "n_checked", "n_prompts", "smallest_transfer_per_wait", "identity", "fit")
+    assert {k: resumed[k] for k in same} == {k: summary[k] for k in same}
+    assert resumed["n_evaluated_this_run"] == 0 and resumed["n_resumed"] == 28
+    assert (out / files.SEARCH_RESULTS).read_bytes() == results_before
+    # TransformerLens's device and loading chatter appears on neither run
+    for text in (first.out, first.err, again.out, again.err):
+        assert not any(c in text for c in CHATTER), text
+
+
+def test_prepared_prompts_are_reused_only_when_they_are_this_runs(tmp_path, counted, capsys):
+    """A prepared file changed since it was recorded is prepared again (and the run resumes as before); one
+    changed together with its recorded hash gives other prompts, which the run identity refuses."""
+    from safetensors.torch import load as load_bytes, save
+
+    from circuits.runs import file_sha256
+
+    out = tmp_path / "s"
+    assert cli.main([*SEARCH, str(out)]) == 0
+    path = out / files.PREPARED
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8:8 + n])["__metadata__"]
+    tensors = load_bytes(data)
+    tensors["tokens"] = tensors["tokens"].flip(0).contiguous()  # the same prompts in another order
+    path.write_bytes(save(tensors, metadata=meta))
+    for k in counted:
+        counted[k] = 0
+    capsys.readouterr()
+    assert cli.main([*SEARCH, str(out)]) == 0  # not recorded: ignored, prepared again, the run resumes
+    assert counted["filter_correct"] and counted["MeanCache.fit"] == 0
+    assert path.read_bytes() == data
+    path.write_bytes(save(tensors, metadata=meta))
+    artifacts = json.loads((out / files.ARTIFACTS).read_text())
+    (out / files.ARTIFACTS).write_text(json.dumps({**artifacts, files.PREPARED: file_sha256(path)}))
+    capsys.readouterr()
+    one_line_error(capsys, cli.main([*SEARCH, str(out)]), "prompts_sha256")
+
+
+def test_hooked_from_pretrained_chatter_is_silenced(monkeypatch, capfd, caplog):
+    """TransformerLens 3.x's `from_pretrained` prints "Loaded pretrained model ..." and "Moving model to device"
+    on stdout: the loader sends them to the circuits logger at DEBUG instead."""
+    import logging
+
+    from circuits import loading, model_names
+    from tests.conftest import has_hooked_transformer
+
+    if not has_hooked_transformer():
+        pytest.skip("TransformerLens 3.x only (HookedTransformer.from_pretrained)")
+    import transformer_lens
+
+    def from_pretrained(name, **kwargs):
+        print("Moving model to device: ", "cpu")
+        print(f"Loaded pretrained model {name} into HookedTransformer")
+        return build_default("gpt2")
+
+    monkeypatch.setattr(transformer_lens.HookedTransformer, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(model_names, "check_model_name", lambda *a, **k: None)
+    monkeypatch.setattr(loading, "check_builtin_config", lambda name: None)
+    with caplog.at_level(logging.DEBUG, logger="circuits"):
+        loading.load_model("gpt2", backend="hooked")
+    captured = capfd.readouterr()
+    assert not any(c in captured.out + captured.err for c in CHATTER), captured
+    assert any("Loaded pretrained model gpt2" in r.getMessage() for r in caplog.records)

@@ -112,6 +112,34 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, capsys):
     assert "no-such-model-xyz" in (out / "table.md").read_text()
 
 
+def test_another_threshold_into_a_finished_sweep_reselects_without_evaluating(sweep_dir, tmp_path, monkeypatch):
+    """The threshold is not part of the sweep's identity: every cell's selection is recomputed from its stored
+    results (the full grid), nothing is evaluated."""
+    import shutil
+
+    from circuits.search import evaluators
+    from circuits.search.rule import select
+
+    out = tmp_path / "again"
+    shutil.copytree(sweep_dir, out)
+    calls = []
+    for cls in (evaluators.FastEvaluator, evaluators.NaiveEvaluator):
+        monkeypatch.setattr(cls, "evaluate", lambda self, w, t: calls.append((w, t)))
+    before = {p: p.read_bytes() for p in out.rglob(files.SEARCH_RESULTS)}
+    assert cli.main([*BASE, "--threshold", "0.02", "--out", str(out)]) == 0
+    assert calls == [] and all(p.read_bytes() == b for p, b in before.items())
+    changed = 0
+    for old, new in zip(table(sweep_dir), table(out)):
+        records = [json.loads(line) for line in (out / new["path"] / files.SEARCH_RESULTS).read_text().splitlines()]
+        chosen = select({(r["wait"], r["transfer"]): r["faithfulness"] for r in records}, 0.02)
+        assert new["selected"] == str(chosen is not None)
+        if chosen is not None:
+            assert (int(new["wait"]), int(new["transfer"])) == chosen
+        changed += (old["wait"], old["transfer"], old["selected"]) != (new["wait"], new["transfer"], new["selected"])
+    assert changed  # at 0.9 nothing is selected on these cells (the row shows the most faithful one)
+    assert json.loads((out / files.SUMMARY).read_text())["config"]["threshold"] == 0.02
+
+
 def test_a_different_sweep_into_the_same_directory_is_refused(sweep_dir, capsys):
     argv = [a if a != "0,1" else "0,1,2" for a in BASE]
     before = (sweep_dir / "table.csv").read_bytes()
