@@ -5,7 +5,8 @@ a :class:`RunContext` (means cache, result store, progress) and returns a result
 runner does everything around it, the same way for every command:
 
 1. validate the config against the model and the inputs (``n_boot``, batch size, answers, BOS, padding);
-2. keep the prompts the unmodified model answers correctly (once);
+2. keep the prompts the unmodified model answers correctly (once; a rerun reloads which they are with the
+   prepared prompts, :mod:`circuits.prepared`);
 3. the means (:mod:`circuits.means`), when the analysis needs them: fitted on the fit set without the
    scored prompts (:mod:`circuits.fitset`), every mean a scored prompt reads backed by ``min_count`` fit
    prompts; with an output directory the cache this run wrote is reloaded (checked by content hash and
@@ -14,7 +15,8 @@ runner does everything around it, the same way for every command:
    another command (or of an earlier version's means) early, build the run identity
    (:attr:`Analysis.identity`, which records the fit set), check or write ``run.json``, validate resumed
    records against the analysis's schema;
-5. run the analysis with a :class:`ResultStore` (appends are crash-safe and fsynced);
+5. write the prepared prompts (or check that the reloaded ones are this run's), then run the analysis with a
+   :class:`ResultStore` (appends are crash-safe and fsynced);
 6. write the summary and the report (:attr:`Analysis.write`).
 
 File names live in :mod:`circuits.files`. A new analysis is one module that defines an :class:`Analysis`

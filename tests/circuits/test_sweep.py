@@ -112,9 +112,11 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, capsys):
     assert "no-such-model-xyz" in (out / "table.md").read_text()
 
 
-def test_another_threshold_into_a_finished_sweep_reselects_without_evaluating(sweep_dir, tmp_path, monkeypatch):
+def test_another_threshold_into_a_finished_sweep_reselects_without_evaluating(sweep_dir, tmp_path, monkeypatch,
+                                                                            counted):
     """The threshold is not part of the sweep's identity: every cell's selection is recomputed from its stored
-    results (the full grid), nothing is evaluated."""
+    results (the full grid), nothing is evaluated; the prompts, fit sets and means are reloaded from the cells
+    (no prompt is checked, no fit set drawn, no means fitted)."""
     import shutil
 
     from circuits.search import evaluators
@@ -128,6 +130,7 @@ def test_another_threshold_into_a_finished_sweep_reselects_without_evaluating(sw
     before = {p: p.read_bytes() for p in out.rglob(files.SEARCH_RESULTS)}
     assert cli.main([*BASE, "--threshold", "0.02", "--out", str(out)]) == 0
     assert calls == [] and all(p.read_bytes() == b for p, b in before.items())
+    assert counted == {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
     changed = 0
     for old, new in zip(table(sweep_dir), table(out)):
         records = [json.loads(line) for line in (out / new["path"] / files.SEARCH_RESULTS).read_text().splitlines()]
