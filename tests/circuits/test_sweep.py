@@ -141,6 +141,9 @@ def test_another_threshold_into_a_finished_sweep_reselects_without_evaluating(sw
         changed += (old["wait"], old["transfer"], old["selected"]) != (new["wait"], new["transfer"], new["selected"])
     assert changed  # at 0.9 nothing is selected on these cells (the row shows the most faithful one)
     assert json.loads((out / files.SUMMARY).read_text())["config"]["threshold"] == 0.02
+    from circuits.sweep.run import SweepResult
+
+    assert SweepResult.load(out).config.threshold == 0.02
 
 
 def test_a_different_sweep_into_the_same_directory_is_refused(sweep_dir, capsys):
