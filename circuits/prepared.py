@@ -105,6 +105,8 @@ def prepare(spec: Any, model: Any, *, means: str | None, out: str | Path | Seque
     found = next((p for p in (load(f, key) for f in folders) if p is not None), None)
     if found is None:
         prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
+        if not isinstance(getattr(prompts, "extra", None), dict) or not dataclasses.is_dataclass(prompts):
+            return prompts  # not a Prompts (a caller's own loader): nothing to keep
         found = Prepared(key, prompts)
     found.prompts = replace(found.prompts, extra={**found.prompts.extra, EXTRA: found})
     return found.prompts

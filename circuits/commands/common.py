@@ -346,9 +346,9 @@ def prepare(args: argparse.Namespace, means: str | None = None, out: Any = None)
     spec = prompt_spec(args)
     prompts = prepared.prepare(spec, model, means=means, out=out, progress=not args.no_progress,
                                batch_size=first_batch_size(args))
-    source = prepared.prepared_of(prompts).source
-    if source is not None:
-        print(f"prompts and fit set: reloaded from {source} (prepared by an earlier run of this command)")
+    kept = prepared.prepared_of(prompts)
+    if kept is not None and kept.source is not None:
+        print(f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)")
     print(
         f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
         f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
