@@ -75,9 +75,10 @@ def record_problem(record: Mapping[str, Any]) -> tuple[str, str] | None:
         if len(values) != n:
             return name, f"holds {len(values)} values for n = {n} prompts"
         for i, v in enumerate(values):
-            bad = v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
-            if bad or (name == "prompt_answer_prob" and v is not None and not 0.0 <= v <= 1.0):
-                return name, f"value {i} = {_brief(v)} is not {'a probability in [0, 1]' if not bad and name == 'prompt_answer_prob' else 'a finite number'}"
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                return name, f"value {i} = {_brief(v)} is not a finite number"
+            if name == "prompt_answer_prob" and v is not None and not 0.0 <= v <= 1.0:
+                return name, f"value {i} = {_brief(v)} is not a probability in [0, 1]"
         lists[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
         total = record.get("mean_" + name[len("prompt_"):])
         if isinstance(total, (int, float)) and not np.isnan(lists[name]).any():

@@ -194,8 +194,8 @@ def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any])
         if fit_tokens is None or fit_tokens.ndim != 2 or fit_tokens.shape[1] != tokens.shape[1]:
             raise bad("fit_tokens is missing or not of the prompts' layout")
         f = meta["fit"]
-        fit = FitSet(tokens=fit_tokens.long(), spec=FitSpec(**f["spec"]), task=f.get("task"), whole=bool(f.get("whole")),
-                     n_drawn=int(f.get("n_drawn", 0)))
+        fit = FitSet(tokens=fit_tokens.long(), spec=FitSpec(**f["spec"]), task=f.get("task"),
+                     whole=bool(f.get("whole")), n_drawn=int(f.get("n_drawn", 0)))
     fmt = spec.get("format")
     return Prompts(tokens=tokens.long(), answers=answers.long(), prompts=[str(t) for t in texts],
                    answer_values=[int(v) for v in values], answer_texts=meta.get("answer_texts"),
