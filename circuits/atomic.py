@@ -29,7 +29,7 @@ _OLD_TMP = re.compile(r"^\..+\.tmp\d*$")
 """Temporary names of earlier versions (``.NAME.tmp`` and ``.NAME.tmp<PID>``)."""
 
 __all__ = ["TMP_SUFFIX", "clean_temporaries", "inside", "no_link", "refuse_links", "safe_name", "write_bytes",
-           "write_text", "write_with"]
+           "write_files", "write_text", "write_with"]
 
 
 class LinkError(RunDirError):
@@ -103,9 +103,41 @@ def write_with(path: str | Path, writer: Callable[[Path], object]) -> Path:
     return path
 
 
+def write_files(folder: str | Path, writer: Callable[[Path], object]) -> list[Path]:
+    """Like :func:`write_with`, for a library that writes several files into a folder (``save_pretrained``):
+    ``writer(tmp)`` writes them into an exclusively created temporary folder inside ``folder``; each file is
+    then fsynced and renamed over its name in ``folder`` (a link there is refused). Returns the files written;
+    the temporary folder is removed in any case."""
+    import shutil
+
+    folder = no_link(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".files.", suffix=TMP_SUFFIX))
+    try:
+        try:
+            writer(tmp)
+        except OSError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a library's own error for a full disk
+            raise OSError(f"cannot write into {folder}: {' '.join(str(err).split())}") from err
+        out = []
+        for p in sorted(tmp.iterdir()):
+            if p.is_file() and not p.is_symlink():
+                target = no_link(folder / p.name)
+                with open(p, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.chmod(p, 0o644)
+                os.replace(p, target)
+                out.append(target)
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def clean_temporaries(directory: str | Path) -> list[Path]:
-    """Remove the temporary files a killed command left in ``directory`` and its ``figures/`` folder (names
-    ending in :data:`TMP_SUFFIX`, and ``.NAME.tmp[PID]`` of earlier versions); returns what was removed.
+    """Remove the temporary files (and :func:`write_files` folders) a killed command left in ``directory`` and its
+    ``figures/`` folder (names ending in :data:`TMP_SUFFIX`, and ``.NAME.tmp[PID]`` of earlier versions); returns
+    what was removed.
     Call it only while holding the directory's lock."""
     directory = Path(directory)
     removed = []
@@ -116,6 +148,11 @@ def clean_temporaries(directory: str | Path) -> list[Path]:
             if p.name.startswith(".") and (p.name.endswith(TMP_SUFFIX) or _OLD_TMP.match(p.name)) and (
                     p.is_symlink() or p.is_file()):
                 p.unlink(missing_ok=True)
+                removed.append(p)
+            elif p.name.startswith(".") and p.name.endswith(TMP_SUFFIX) and p.is_dir() and not p.is_symlink():
+                import shutil
+
+                shutil.rmtree(p, ignore_errors=True)  # a folder of write_files
                 removed.append(p)
     return removed
 

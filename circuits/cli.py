@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     from circuits.logs import cli_handler
 
-    cli_handler()  # the library's messages (logging, logger "circuits") on stderr
+    cli_handler()  # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr
     try:
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):

@@ -5,6 +5,8 @@ ARTIFACTS = "artifacts.json"
 LOCK = ".lock"
 PROMPTS = "prompts.jsonl"
 MEANS = "means.safetensors"
+PREPARED = "prepared.safetensors"
+"""The run's prepared prompts and fit set (:mod:`circuits.prepared`), reloaded by a rerun."""
 SUMMARY = "summary.json"
 REPORT = "report.html"
 
@@ -19,6 +21,6 @@ NO_RESULTS = ".no-results.jsonl"
 """Placeholder results name of analyses without resumable records (never written)."""
 
 RESULT_FILES = frozenset({
-    PROMPTS, MEANS, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS, LENS_ARRAYS,
+    PROMPTS, MEANS, PREPARED, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS, LENS_ARRAYS,
 })
 """Files only af1 writes: a directory holding any of them without ``run.json`` is refused."""

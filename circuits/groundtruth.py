@@ -171,7 +171,7 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
     ``ablation`` on ``prompts`` (a :class:`circuits.prompts.Prompts`: one layout, BOS at 0, with the fit set of
     its means, :meth:`circuits.specs.PromptSpec.prepare`) and score the
     result against ``structure``. ``out_dir``: ``<out_dir>/search`` and ``<out_dir>/prune`` run
-    directories (``None``: nothing written)."""
+    directories (:func:`prune_folder`; ``None``: nothing written)."""
     from circuits.prune import PRUNE, PruneConfig
     from circuits.runner import execute
     from circuits.search import SEARCH, SearchConfig
@@ -187,7 +187,7 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
     at = selected if selected is not None and selected[1] >= 1 else planted
     pruned = execute(PRUNE, model, prompts.tokens, prompts.answers,
                      PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target),
-                     out_dir=sub("prune"), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
+                     out_dir=sub(prune_folder(planted, at)), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
     heads = sorted(structure.head_set)
     found = sorted(tuple(h) for h in pruned.smallest_head_set) if pruned.smallest_head_set is not None else None
     prec, rec = precision_recall(found, heads)
@@ -229,17 +229,26 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
                 seed=seed, threshold=threshold, target=target, progress=progress, log=log)
     if out_dir is None:
         return _run_all(**args)
-    ident = identity(names, tasks, n_prompts, ablations, seed, threshold, target)
+    ident = identity(names, tasks, n_prompts, ablations, seed, target)
     with Run(out_dir, "groundtruth") if held is None else contextlib.nullcontext():
-        RunDir(out_dir, ident, results_name=files.NO_RESULTS).open()
+        # Earlier releases recorded the threshold: their directories resume with any.
+        RunDir(out_dir, ident, results_name=files.NO_RESULTS, optional=("threshold",)).open()
         return _run_all(**args)
 
 
 def identity(models: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str], seed: int,
-             threshold: float, target: float) -> dict[str, Any]:
-    """The run identity of ``af1 groundtruth`` (``run.json``): what determines its table."""
+             target: float) -> dict[str, Any]:
+    """The run identity of ``af1 groundtruth`` (``run.json``): what determines its runs. The threshold is not
+    part of it: it only selects among the searches' stored results (every configuration is evaluated), so
+    another one reselects without evaluating, and prunes anew only where the selection moved."""
     return {"analysis": "groundtruth", "models": list(models), "tasks": list(tasks), "n_prompts": int(n_prompts),
-            "ablations": list(ablations), "seed": int(seed), "threshold": float(threshold), "target": float(target)}
+            "ablations": list(ablations), "seed": int(seed), "target": float(target)}
+
+
+def prune_folder(planted: tuple[int, int], at: tuple[int, int]) -> str:
+    """The pruning run's folder beside ``search``: ``prune`` at the planted configuration, else
+    ``prune-w<W>-t<T>`` (another threshold may move the selection, and a pruning run is one configuration's)."""
+    return "prune" if tuple(at) == tuple(planted) else f"prune-w{at[0]}-t{at[1]}"
 
 
 def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str],

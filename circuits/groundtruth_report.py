@@ -188,7 +188,11 @@ class GroundTruthResult:
         """The pruning run of one row (:class:`~circuits.prune.PruneResult`)."""
         from circuits.prune.result import PruneResult
 
-        return PruneResult.load(self._run(model, task, ablation, "prune"))
+        from circuits.groundtruth import prune_folder
+
+        row = next((r for r in self.rows if (r.model, r.task, r.ablation) == (model, task, ablation)), None)
+        which = prune_folder(row.planted, row.pruned_at) if row is not None else "prune"
+        return PruneResult.load(self._run(model, task, ablation, which))
 
 
 def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any] | None = None) -> dict[str, Path]:

@@ -134,27 +134,11 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         loader = "circuits.local_models.load_hooked"
     elif backend == "hooked":
         check_builtin_config(name)
+    from circuits.logs import quiet_stdout
+
     try:
-        if backend == "hooked" and local:
-            model = local_models.load_hooked(source, name, device=kwargs["device"], dtype=kwargs.get("dtype"),
-                                             n_devices=kwargs.get("n_devices", 1))
-        elif backend == "hooked":
-            from transformer_lens import HookedTransformer
-
-            model = HookedTransformer.from_pretrained(name, **kwargs)
-        elif backend == "nnsight":
-            from interventions.backends.nnsight import from_pretrained, require_nnsight
-
-            require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
-            model = from_pretrained(source, device=device, dtype=kwargs.get("dtype"), remote=remote,
-                                    device_map=kwargs.get("device_map"), max_memory=kwargs.get("max_memory"))
-        else:
-            from transformer_lens.model_bridge import TransformerBridge
-
-            model = TransformerBridge.boot_transformers(source, **kwargs)
-            model.enable_compatibility_mode()
-            if dtype is not None:
-                match_parameter_dtype(model, kwargs["dtype"])
+        with quiet_stdout():  # TransformerLens's "Loaded pretrained model ...", "Moving model to device" lines
+            model = _load(backend, local, source, name, kwargs, dtype, remote, device)
     except AF1Error:
         raise
     except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
@@ -176,6 +160,35 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     if local:
         model.cfg.model_name = name
     return model.eval()
+
+
+
+def _load(backend: str, local: bool, source: Any, name: str, kwargs: dict[str, Any], dtype: str | None,
+          remote: bool | str, device: str) -> Any:
+    """The model of :func:`load_model` from its resolved arguments (the call on the chosen backend)."""
+    from circuits import local_models
+
+    if backend == "hooked" and local:
+        model = local_models.load_hooked(source, name, device=kwargs["device"], dtype=kwargs.get("dtype"),
+                                         n_devices=kwargs.get("n_devices", 1))
+    elif backend == "hooked":
+        from transformer_lens import HookedTransformer
+
+        model = HookedTransformer.from_pretrained(name, **kwargs)
+    elif backend == "nnsight":
+        from interventions.backends.nnsight import from_pretrained, require_nnsight
+
+        require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
+        model = from_pretrained(source, device=device, dtype=kwargs.get("dtype"), remote=remote,
+                                device_map=kwargs.get("device_map"), max_memory=kwargs.get("max_memory"))
+    else:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(source, **kwargs)
+        model.enable_compatibility_mode()
+        if dtype is not None:
+            match_parameter_dtype(model, kwargs["dtype"])
+    return model
 
 
 def match_parameter_dtype(model: Any, dtype: Any) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -176,6 +177,10 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
     from circuits import gguf, tasks
 
     source = gguf.resolve(name)
+    if (Path(str(source)).expanduser() / "config.json").is_file():  # a config that does not fit its weights
+        from circuits.zoo.hf import check_size
+
+        check_size(Path(str(source)).expanduser())
     try:
         config = AutoConfig.from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -197,18 +202,21 @@ def model_devices(model: Any) -> list[torch.device]:
 
 def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int,
                    fit: Any = None, fmt: Any = None) -> None:
-    """Print ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
+    """Report ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
     or its config cannot be read; with ``fit`` (a :class:`~circuits.fitset.FitSpec`) also what fitting the
-    means will cost (:func:`fit_cost`); ``fmt``: the prompt format (few-shot prefixes lengthen every prompt)."""
+    means will cost (:func:`fit_cost`); ``fmt``: the prompt format (few-shot prefixes lengthen every prompt).
+    The lines go to the ``circuits.memory`` logger at INFO (the ``af1`` command line shows them on stderr)."""
     from circuits.loading import zoo_names
+    from circuits.logs import get_logger
 
+    log = get_logger("memory")
     estimate = None if name in zoo_names() else estimate_pretrained(name, dtype, task, n_prompts, batch_size, fmt)
     if estimate is not None:
-        print(f"{name}: {estimate.describe()}")
+        log.info("%s: %s", name, estimate.describe())
     from circuits import tasks
 
     if fit is not None and task in tasks.list_tasks():
-        print(f"{name}: {fit_cost(task, fit.size, batch_size, estimate)}")
+        log.info("%s: %s", name, fit_cost(task, fit.size, batch_size, estimate))
 
 
 def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | None = None) -> str:

@@ -136,7 +136,9 @@ def custom_loader() -> bool:
 def check_model_name(name: str, zoo_names: Sequence[str] | None = None) -> None:
     """:class:`~circuits.errors.ModelLoadError` (one line, listing the close zoo names) for a name that is
     neither a zoo model, a local folder or GGUF file nor in the local Hugging Face cache, when the hub cannot
-    be asked (offline) or the name is a near-miss of a zoo name; nothing for any other name."""
+    be asked (offline) or the name is a near-miss of a zoo name; nothing for any other name. A local model
+    folder whose ``config.json`` asks for more weights than it holds is refused here too
+    (:func:`circuits.zoo.hf.check_size`, a ``ValueError`` naming the file and its size fields)."""
     from circuits.errors import ModelLoadError
 
     if zoo_names is None:
@@ -150,6 +152,10 @@ def check_model_name(name: str, zoo_names: Sequence[str] | None = None) -> None:
         return
     from circuits import gguf
 
+    if (Path(name).expanduser() / "config.json").is_file():  # a model folder: its config must fit its weights
+        from circuits.zoo.hf import check_size
+
+        check_size(Path(name).expanduser())
     if gguf.is_gguf(name) or Path(name).expanduser().exists() or in_hf_cache(name):
         return
     near = close_names(name, zoo_names, cutoff=0.8)

@@ -9,12 +9,13 @@ configuration flip" without a model (:meth:`circuits.search.SearchResult.prompt_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FIELDS", "PromptOutcomes", "decode_mask", "encode_mask"]
+__all__ = ["FIELDS", "PromptOutcomes", "decode_mask", "encode_mask", "record_problem"]
 
 FIELDS = ("prompt_faithful", "prompt_answer_prob", "prompt_logit_diff")
 """The keys :meth:`PromptOutcomes.to_record` adds to a results record."""
@@ -28,11 +29,91 @@ def encode_mask(flags: Sequence[bool] | np.ndarray) -> str:
 
 
 def decode_mask(text: str, n: int) -> np.ndarray:
-    """The ``[n]`` bool vector :func:`encode_mask` wrote as ``text``; ``ValueError`` if it does not hold ``n``."""
+    """The ``[n]`` bool vector :func:`encode_mask` wrote as ``text``; ``ValueError`` if it does not hold ``n``
+    (:func:`mask_problem` says what is wrong)."""
+    problem = mask_problem(text, n)
+    if problem is not None:
+        raise ValueError(f"prompt mask {problem}")
     raw = np.frombuffer(bytes.fromhex(text), dtype=np.uint8)
-    if len(raw) != (n + 7) // 8:
-        raise ValueError(f"prompt mask of {len(raw)} bytes does not hold {n} prompts")
     return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+def mask_problem(text: object, n: int) -> str | None:
+    """What keeps ``text`` from being the :func:`encode_mask` of ``n`` flags (``None``: nothing): a string of
+    ``2 * ceil(n / 8)`` lowercase hexadecimal digits whose bits past ``n`` are zero."""
+    if not isinstance(text, str):
+        return f"must be a hexadecimal string, found {_brief(text)}"
+    want = 2 * ((n + 7) // 8)
+    if len(text) != want:
+        return f"has {len(text)} hexadecimal digits, but {n} prompts need {want}"
+    if any(c not in "0123456789abcdef" for c in text):
+        return f"= {_brief(text)} is not lowercase hexadecimal"
+    if n % 8 and int(text[-2:], 16) >> (n % 8):
+        return f"sets bits past prompt {n - 1}"
+    return None
+
+
+def record_problem(record: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A ``(field, problem)`` pair for a results record whose per-prompt outcomes (:data:`FIELDS`) are malformed
+    or contradict its totals (``None``: fine, or a record of an earlier release, which has none). ``n`` (an
+    integer >= 1) and the totals were type-checked before. The outcomes must be: the mask of :func:`mask_problem`
+    with as many bits set as ``n_faithful`` (and ``faithfulness * n``); lists of ``n`` numbers (``null`` for a
+    non-finite one), probabilities in [0, 1], whose means are ``mean_answer_prob`` and ``mean_logit_diff``
+    (within the rounding to :data:`DIGITS` digits and float32 sums); and no faithful prompt with a negative
+    margin or unfaithful one with a positive margin (the answer is the argmax exactly when its margin over the
+    best other token is positive)."""
+    n = record.get("n")
+    if not any(k in record for k in FIELDS) or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return None
+    lists: dict[str, np.ndarray] = {}
+    for name in FIELDS[1:]:
+        if name not in record:
+            continue
+        values = record[name]
+        if not isinstance(values, list):
+            return name, f"must be a list of {n} numbers, found {_brief(values)}"
+        if len(values) != n:
+            return name, f"holds {len(values)} values for n = {n} prompts"
+        for i, v in enumerate(values):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                return name, f"value {i} = {_brief(v)} is not a finite number"
+            if name == "prompt_answer_prob" and v is not None and not 0.0 <= v <= 1.0:
+                return name, f"value {i} = {_brief(v)} is not a probability in [0, 1]"
+        lists[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+        total = record.get("mean_" + name[len("prompt_"):])
+        if isinstance(total, (int, float)) and not np.isnan(lists[name]).any():
+            mean = float(lists[name].mean())
+            tol = 10.0 ** -DIGITS * 5 + 1e-5 * max(1.0, float(np.abs(lists[name]).max()))
+            if abs(mean - total) > tol:
+                return name, (f"averages {mean:.6g}, but the record's {'mean_' + name[len('prompt_'):]} is {total!r}: "
+                              f"the per-prompt outcomes contradict the totals")
+    if "prompt_faithful" not in record:
+        return None
+    text = record["prompt_faithful"]
+    problem = mask_problem(text, n)
+    if problem is not None:
+        return "prompt_faithful", problem
+    flags = decode_mask(text, n)
+    k = int(flags.sum())
+    n_faithful, f = record.get("n_faithful"), record.get("faithfulness")
+    if isinstance(n_faithful, int) and k != n_faithful:
+        return "prompt_faithful", f"marks {k} faithful prompts, but n_faithful = {n_faithful}"
+    if isinstance(f, (int, float)) and abs(f - k / n) > 1e-9:
+        return "prompt_faithful", f"marks {k} of {n} prompts faithful ({k / n:.6g}), but faithfulness = {f!r}"
+    margin = lists.get("prompt_logit_diff")
+    if margin is not None:
+        known = ~np.isnan(margin)
+        wrong = np.flatnonzero(known & ((flags & (margin < 0)) | (~flags & (margin > 0))))
+        if len(wrong):
+            i = int(wrong[0])
+            return "prompt_logit_diff", (f"value {i} = {margin[i]!r} contradicts prompt {i} being marked "
+                                         f"{'faithful' if flags[i] else 'unfaithful'} in prompt_faithful")
+    return None
+
+
+def _brief(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass

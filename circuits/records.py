@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from circuits.errors import CorruptRunError
+from circuits.outcomes import record_problem
 
 FIX = "the file was not written by this command: move it away or use a new --out directory"
 
@@ -109,7 +110,8 @@ def consistency_problem(record: dict[str, Any]) -> tuple[str, str] | None:
     or if the record has no faithfulness): ``faithfulness`` must be ``n_faithful / n``, its bootstrap
     interval must hold it, and neither end may lie further from it than a bootstrap of ``n`` prompts can
     (five standard errors ``sqrt(f (1 - f) / n)`` plus ``1/n``; an interval of a faithfulness of 0 or 1 is
-    that point). The fields were type-checked before."""
+    that point); the per-prompt outcomes a search stores must agree with these totals
+    (:func:`circuits.outcomes.record_problem`). The fields were type-checked before."""
     f, n = record.get("faithfulness"), record.get("n")
     if not isinstance(f, (int, float)) or not isinstance(n, int) or n < 1:
         return None
@@ -125,7 +127,7 @@ def consistency_problem(record: dict[str, Any]) -> tuple[str, str] | None:
             if abs(end - f) > reach + 1e-9:
                 return name, (f"= {end!r} is further from faithfulness {f!r} than a bootstrap of {n} prompts "
                               f"reaches ({reach:.3g})")
-    return None
+    return record_problem(record)
 
 
 def _hashable(value: Any) -> Any:

@@ -5,7 +5,8 @@ a :class:`RunContext` (means cache, result store, progress) and returns a result
 runner does everything around it, the same way for every command:
 
 1. validate the config against the model and the inputs (``n_boot``, batch size, answers, BOS, padding);
-2. keep the prompts the unmodified model answers correctly (once);
+2. keep the prompts the unmodified model answers correctly (once; a rerun reloads which they are with the
+   prepared prompts, :mod:`circuits.prepared`);
 3. the means (:mod:`circuits.means`), when the analysis needs them: fitted on the fit set without the
    scored prompts (:mod:`circuits.fitset`), every mean a scored prompt reads backed by ``min_count`` fit
    prompts; with an output directory the cache this run wrote is reloaded (checked by content hash and
@@ -14,7 +15,8 @@ runner does everything around it, the same way for every command:
    another command (or of an earlier version's means) early, build the run identity
    (:attr:`Analysis.identity`, which records the fit set), check or write ``run.json``, validate resumed
    records against the analysis's schema;
-5. run the analysis with a :class:`ResultStore` (appends are crash-safe and fsynced);
+5. write the prepared prompts (or check that the reloaded ones are this run's), then run the analysis with a
+   :class:`ResultStore` (appends are crash-safe and fsynced);
 6. write the summary and the report (:attr:`Analysis.write`).
 
 File names live in :mod:`circuits.files`. A new analysis is one module that defines an :class:`Analysis`
@@ -37,6 +39,7 @@ from circuits.errors import ArgumentError, CorruptRunError, PromptError, RunMism
 from circuits.faithfulness import base_correct
 from circuits.fitset import FitSet
 from circuits.means import check_current, keep_means, load_means, plan_means
+from circuits.prepared import keep_prepared
 from circuits.lock import DirLock
 from circuits.records import RecordSchema
 from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
@@ -261,6 +264,8 @@ def execute(
     prompts: Sequence[Mapping[str, Any]] | None = None,
     progress: bool = True,
     held: Run | None = None,
+    prepared: Any = None,
+    on_means: Callable[[iv.MeanCache], None] | None = None,
 ) -> Any:
     """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (see the module docstring).
 
@@ -272,10 +277,18 @@ def execute(
     ``meta``: the caller's description, copied into the identity (except ``command``, ``base_accuracy``
     and ``n_checked``, which describe a run rather than determine it) and the summary. ``prompts``:
     records aligned with ``tokens`` for ``prompts.jsonl``. ``held``: a :class:`Run` the caller already
-    holds for ``out_dir`` (commands take the lock before loading the model).
+    holds for ``out_dir`` (commands take the lock before loading the model). ``prepared``: the
+    :class:`~circuits.prepared.Prepared` of ``tokens`` (:func:`circuits.prepared.prepare`): written to the run
+    directory (or, reloaded from it, checked against the run identity), and, when reloaded, its record of which
+    prompts the unmodified model answers correctly is used instead of checking them again. ``on_means``: called
+    with the means cache the run uses (a caller running several analyses on one fit set fits it once).
     """
+    keep = None
+    if prepared is not None and prepared.keep is not None and torch.is_tensor(tokens) and \
+            torch.equal(torch.as_tensor(tokens).cpu().long(), prepared.prompts.tokens.cpu().long()):
+        keep = prepared.keep
     ctx, batch_size = scored_context(analysis, model, tokens, answers, config, meta=meta, prompts=prompts,
-                                     progress=progress)
+                                     progress=progress, keep=keep)
     needs_means = analysis.needs_means(config)
     if needs_means:
         plan_means(ctx, conditional=analysis.conditional_means(config), fit=fit, cache=cache, min_count=min_count)
@@ -283,6 +296,8 @@ def execute(
     if out_dir is None:
         if needs_means:
             ctx.cache = load_means(model, ctx, cache, None, **loading)
+            if on_means is not None:
+                on_means(ctx.cache)
         return analysis.run(model, config, ctx)
     run = held if held is not None else Run(out_dir, analysis.name)
     with run if held is None else contextlib.nullcontext():
@@ -293,6 +308,10 @@ def execute(
         if needs_means:
             ctx.cache = load_means(model, ctx, cache, run_dir, **loading)
             keep_means(run_dir, ctx.cache)
+            if on_means is not None:
+                on_means(ctx.cache)
+        if prepared is not None:
+            keep_prepared(run_dir, prepared, ctx.keep)
         if analysis.results_file is not None:
             ctx.store = DirStore(run_dir, analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
         records = analysis.prompt_records(ctx)
@@ -309,16 +328,20 @@ def info_of(model: Any) -> Any:
 
 def scored_context(analysis: Analysis, model: Any, tokens: Any, answers: Any, config: Any, *,
                    meta: Mapping[str, Any] | None,
-                   prompts: Sequence[Mapping[str, Any]] | None, progress: bool) -> tuple[RunContext, int]:
+                   prompts: Sequence[Mapping[str, Any]] | None, progress: bool,
+                   keep: torch.Tensor | None = None) -> tuple[RunContext, int]:
     """Validate ``config`` and the inputs, keep the prompts the unmodified model answers correctly (when the
-    analysis scores only those) and return the :class:`RunContext` (without means yet) and the batch size."""
+    analysis scores only those; ``keep``: which they are, known from an earlier run of the same model on the
+    same prompts) and return the :class:`RunContext` (without means yet) and the batch size."""
     analysis.validate(config, info_of(model))
     batch_size = check_positive("batch_size", analysis.batch_size(config))
     check_positive("n_boot", analysis.n_boot(config))
     tokens, answers = check_inputs(model, tokens, answers)
     if prompts is not None and len(prompts) != tokens.shape[0]:
         raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
-    if analysis.base_correct_only:
+    if analysis.base_correct_only and keep is not None and keep.shape == (tokens.shape[0],):
+        keep = keep.bool().cpu()
+    elif analysis.base_correct_only:
         keep = base_correct(model, tokens, answers, batch_size=batch_size)
     else:
         keep = torch.ones(tokens.shape[0], dtype=torch.bool)

@@ -202,7 +202,9 @@ def filter_single_token(
                              f"numbers (row {i}: {prompt!r})")
     dropped = len(ds) - len(keep)
     if verbose:
-        print(f"filter_single_token: kept {len(keep)}, dropped {dropped} of {len(ds)}")
+        from circuits.logs import get_logger
+
+        get_logger("tasks").info("filter_single_token: kept %d, dropped %d of %d", len(keep), dropped, len(ds))
     cols = {c: [v[i] for i in keep] for c, v in rows.items() if c != "answer_text"}
     cols.update(prompt=prompts, answer_text=texts)
     return Dataset.from_dict(cols), dropped

@@ -335,12 +335,20 @@ def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate
     return memory.halve_on_oom(evaluate, batch)
 
 
-def prepare(args: argparse.Namespace, means: str | None = None):
+def prepare(args: argparse.Namespace, means: str | None = None, out: Any = None):
     """Load the model and the prompts named by ``args`` (with the fit set of ``means``: ``"cama"``,
-    ``"mean"``, ``"head"`` or ``None``, see :meth:`circuits.specs.PromptSpec.prepare`); prints what it uses."""
+    ``"mean"``, ``"head"`` or ``None``, see :meth:`circuits.specs.PromptSpec.prepare`); prints what it uses.
+    ``out``: the run directory, whose prepared prompts are reloaded when they were prepared under the same key
+    (:mod:`circuits.prepared`)."""
+    from circuits import prepared
+
     model = load(args)
     spec = prompt_spec(args)
-    prompts = spec.prepare(model, means=means, progress=not args.no_progress, batch_size=first_batch_size(args))
+    prompts = prepared.prepare(spec, model, means=means, out=out, progress=not args.no_progress,
+                               batch_size=first_batch_size(args))
+    kept = prepared.prepared_of(prompts)
+    if kept is not None and kept.source is not None:
+        print(f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)")
     print(
         f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
         f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "

@@ -69,7 +69,7 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from circuits import loading
+    from circuits import loading, prepared
     from circuits.commands.common import evaluate_batched, first_batch_size, load, prompt_spec
     from circuits.lens.analysis import LENS, LensConfig
     from circuits.runner import Run, execute
@@ -81,13 +81,13 @@ def run(args: argparse.Namespace) -> int:
     with Run(args.out, "lens") as held:
         model = load(args)
         spec = prompt_spec(args)
-        prep = spec.prepare(model, means=None, progress=not args.no_progress)
+        prep = prepared.prepare(spec, model, means=None, out=held.path, progress=not args.no_progress)
         meta = {"model": args.model, **spec.meta(), "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}
         records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
         result, inter = evaluate_batched(args, model, prep.tokens, lambda batch_size: execute(
             LENS, model, prep.tokens, prep.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, meta=meta, prompts=records, progress=False))
+            held=held, meta=meta, prompts=records, progress=False, prepared=prepared.prepared_of(prep)))
     out = Path(args.out)
     rows = result.rows(n_boot=200)
     first = next((r for r in rows if r["answer_top1"] >= 0.5), None)

@@ -67,15 +67,17 @@ def run(args: argparse.Namespace) -> int:
 
     from circuits.commands.common import evaluate_batched, first_batch_size, means_of, meta_of, prepare
     from circuits.prune import PRUNE, PruneConfig
+    from circuits.prepared import prepared_of
     from circuits.runner import Run, execute
 
     config = PruneConfig(args.wait, args.transfer, args.ablation, args.method, float(args.target), args.rank,
                          args.confirm_top, first_batch_size(args), 1000, args.seed)
     with Run(args.out, "prune") as held:
-        model, data = prepare(args, means=means_of(args.ablation, args.method))
+        model, data = prepare(args, means=means_of(args.ablation, args.method), out=held.path)
         result = evaluate_batched(args, model, data.tokens, lambda batch_size: execute(
             PRUNE, model, data.tokens, data.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, fit=data.fit, meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress))
+            held=held, fit=data.fit, meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress,
+            prepared=prepared_of(data)))
     n_all = len(result.transfer_heads)
     if result.smallest_head_set is None:
         found = f"no head set reaches faithfulness {args.target} (unpruned: {result.curve[0].faithfulness:.3f})"

@@ -42,13 +42,14 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from circuits.runner import Run
     from circuits.search import SEARCH, SearchConfig
+    from circuits.prepared import prepared_of
     from circuits.runner import execute
 
     config = SearchConfig(threshold=args.threshold, grid=args.grid, ablation=args.ablation, method=args.method,
                           seed=args.seed, batch_size=first_batch_size(args),
                           configs_per_pass=args.configs_per_pass).validate()
     with Run(args.out, "search") as held:
-        model, prompts = prepare(args, means=means_of(args.ablation))
+        model, prompts = prepare(args, means=means_of(args.ablation), out=held.path)
         if args.remote:  # --batch-size is a number with --remote (check_backend)
             from circuits.search.cost import search_cost
 
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                                                 n_fit=len(prompts.fit) if prompts.fit is not None else 0).line())
         result = evaluate_batched(args, model, prompts.tokens, lambda batch_size: execute(
             SEARCH, model, prompts.tokens, prompts.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, fit=prompts.fit, meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress))
+            held=held, fit=prompts.fit, meta=meta_of(args, prompts), prompts=prompts.records(), progress=not args.no_progress,
+            prepared=prepared_of(prompts)))
     print(result.table())
     print(result.summary_line())
     if result.n_resumed:

@@ -2,11 +2,14 @@
 
 ``--config sweep.toml`` (see :mod:`circuits.sweep.config`) or the same as flags. Writes ``cells/`` (one
 run directory per cell), ``table.csv``, ``table.md``, ``summary.json`` and ``report.html`` to ``--out``.
+A sweep in which cells failed still writes them (with the failed rows and their errors), then exits with 2
+and one line on stderr naming the failed cells.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -118,4 +121,18 @@ def run(args: argparse.Namespace) -> int:
     print(Path(args.out, "table.md").read_text())
     failed = [r for r in rows if r.status != "ok"]
     print(f"{len(rows)} cells, {len(failed)} failed; table: {args.out}/table.md, report: {args.out}/report.html")
+    if failed:
+        print(f"af1 sweep: error: {failed_line(failed, len(rows))}", file=sys.stderr)
+        return 2
     return 0
+
+
+def failed_line(failed: list, n: int, limit: int = 3) -> str:
+    """``"k of n cells failed: model/task/ablation/seed S (why); ..."``, the first ``limit`` named (the table
+    holds every failed row with its error)."""
+    from circuits.cli import MAX_MESSAGE
+
+    named = "; ".join(f"{r.model}/{r.task}/{r.ablation}/seed {r.seed} ({r.error})" for r in failed[:limit])
+    more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""
+    line = f"{len(failed)} of {n} cells failed: {named}{more} (see table.md)"
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 16] + "... (see table.md)"

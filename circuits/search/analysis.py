@@ -7,18 +7,19 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
-from circuits.faithfulness import answer_width, summarize
+from circuits.faithfulness import answer_width, bootstrap_ci, summarize
 from circuits.fitset import FitSet, fit_set_of
 from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import Analysis, RunContext, execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
-from circuits.outcomes import PromptOutcomes
+from circuits.outcomes import PromptOutcomes, decode_mask
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult
@@ -179,17 +180,36 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
 
 def search_schema(config: SearchConfig, info: Any, n_prompts: int) -> RecordSchema:
     """The schema of a ``results.jsonl`` line of this run (ranges of this model and prompt count)."""
-    n = info.n_layers
+    return record_schema(info.n_layers, n_prompts, config.ablation, seed=config.seed, n_boot=config.n_boot)
 
-    def transfer_fits(rec: dict[str, Any]) -> tuple[str, str] | None:
+
+def record_schema(n_layers: int, n_prompts: int, ablation: str | None, *, seed: int | None = None,
+                  n_boot: int | None = None) -> RecordSchema:
+    """The schema of a ``results.jsonl`` line of a search of a model of ``n_layers`` blocks on ``n_prompts``
+    prompts with ``ablation`` (``None``: any): the ranges of :func:`search_schema`, the per-prompt outcomes
+    consistent with the totals (:func:`circuits.outcomes.record_problem`) and, given the run's bootstrap ``seed``
+    and ``n_boot``, a confidence interval equal to the one those outcomes give."""
+    n = n_layers
+
+    def check(rec: dict[str, Any]) -> tuple[str, str] | None:
         limit = n - 1 - rec["wait"]
-        return None if rec["transfer"] <= limit else ("transfer", f"= {rec['transfer']} exceeds {limit} for wait={rec['wait']}")
+        if rec["transfer"] > limit:
+            return "transfer", f"= {rec['transfer']} exceeds {limit} for wait={rec['wait']}"
+        if seed is None or n_boot is None or not isinstance(rec.get("prompt_faithful"), str):
+            return None
+        flags = decode_mask(rec["prompt_faithful"], rec["n"]).astype(np.float64)
+        for name, value in zip(("ci_low", "ci_high"), bootstrap_ci(flags, n_boot=n_boot, seed=seed)):
+            if isinstance(rec.get(name), (int, float)) and abs(rec[name] - value) > 1e-9:
+                return name, (f"= {rec[name]!r} is not the bootstrap interval of the stored per-prompt outcomes "
+                              f"({n_boot} resamples, seed {seed}: {value!r})")
+        return None
 
+    choices = (ablation,) if ablation is not None else None
     return RecordSchema(
         fields=(layer_field("wait", n, lo=-1), Field("transfer", "int", 0, n), *faithfulness_fields(n_prompts),
-                Field("ablation", "str", choices=(config.ablation,), required=False)),
+                Field("ablation", "str", choices=choices, required=False)),
         key=("wait", "transfer"),
-        check=transfer_fits,
+        check=check,
     )
 
 

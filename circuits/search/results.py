@@ -125,7 +125,7 @@ class SearchResult:
             raise FileNotFoundError(f"{path} holds no {files.IDENTITY}: not a run directory")
         identity = read_json_object(ident_path)
         summary = read_json_object(path / files.SUMMARY) if (path / files.SUMMARY).is_file() else {}
-        results = [ConfigResult.from_dict(r) for r in read_jsonl(path / files.SEARCH_RESULTS)]
+        results = [ConfigResult.from_dict(r) for r in checked_records(path / files.SEARCH_RESULTS, identity, summary)]
         prompts = [str(p.get("prompt")) for p in read_jsonl(path / files.PROMPTS)] or None
         if prompts is not None:
             results = [replace(r, outcomes=replace(r.outcomes, prompts=prompts))
@@ -253,3 +253,22 @@ class SearchResult:
             f"selected wait={s.wait}, transfer={s.transfer}: faithfulness {s.faithfulness:.3f} "
             f"[{s.ci_low:.3f}, {s.ci_high:.3f}] on {s.n} prompts (threshold {self.threshold:g})"
         )
+
+
+def checked_records(path: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The records of a search's ``results.jsonl``, checked as a resumed run checks them (types, ranges, totals
+    that agree with the per-prompt outcomes; :func:`circuits.search.analysis.record_schema`): a malformed or
+    forged line is a :class:`~circuits.errors.CorruptRunError` naming the file, the line and the field."""
+    from circuits.runs import read_jsonl
+    from circuits.search.analysis import record_schema
+
+    signature = identity.get("model_signature")
+    n_layers = summary.get("n_layers") or (signature.get("n_layers") if isinstance(signature, Mapping) else None)
+    n_prompts = identity.get("n_prompts", summary.get("n_prompts"))
+    numbered = read_jsonl(path, with_lines=True)
+    if not isinstance(n_layers, int) or not isinstance(n_prompts, int):
+        return [r for _, r in numbered]  # an identity of the first releases: nothing to check against
+    ints = {k: identity.get(k) for k in ("seed", "n_boot")}
+    ints = {k: v if isinstance(v, int) and not isinstance(v, bool) else None for k, v in ints.items()}
+    ablation = identity.get("ablation") if isinstance(identity.get("ablation"), str) else None
+    return record_schema(n_layers, n_prompts, ablation, **ints).validate(path, numbered)

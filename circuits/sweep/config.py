@@ -203,8 +203,10 @@ class SweepConfig:
                         yield Cell(model, task, "lens", seed)
 
     def identity(self) -> dict[str, Any]:
-        """What determines the sweep's table (everything but the device, the device map and the batch size)."""
+        """What determines the sweep's cells (everything but the device, the device map, the batch size and the
+        threshold: the threshold only selects among a cell's stored results, so another one into a finished
+        sweep reselects every cell and evaluates nothing with the full grid)."""
         d = dataclasses.asdict(self)
-        for key in ("extra", "device", "batch_size", "device_map", "max_memory"):
+        for key in ("extra", "device", "batch_size", "device_map", "max_memory", "threshold"):
             d.pop(key)
         return d

@@ -130,14 +130,16 @@ def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
     cells = list(config.cells())
     folders = {cell: cell_folder(out, cell) for cell in cells}  # names from data checked before anything is written
     with Run(out, "sweep"):
-        RunDir(out, {"analysis": "sweep", **config.identity()}, results_name=files.NO_RESULTS).open()
+        # Earlier releases recorded the threshold: their directories resume with any.
+        RunDir(out, {"analysis": "sweep", **config.identity()}, results_name=files.NO_RESULTS,
+               optional=("threshold",)).open()
         from circuits import report
 
         if report.plotlyjs_mode() == "directory":
             report.ensure_plotlyjs(out)  # one plotly.js for the sweep's report and every cell's
         rows = []
         bar = tqdm(cells, desc="sweep", unit="cell", disable=not progress)
-        state = _State(config, command or ["af1", "sweep"])
+        state = _State(config, command or ["af1", "sweep"], folders)
         try:
             for cell in bar:
                 bar.set_postfix(model=cell.model, task=cell.task, ablation=cell.ablation, seed=cell.seed)
@@ -163,9 +165,10 @@ def cell_folder(out: Path, cell: Cell) -> Path:
 class _State:
     """The model, prompts and means of the current (model, task, seed), reused across its cells."""
 
-    def __init__(self, config: SweepConfig, command: list[str]):
+    def __init__(self, config: SweepConfig, command: list[str], folders: dict[Cell, Path] | None = None):
         self.config = config
         self.command = command
+        self.folders = folders or {}
         self.model_name: str | None = None
         self.model: Any = None
         self.model_error: str | None = None
@@ -195,19 +198,23 @@ class _State:
             # needs means, so the cells of one row score the same prompts.
             means = "cama" if any(a in ("cama", "mean") for a in cfg.ablations) else None
             try:
-                self.prompts = prompt_spec.prepare(self.model, means=means, progress=self.progress,
-                                                   batch_size=cfg.batch_size)
+                self.prompts = self.prepare(prompt_spec, means, key)
             except Exception as err:  # noqa: BLE001
                 self.prompt_error = message(err)
 
-    def cache(self) -> Any:
-        """``MeanCache.fit`` on the current fit set (once per (model, task, seed))."""
-        import interventions as iv
+    def prepare(self, spec: Any, means: str | None, key: tuple) -> Any:
+        """The prompts of ``spec``: reloaded from a cell of the same (model, task, seed) that prepared them
+        under the same key (:mod:`circuits.prepared`), else prepared."""
+        from circuits import prepared
 
-        if self.means is None:
-            self.means = iv.MeanCache.fit(self.model, self.prompts.fit.tokens, batch_size=self.config.batch_size,
-                                          progress=self.progress)
-        return self.means
+        group = [f for c, f in self.folders.items() if (c.model, c.task, c.seed) == key]
+        return prepared.prepare(spec, self.model, means=means, out=group, progress=self.progress,
+                                batch_size=self.config.batch_size)
+
+    def keep_means(self, cache: Any) -> None:
+        """Keep the means cache a cell used (fitted, or reloaded from its run directory) for the other cells of
+        the current (model, task, seed)."""
+        self.means = cache
 
     def run(self, cell: Cell, folder: Path, progress: bool) -> CellResult:
         row = CellResult(cell.model, cell.task, cell.ablation, cell.seed, path=str(Path(CELLS_DIR) / cell.folder()))
@@ -224,12 +231,13 @@ class _State:
         return row
 
     def run_cell(self, cell: Cell, folder: Path, progress: bool) -> Any:
+        from circuits.prepared import prepared_of
         from circuits.runner import execute
 
         cfg, p = self.config, self.prompts
         meta = {"model": cell.model, **cfg.prompt_spec(cell.task, cell.seed).meta(), "base_accuracy": p.base_accuracy,
                 "n_checked": p.n_checked, "command": self.command}
-        common = dict(out_dir=folder, meta=meta, progress=progress)
+        common = dict(out_dir=folder, meta=meta, progress=progress, prepared=prepared_of(p))
         if cell.kind == "necessity":
             from circuits.necessity import NECESSITY, NecessityConfig
 
@@ -241,10 +249,12 @@ class _State:
             records = [{"prompt": s, "answer": int(v)} for s, v in zip(p.prompts, p.answer_values)]
             meta = {**meta, "seed": cell.seed, "n_requested": cfg.n_prompts, "t0": time.time()}
             result, _ = execute(LENS, self.model, p.tokens, p.answers, LensConfig(seed=cell.seed), out_dir=folder,
-                                meta=meta, prompts=records, progress=False)
+                                meta=meta, prompts=records, progress=False, prepared=prepared_of(p))
             return result
         needs = cell.ablation in ("cama", "mean")
-        means = dict(cache=self.cache(), fit=p.fit) if needs else {}
+        # The first cell of a (model, task, seed) fits the means (or reloads the cache its run directory holds);
+        # the others reuse it.
+        means = dict(cache=self.means, fit=p.fit, on_means=self.keep_means) if needs else {}
         if cfg.mode == "fixed":
             from circuits.search.fixed import FIXED, FixedConfig
 

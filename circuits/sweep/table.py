@@ -138,8 +138,9 @@ def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, second
     report.write_text(out / "table.csv", csv_text(rows))
     md = markdown(config, rows)
     report.write_text(out / "table.md", md)
-    write_json(out / files.SUMMARY, {"config": config.identity(), "seconds": seconds,
-                                     "n_cells": len(rows), "n_failed": sum(r.status != "ok" for r in rows),
+    settings = {**config.identity(), "threshold": config.threshold}  # the threshold only selects: not identity
+    write_json(out / files.SUMMARY, {"config": settings, "seconds": seconds, "n_cells": len(rows),
+                                     "n_failed": sum(r.status != "ok" for r in rows),
                                      "cells": [r.to_dict() for r in rows]})
     links = [(f"{r.model} / {r.task} / {r.ablation} / seed {r.seed}", (Path(r.path) / files.REPORT).as_posix())
              for r in rows if (out / r.path / files.REPORT).exists()]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits import tasks as _tasks
+from circuits.atomic import write_text
 from circuits.zoo import hf as _hf
 from circuits.zoo.data import evaluate_frozen
 from circuits.zoo.recipes import STYLE_TASKS
@@ -47,8 +48,8 @@ def export(model, cfg, out_dir: Path, states: list[dict], meta: dict | None = No
     _hf.save_hf(out_dir, hf_model, tokenizer, b_U, meta)
     mcfg = cfg.model_config(len(tokenizer))
     card = build_card(model, cfg, mcfg, states)
-    (out_dir / "card.json").write_text(json.dumps(card, indent=1))
-    (out_dir / "card.md").write_text(card_markdown(card, cfg))
+    write_text(out_dir / "card.json", json.dumps(card, indent=1))
+    write_text(out_dir / "card.md", card_markdown(card, cfg))
     return card
 
 

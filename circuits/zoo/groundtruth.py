@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from circuits.atomic import write_text
 from circuits.zoo import MODELS_DIR
 from circuits.zoo import trainer
 from circuits.zoo.data import accuracy, build_splits, layout_batches
@@ -275,11 +276,12 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
     torch.set_num_threads(cfg.threads)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
-    model = _new(cfg, train_config(cfg))
-    states = [run_phase(model, pcfg, ckpt_dir / f"phase{k}", resume, log)
-              for k, pcfg in enumerate(phase_list(cfg), start=1)]
-    model.eval()
-    return export(model, cfg, train_config(cfg), out_dir, states)
+    with trainer.held(out_dir, ckpt_dir):  # locked like every command's directory
+        model = _new(cfg, train_config(cfg))
+        states = [run_phase(model, pcfg, ckpt_dir / f"phase{k}", resume, log)
+                  for k, pcfg in enumerate(phase_list(cfg), start=1)]
+        model.eval()
+        return export(model, cfg, train_config(cfg), out_dir, states)
 
 
 def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
@@ -386,7 +388,7 @@ def export(model, cfg: GroundTruthConfig, tcfg, out_dir: Path, states: list[dict
     card["forbidden_mass"] = mass
     card["mask_off_step"] = [st.get("mask_off_step") for st in states]
     card["groundtruth_train"] = dataclasses.asdict(cfg)
-    (out_dir / "card.json").write_text(json.dumps(card, indent=1))
+    write_text(out_dir / "card.json", json.dumps(card, indent=1))
     heads = ", ".join(f"block {b}: heads {hs}" for b, hs in cfg.structure["heads"].items())
     md = (out_dir / "card.md").read_text()
     md += (f"\n## Planted AF1 structure (learned; ordinary weights, no hooks)\n\n"
@@ -398,5 +400,5 @@ def export(model, cfg: GroundTruthConfig, tcfg, out_dir: Path, states: list[dict
            f"the end of that phase), then the penalty alone.\n"
            f"- Largest attention any forbidden key receives on the frozen sets (plain forward pass): "
            f"**{mass['max_key']:.2e}** (largest forbidden mass of a row: {mass['max_row']:.2e}); target < 1e-3.\n")
-    (out_dir / "card.md").write_text(md)
+    write_text(out_dir / "card.md", md)
     return card

@@ -177,6 +177,11 @@ def read_meta(folder: str | Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+SIZE_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "hidden_size", "n_embd", "d_model", "intermediate_size",
+               "n_inner", "d_mlp", "vocab_size")
+"""The ``config.json`` fields :func:`parameter_floor` reads."""
+
+
 def parameter_floor(config: dict) -> int:
     """A lower bound of the parameters a Hugging Face ``config.json`` asks for: per block the attention
     (``4 d^2``) and two MLP matrices (``2 d ff``), and the embedding (``V d``)."""
@@ -193,10 +198,15 @@ def parameter_floor(config: dict) -> int:
     return layers * (4 * d * d + 2 * d * ff) + num("vocab_size") * d
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+"""Files of a model folder that hold weights (their sizes bound what its ``config.json`` may ask for)."""
+
+
 def check_size(folder: str | Path) -> None:
-    """``ValueError`` naming ``config.json`` before anything is allocated, when it asks for more parameters
-    (float32) than its weights file holds or this machine's memory can take (a config of 4096 blocks of
-    width 65536 would otherwise try to allocate hundreds of terabytes)."""
+    """``ValueError`` naming ``config.json`` and its size fields before anything is allocated, when it asks for
+    more parameters (float32) than the folder's weight files hold (:data:`WEIGHT_SUFFIXES`; twice their bytes,
+    for 16-bit weights) or this machine's memory can take (a config of 4096 blocks of width 65536 would
+    otherwise try to allocate hundreds of terabytes). Reads ``config.json`` only: milliseconds."""
     import os
 
     folder = Path(folder)
@@ -207,19 +217,21 @@ def check_size(folder: str | Path) -> None:
     if not isinstance(config, dict):
         raise ValueError(f"{folder / 'config.json'} is not a JSON object")
     need = 4 * parameter_floor(config)
-    weights = folder / WEIGHTS
-    have = weights.stat().st_size if weights.exists() else None
+    files = [p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()] if folder.is_dir() else []
+    have = sum(p.stat().st_size for p in files) if files else None
+    holds = f"{files[0].name} holds" if len(files) == 1 else f"its {len(files)} weight files hold"
+    fields = ", ".join(f"{k}={config[k]}" for k in SIZE_FIELDS if isinstance(config.get(k), int))
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         memory = None
     gb = lambda n: f"{n / 1e9:.3g} GB"  # noqa: E731
     if have is not None and need > 2 * have + (1 << 20):
-        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights, but {weights.name} "
-                         f"holds {gb(have)}: the config does not describe these weights")
+        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights ({fields}), but "
+                         f"{holds} {gb(have)}: the config does not describe these weights")
     if memory is not None and need > memory:
-        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights, more than this "
-                         f"machine's {gb(memory)} of memory")
+        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights ({fields}), more "
+                         f"than this machine's {gb(memory)} of memory")
 
 
 def load_hf(folder: str | Path) -> tuple[Any, Any]:
@@ -248,24 +260,29 @@ def save_hf(folder: str | Path, hf_model, tokenizer, b_U=None, meta: dict | None
     into ``folder``; files of a previous format in the folder are replaced."""
     from safetensors.torch import save_file
 
+    from circuits.atomic import write_files, write_text, write_with
     from circuits.zoo.tokenizer import save_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    hf_model.config.to_json_file(str(folder / "config.json"))
-    save_file({k: v.detach().float().contiguous() for k, v in hf_model.state_dict().items()},
-              str(folder / WEIGHTS), metadata={"format": "pt"})
+    # every file through the atomic writer (circuits.atomic): a killed export leaves whole files only
+    write_with(folder / "config.json", lambda p: hf_model.config.to_json_file(str(p)))
+    write_with(folder / WEIGHTS, lambda p: save_file({k: v.detach().float().contiguous()
+                                                      for k, v in hf_model.state_dict().items()},
+                                                     str(p), metadata={"format": "pt"}))
     if b_U is not None:
-        save_file({"lm_head.bias": b_U.detach().float().contiguous()}, str(folder / BIAS), metadata={"format": "pt"})
+        write_with(folder / BIAS, lambda p: save_file({"lm_head.bias": b_U.detach().float().contiguous()}, str(p),
+                                                      metadata={"format": "pt"}))
     elif (folder / BIAS).exists():
         (folder / BIAS).unlink()
-    tokenizer.save_pretrained(str(folder))
-    save_tokenizer(tokenizer, folder / "tokenizer.json")  # without the truncation/padding save_pretrained keeps
-    tcfg = json.loads((folder / "tokenizer_config.json").read_text())
+    written = write_files(folder, lambda d: tokenizer.save_pretrained(str(d)))
+    # without the truncation/padding save_pretrained keeps
+    write_with(folder / "tokenizer.json", lambda p: save_tokenizer(tokenizer, p))
+    tcfg = json.loads(next(p for p in written if p.name == "tokenizer_config.json").read_text())
     tcfg["add_bos_token"] = True  # the zoo prompts start with BOS
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # the class name older transformers know too
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n")
+    write_text(folder / "tokenizer_config.json", json.dumps(tcfg, indent=2) + "\n")
     if meta:
-        (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
+        write_text(folder / META, json.dumps(meta, indent=1) + "\n")
     elif (folder / META).exists():
         (folder / META).unlink()

@@ -68,13 +68,16 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
         torch.set_num_threads(threads)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / name
     ckpt_root = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
+    from circuits.zoo.trainer import held
+
     tokenizer = build_tokenizer()
-    model = new_model(cfg, tokenizer, model_class)
-    states = [run_phase(model, pcfg, ckpt_root / f"phase{pcfg.phase}", resume, progress) for pcfg in phases]
-    model.eval()
-    if not export_model:
-        return {"phases": states}
-    return export(model, cfg, out_dir, states)
+    with held(*([out_dir] if export_model else []), ckpt_root):  # locked like every command's directory
+        model = new_model(cfg, tokenizer, model_class)
+        states = [run_phase(model, pcfg, ckpt_root / f"phase{pcfg.phase}", resume, progress) for pcfg in phases]
+        model.eval()
+        if not export_model:
+            return {"phases": states}
+        return export(model, cfg, out_dir, states)
 
 
 def run_phase(model, cfg: TrainConfig, ckpt_dir: Path, resume: bool, progress: bool = True) -> dict:

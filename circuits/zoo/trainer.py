@@ -17,17 +17,18 @@ any TransformerLens; see :func:`circuits.zoo.build.new_model`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from circuits.zoo.build import load_weights
 from circuits.zoo.hf import is_hf
 
-__all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "phase_done",
-           "start", "last_logits", "optimizer_step", "loop"]
+__all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "checkpoint_step",
+           "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
 
 
 def lr_at(step: int, cfg: Any) -> float:
@@ -55,10 +56,13 @@ def make_optimizer(model, cfg: Any) -> "torch.optim.AdamW":  # noqa: F821
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
-def save_optimizer(opt, model, path: Path) -> None:
-    """Write the AdamW state of every parameter as safetensors (``<param name>::<state key>``)."""
+def save_optimizer(opt, model, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write the AdamW state of every parameter as safetensors (``<param name>::<state key>``), atomically
+    (:func:`circuits.atomic.write_with`)."""
     import torch
     from safetensors.torch import save_file
+
+    from circuits.atomic import write_with
 
     names = {id(p): n for n, p in model.named_parameters()}
     flat = {}
@@ -66,7 +70,7 @@ def save_optimizer(opt, model, path: Path) -> None:
         for p in group["params"]:
             for k, v in opt.state.get(p, {}).items():
                 flat[f"{names[id(p)]}::{k}"] = torch.as_tensor(v).detach().clone().contiguous()
-    save_file(flat, str(path))
+    write_with(path, lambda tmp: save_file(flat, str(tmp), metadata=metadata))
 
 
 def load_optimizer(opt, model, path: Path) -> None:
@@ -80,12 +84,44 @@ def load_optimizer(opt, model, path: Path) -> None:
 
 
 def save_checkpoint(model, opt, state: dict, ckpt_dir: Path) -> None:
-    """Weights, optimiser state and ``state`` (step, wall time, history) into ``ckpt_dir``."""
+    """Weights, optimiser state and ``state`` (step, wall time, history) into ``ckpt_dir``, each file through
+    the atomic writer (:mod:`circuits.atomic`), ``state.json`` last; both weight files record the step, so a
+    command killed between the files is caught on resume (:func:`start`)."""
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt_dir / "checkpoint.safetensors"))
-    save_optimizer(opt, model, ckpt_dir / "optimizer.safetensors")
-    (ckpt_dir / "state.json").write_text(json.dumps(state, indent=1))
+    from circuits.atomic import write_text, write_with
+
+    tag = {"step": str(state["step"])}
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    write_with(ckpt_dir / "checkpoint.safetensors", lambda tmp: save_file(weights, str(tmp), metadata=tag))
+    save_optimizer(opt, model, ckpt_dir / "optimizer.safetensors", metadata=tag)
+    write_text(ckpt_dir / "state.json", json.dumps(state, indent=1))
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step :func:`save_checkpoint` recorded in a weight file (``None`` for a file of an earlier version)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        step = (f.metadata() or {}).get("step")
+    return int(step) if step is not None and step.isdigit() else None
+
+
+@contextlib.contextmanager
+def held(*folders: Path) -> Iterator[None]:
+    """Hold ``folders`` (each once) as every command holds its directory (:class:`circuits.runner.Run`: created
+    if needed, locked, refused when it holds links or another command's results, leftovers of a killed write
+    removed)."""
+    from circuits.runner import Run
+
+    with contextlib.ExitStack() as stack:
+        seen: set[Path] = set()
+        for folder in folders:
+            key = Path(folder).resolve()
+            if key not in seen:
+                seen.add(key)
+                stack.enter_context(Run(folder, "zoo train"))
+        yield
 
 
 def phase_done(state: dict, cfg: Any) -> bool:
@@ -100,9 +136,19 @@ def start(model, opt, cfg: Any, ckpt_dir: Path, resume: bool, d_vocab: int,
     state dict. Otherwise ``init()`` (e.g. load a base model's weights) and a fresh state at step 0."""
     from safetensors.torch import load_file
 
+    from circuits.atomic import clean_temporaries
+    from circuits.errors import CorruptRunError
+
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    clean_temporaries(ckpt_dir)
     if resume and (ckpt_dir / "state.json").exists():
         state = json.loads((ckpt_dir / "state.json").read_text())
+        for name in ("checkpoint.safetensors", "optimizer.safetensors"):
+            step = checkpoint_step(ckpt_dir / name) if (ckpt_dir / name).exists() else None
+            if step is not None and step != state.get("step"):
+                raise CorruptRunError(f"{ckpt_dir / name} holds step {step} but {ckpt_dir / 'state.json'} step "
+                                      f"{state.get('step')}: the checkpoint was killed half-way through; rerun with "
+                                      f"--no-resume, or remove {ckpt_dir} to start this phase over")
         load_weights(model, load_file(str(ckpt_dir / "checkpoint.safetensors")), f"{ckpt_dir} checkpoint")
         if not phase_done(state, cfg):
             load_optimizer(opt, model, ckpt_dir / "optimizer.safetensors")

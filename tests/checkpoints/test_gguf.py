@@ -273,10 +273,13 @@ def test_the_name_resolves_without_importing_the_package(smollm2):
 
 
 @needs_smollm2
-def test_memory_estimate_reads_the_converted_folder(smollm2, capsys):
-    """The estimate printed before loading counts the tied embeddings once (134.5M parameters)."""
-    memory.print_estimate(NAME, None, "add_sub", 200, 64)
-    out = capsys.readouterr().out
+def test_memory_estimate_reads_the_converted_folder(smollm2, caplog):
+    """The estimate reported before loading counts the tied embeddings once (134.5M parameters)."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="circuits"):
+        memory.print_estimate(NAME, None, "add_sub", 200, 64)
+    out = caplog.records[0].getMessage()
     assert out.startswith(f"{NAME}: memory estimate: weights 0.50 GiB (0.13B parameters, float32)")
     estimate = memory.estimate_pretrained(NAME, "bfloat16", "add_sub", 200, 64)
     assert estimate.n_params == 134_515_008 and estimate.weights == 2 * estimate.n_params

@@ -127,7 +127,7 @@ def test_commands_take_a_device_map_and_print_the_estimate(self_answering, tmp_p
     capsys.readouterr()
     assert cli.main([*common, "--out", str(tmp_path / "mapped"), "--device-map", "sequential",
                      "--max-memory", "cpu=1GiB"]) == 0
-    said = capsys.readouterr().out
+    said = capsys.readouterr().out  # logged information: on stdout
     est = memory.estimate_pretrained("Qwen/Qwen2.5-0.5B", None, "add", 8, 4)
     assert said.splitlines()[0] == f"Qwen/Qwen2.5-0.5B: {est.describe()}"
     blocks = [json.loads((tmp_path / d / "necessity.json").read_text())["blocks"] for d in ("plain", "mapped")]

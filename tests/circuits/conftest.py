@@ -20,3 +20,25 @@ def model(arch):
     ``HookedTransformer`` on TransformerLens 3.x, a ``TransformerBridge`` on 4.x."""
     torch.manual_seed(0)
     return build_default(arch)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the prompt checks (``tasks.filter_correct``, the runner's ``base_correct``), the fit-set draws
+    and the means fits made from now on (a rerun of a finished directory makes none)."""
+    import interventions as iv
+    from circuits import fitset, runner, tasks
+
+    calls = {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(tasks, "filter_correct", counting("filter_correct", tasks.filter_correct))
+    monkeypatch.setattr(runner, "base_correct", counting("base_correct", runner.base_correct))
+    monkeypatch.setattr(fitset, "draw_fit_set", counting("draw_fit_set", fitset.draw_fit_set))
+    monkeypatch.setattr(iv.MeanCache, "fit", classmethod(counting("MeanCache.fit", iv.MeanCache.fit.__func__)))
+    return calls

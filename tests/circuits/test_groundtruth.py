@@ -297,8 +297,9 @@ def test_former_planted_name_loads_its_replacement_loudly():
     assert gt.planted_structure("arith-gpt2-gt-w2t2").to_dict()["wait"] == 2
 
 
-def test_cli_writes_the_recovery_table(tmp_path, capsys):
+def test_cli_writes_the_recovery_table(tmp_path, capsys, monkeypatch):
     import csv
+    import json
 
     from circuits.cli import main
 
@@ -319,5 +320,20 @@ def test_cli_writes_the_recovery_table(tmp_path, capsys):
     assert (out / "figures" / f"{name}-add_sub.svg").read_text().startswith("<svg")
     assert f"| {name} | add_sub | cama | ({s.wait}, {s.transfer}) | ({s.wait}, {s.transfer}) ✓" in (out / "table.md").read_text()
     assert (out / "runs" / name / "add_sub" / "cama" / "prune" / "summary.json").is_file()
+    # another threshold only reselects: the searches' stored results, nothing evaluated
+    from circuits.search import evaluators
+    from circuits.search.rule import select
+
+    calls = []
+    for cls in (evaluators.FastEvaluator, evaluators.NaiveEvaluator):
+        monkeypatch.setattr(cls, "evaluate", lambda self, w, t: calls.append((w, t)))
+    assert main(["groundtruth", "--models", name, "--ablations", "cama,zero", "--n-prompts", "40", "--threshold",
+                 "0.3", "--no-progress", "--out", str(out)]) == 0
+    assert calls == []
+    for row in csv.DictReader((out / "table.csv").open()):
+        search = out / "runs" / name / "add_sub" / row["ablation"] / "search" / "results.jsonl"
+        records = [json.loads(line) for line in search.read_text().splitlines()]
+        chosen = select({(r["wait"], r["transfer"]): r["faithfulness"] for r in records}, 0.3)
+        assert row["selected"] == (f"({chosen[0]}, {chosen[1]})" if chosen else "None")
     assert main(["groundtruth", "--ablations", "cama,bogus", "--out", str(out)]) == 2
     assert "--ablations" in capsys.readouterr().err

@@ -314,7 +314,8 @@ def test_a_tasks_file_without_tasks_or_malformed_is_named(tmp_path, capsys, monk
     tasks._load_specs.cache_clear()
 
 
-def test_a_model_config_asking_for_absurd_sizes_is_refused_before_allocating(tmp_path):
+def absurd_model_folder(tmp_path: Path) -> Path:
+    """A copy of a zoo model folder whose config.json asks for 4096 blocks of width 65536."""
     from circuits import zoo
 
     folder = tmp_path / "huge"
@@ -322,6 +323,13 @@ def test_a_model_config_asking_for_absurd_sizes_is_refused_before_allocating(tmp
     config = json.loads((folder / "config.json").read_text())
     config.update(n_layer=4096, n_embd=65536)
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_model_config_asking_for_absurd_sizes_is_refused_before_allocating(tmp_path):
+    from circuits import zoo
+
+    folder = absurd_model_folder(tmp_path)
     with pytest.raises(ValueError, match=r"config\.json asks for at least .* GB of float32 weights") as err:
         zoo.load_dir(folder)
     assert cli.describe(err.value)[1] == 2

@@ -96,15 +96,54 @@ def test_killed_sweep_resumes_to_the_same_table(sweep_dir, tmp_path):
         assert summary["n_resumed"] + summary["n_evaluated_this_run"] == 28
 
 
-def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path):
+def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, capsys):
+    """The tables and the report are written with the failed row, then the sweep exits 2 with one line naming it."""
     out = tmp_path / "out"
     argv = ["sweep", "--models", "no-such-model-xyz,arith-gpt2", "--tasks", "add", "--n-prompts", "20",
             "--no-progress", "--out", str(out)]
-    assert cli.main(argv) == 0
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("af1 sweep: error: 1 of 2 cells failed: no-such-model-xyz/add/cama/seed 0 "
+                                               "(cannot load model 'no-such-model-xyz'"), err
+    assert (out / files.REPORT).exists() and (out / files.SUMMARY).exists()
     rows = table(out)
     assert [r["status"] for r in rows] == ["error", "ok"]
     assert "cannot load model 'no-such-model-xyz'" in rows[0]["error"] and rows[1]["faithfulness"]
     assert "no-such-model-xyz" in (out / "table.md").read_text()
+
+
+def test_another_threshold_into_a_finished_sweep_reselects_without_evaluating(sweep_dir, tmp_path, monkeypatch,
+                                                                            counted):
+    """The threshold is not part of the sweep's identity: every cell's selection is recomputed from its stored
+    results (the full grid), nothing is evaluated; the prompts, fit sets and means are reloaded from the cells
+    (no prompt is checked, no fit set drawn, no means fitted)."""
+    import shutil
+
+    from circuits.search import evaluators
+    from circuits.search.rule import select
+
+    out = tmp_path / "again"
+    shutil.copytree(sweep_dir, out)
+    calls = []
+    for cls in (evaluators.FastEvaluator, evaluators.NaiveEvaluator):
+        monkeypatch.setattr(cls, "evaluate", lambda self, w, t: calls.append((w, t)))
+    before = {p: p.read_bytes() for p in out.rglob(files.SEARCH_RESULTS)}
+    assert cli.main([*BASE, "--threshold", "0.02", "--out", str(out)]) == 0
+    assert calls == [] and all(p.read_bytes() == b for p, b in before.items())
+    assert counted == {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
+    changed = 0
+    for old, new in zip(table(sweep_dir), table(out)):
+        records = [json.loads(line) for line in (out / new["path"] / files.SEARCH_RESULTS).read_text().splitlines()]
+        chosen = select({(r["wait"], r["transfer"]): r["faithfulness"] for r in records}, 0.02)
+        assert new["selected"] == str(chosen is not None)
+        if chosen is not None:
+            assert (int(new["wait"]), int(new["transfer"])) == chosen
+        changed += (old["wait"], old["transfer"], old["selected"]) != (new["wait"], new["transfer"], new["selected"])
+    assert changed  # at 0.9 nothing is selected on these cells (the row shows the most faithful one)
+    assert json.loads((out / files.SUMMARY).read_text())["config"]["threshold"] == 0.02
+    from circuits.sweep.run import SweepResult
+
+    assert SweepResult.load(out).config.threshold == 0.02
 
 
 def test_a_different_sweep_into_the_same_directory_is_refused(sweep_dir, capsys):
