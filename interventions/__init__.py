@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "REGISTRY": "base", "Intervention": "base", "MeanCache": "cache", "HeadAblation": "heads",
     "Peek": "peek", "allowed_keys": "peek",
     "CacheMismatchError": "types", "InterventionError": "types", "InterventionNotAppliedError": "types",
+    "UncoveredEntryError": "entries",
 }
 """Public name -> its module; names are imported on first use, so ``import interventions`` (and the
 vocabulary in :mod:`interventions.vocab`) costs no torch import."""
