@@ -6,7 +6,10 @@
 
 Conventions: blocks are 0-indexed; ``layer`` of CAMA / MeanAblation / ZeroAblation is the block after
 which the residual stream (``blocks.{layer}.hook_resid_post``) is replaced; position 0 holds BOS and is
-never ablated by default; ``Peek`` keeps BOS and self for restricted rows.
+never ablated by default; ``Peek`` keeps BOS and self for restricted rows (in every head of its blocks, or in
+the query heads ``heads=`` names). A ``(position, token)`` a ``MeanCache`` lacks raises ``UncoveredEntryError``
+(a ``CacheMismatchError``) naming the token as text; ``MeanCache.coverage`` / ``covers`` / ``extend`` show and
+fill what is missing.
 
 Backends: TransformerLens 3.9 ``HookedTransformer``, ``TransformerBridge`` (TransformerLens 4.x, and
 the 3.9 preview) and a Hugging Face model in nnsight (local or on NDIF; the ``nnsight`` extra); see
@@ -26,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "REGISTRY": "base", "Intervention": "base", "MeanCache": "cache", "HeadAblation": "heads",
     "Peek": "peek", "allowed_keys": "peek",
     "CacheMismatchError": "types", "InterventionError": "types", "InterventionNotAppliedError": "types",
+    "UncoveredEntryError": "entries",
 }
 """Public name -> its module; names are imported on first use, so ``import interventions`` (and the
 vocabulary in :mod:`interventions.vocab`) costs no torch import."""

@@ -11,43 +11,45 @@ length ``n_pos``, BOS at position 0) and holds, for every block ``l`` (0-indexed
 
 It also keeps one 64-bit digest per fit prompt (:func:`~interventions.coverage.row_digests`), so that
 :meth:`MeanCache.contains` tells whether a prompt was in the fit set (a prompt must never be ablated with
-a mean it contributes to: fit on a separate set, see ``circuits.fitset``), and :meth:`MeanCache.coverage`
-counts the fit prompts behind every mean a set of prompts would read.
+a mean it contributes to: fit on a separate set, see ``circuits.fitset``). :meth:`MeanCache.coverage`
+counts the fit prompts behind every mean a set of prompts would read (and lists the pairs never seen),
+:meth:`MeanCache.covers` tells which prompts CAMA can ablate, and :meth:`MeanCache.extend` adds fit prompts
+(the means become those of a fit on both sets: :mod:`interventions.cache_sums`).
 
 All means are stored in float32 and accumulated in float64. Memory of the conditional means is
 ``n_layers * n_entries * d_model * 4`` bytes, where ``n_entries`` is the number of distinct
 ``(position, token)`` pairs in the fit set; e.g. Llama-3-8B (32 blocks, d_model 4096) on a two-operand
 task with 1000 distinct operand values per position: ``32 * ~2003 * 4096 * 4 B = 1.05 GB``.
 
-Files are safetensors with JSON metadata (never pickle).
+Files are safetensors with JSON metadata (never pickle; :mod:`interventions.cache_file`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
-from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from jaxtyping import Bool, Float, Int
 
-from . import adapter as hooks
+from . import cache_file
 from .adapter import ModelAdapter, adapt
+from .cache_sums import Sums, accumulate, merge
 from .coverage import Coverage, row_digests, token_text
+from .entries import EntryIndexer, UncoveredEntryError
 from .types import CacheMismatchError, InterventionError, Tokens
 from .validation import check_layout, check_positive, check_tokens, special_token_ids
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = cache_file.FORMAT_VERSION
 """Version 2 adds ``fit_rows`` (digests of the fit prompts); version-1 files load with ``fit_rows=None``."""
 
 
 class MeanCache:
     """Per-layer, per-position (and per-token) activation means of one prompt layout.
 
-    Build with :meth:`fit`; read with :meth:`mean`; persist with :meth:`save` / :meth:`load`.
+    Build with :meth:`fit` (grow with :meth:`extend`); read with :meth:`mean`; ask what it covers with
+    :meth:`coverage` / :meth:`covers` / :meth:`tokens_at`; persist with :meth:`save` / :meth:`load`.
     """
 
     def __init__(
@@ -98,49 +100,65 @@ class MeanCache:
         residuals of one batch are held at once.
         """
         ad = adapt(model)
-        info = ad.info
-        tokens = check_tokens(tokens, d_vocab=info.d_vocab)
+        tokens = cls.checked_fit_tokens(ad, tokens, batch_size)
+        sums = accumulate(ad, tokens, batch_size=batch_size, progress=progress, d_vocab=ad.info.d_vocab)
+        return cls.from_sums(sums, {**ad.info.signature(), "fingerprint": ad.fingerprint()}, row_digests(tokens))
+
+    @staticmethod
+    def checked_fit_tokens(ad: ModelAdapter, tokens: Tokens, batch_size: int) -> Tokens:
+        """``tokens`` checked as fit prompts of the model of ``ad``: long ids in its vocabulary, one layout,
+        BOS at position 0, no padding (``batch_size`` must be positive)."""
+        tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
         check_positive("batch_size", batch_size)
         bos_id, pad_id = special_token_ids(ad.model)
         check_layout(tokens, bos_id=bos_id, pad_id=pad_id)
-        n, n_pos = tokens.shape
-        # Entries: the distinct (position, token) pairs of the fit set, sorted by position then token.
-        key = torch.arange(n_pos).unsqueeze(0) * info.d_vocab + tokens.cpu()
-        uniq, inverse = torch.unique(key, return_inverse=True)
-        entry_pos, entry_tok = uniq // info.d_vocab, uniq % info.d_vocab
-        entry_count = torch.bincount(inverse.flatten(), minlength=len(uniq))
+        return tokens
 
+    @classmethod
+    def from_sums(cls, sums: Sums, model_signature: dict[str, Any],
+                  fit_rows: Int[torch.Tensor, "n_prompts"] | None) -> "MeanCache":
+        """The cache of the float64 sums of :mod:`interventions.cache_sums` (means rounded to float32)."""
+        cond_mean, pos_mean, z_mean = sums.means()
+        return cls(entry_pos=sums.entry_pos.cpu(), entry_tok=sums.entry_tok.cpu(), entry_count=sums.entry_count.cpu(),
+                   cond_mean=cond_mean, pos_mean=pos_mean, z_mean=z_mean, n_prompts=sums.n,
+                   model_signature=model_signature, fit_rows=fit_rows)
+
+    def sums(self, device: Any = None) -> Sums:
+        """The float64 sums behind the means (mean times count: exact up to the float32 rounding of the
+        means), on ``device`` (default the CPU)."""
+        f64 = dict(device=device, dtype=torch.float64)
+        counts = self.entry_count.to(**f64)
+        return Sums(self.entry_pos, self.entry_tok, self.entry_count, self.cond_mean.to(**f64) * counts[None, :, None],
+                    self.pos_mean.to(**f64) * self.n_prompts, self.z_mean.to(**f64) * self.n_prompts, self.n_prompts)
+
+    def extend(self, model: Any, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> "MeanCache":
+        """A new cache fitted on this cache's fit prompts plus ``tokens`` (``[batch, pos]``, the same layout,
+        BOS at 0), on the model this cache was fitted on; this cache is left unchanged.
+
+        The means equal those of :meth:`fit` on both prompt sets together, to the float32 rounding of the
+        stored means (their sums are recovered as mean times count in float64). ``(position, token)`` pairs
+        that only ``tokens`` hold become new entries, so ``cache.extend(model, more)`` is how a cache comes
+        to cover prompts it lacks (:meth:`coverage`, :meth:`covers`). Prompts already in the fit set are
+        refused (they would count twice); pass ``tokens[~cache.contains(tokens)]``."""
+        ad = adapt(model)
+        self.check_model(ad)
+        tokens = self.checked_fit_tokens(ad, tokens, batch_size)
+        if tokens.shape[1] != self.n_pos:
+            raise CacheMismatchError(
+                f"prompt length {tokens.shape[1]} differs from the cache's fit layout of {self.n_pos} tokens: a "
+                f"cache extends with prompts of its own layout (fit one MeanCache per layout)"
+            )
+        if self.fit_rows is not None:
+            again = int(self.contains(tokens).sum())
+            if again:
+                raise CacheMismatchError(
+                    f"{again} of these {len(tokens)} prompts are already in the cache's fit set and would count "
+                    f"twice: extend with new prompts only (tokens[~cache.contains(tokens)])"
+                )
         device = ad.device()
-        f64 = torch.float64
-        cond_sum = torch.zeros(info.n_layers, len(uniq), info.d_model, dtype=f64, device=device)
-        pos_sum = torch.zeros(info.n_layers, n_pos, info.d_model, dtype=f64, device=device)
-        z_sum = torch.zeros(info.n_layers, n_pos, info.n_heads, info.d_head, dtype=f64, device=device)
-        inverse = inverse.to(device)
-        names = [hooks.resid_post(layer) for layer in range(info.n_layers)]
-        summed = [hooks.z(layer) for layer in range(info.n_layers)]
-        with torch.inference_mode():
-            for start in tqdm(range(0, n, batch_size), desc="MeanCache.fit", unit="batch", disable=not progress):
-                # Activations come back from the backend (a remote backend sends them), sums are kept here.
-                acts = ad.activations(tokens[start : start + batch_size].to(device), names, summed=summed)
-                idx = inverse[start : start + batch_size].reshape(-1)
-                for layer in range(info.n_layers):
-                    a = acts[hooks.resid_post(layer)].to(device=device, dtype=f64)
-                    cond_sum[layer].index_add_(0, idx, a.reshape(-1, info.d_model))
-                    pos_sum[layer] += a.sum(0)
-                    z_sum[layer] += acts[hooks.z(layer)].to(device=device, dtype=f64)
-
-        counts = entry_count.to(device=device, dtype=f64)
-        return cls(
-            entry_pos=entry_pos,
-            entry_tok=entry_tok,
-            entry_count=entry_count,
-            cond_mean=(cond_sum / counts[None, :, None]).float().cpu(),
-            pos_mean=(pos_sum / n).float().cpu(),
-            z_mean=(z_sum / n).float().cpu(),
-            n_prompts=n,
-            model_signature={**info.signature(), "fingerprint": ad.fingerprint()},
-            fit_rows=row_digests(tokens),
-        )
+        new = accumulate(ad, tokens, batch_size=batch_size, progress=progress, d_vocab=ad.info.d_vocab)
+        rows = None if self.fit_rows is None else torch.cat([self.fit_rows, row_digests(tokens)])
+        return type(self).from_sums(merge(self.sums(device), new), self.model_signature, rows)
 
     # --- reading -----------------------------------------------------------------------------
     def check_layer(self, layer: int) -> None:
@@ -201,6 +219,15 @@ class MeanCache:
         counts = self.counts(tokens) if conditional else torch.full_like(tokens.cpu().long(), self.n_prompts)
         return Coverage.of(counts, tokens.cpu().long(), self.n_prompts, min_count)
 
+    def covers(self, tokens: Tokens) -> Bool[torch.Tensor, "batch"]:
+        """``[batch]`` bool: which prompts of ``tokens`` CAMA can ablate with this cache (every ``(position,
+        token)`` at positions ``>= 1`` held by at least one fit prompt; all False for another prompt length).
+        :meth:`coverage` lists the pairs and their counts, ``coverage(tokens).missing`` those never seen."""
+        toks = tokens.detach().cpu().long()
+        if toks.ndim != 2 or toks.shape[1] != self.n_pos:
+            return torch.zeros(len(toks), dtype=torch.bool)
+        return (self.counts(toks)[:, 1:] > 0).all(dim=1)
+
     def contains(self, tokens: Tokens) -> torch.Tensor:
         """``[batch]`` bool: which prompts of ``tokens`` were in the fit set (by digest). Raises
         :class:`CacheMismatchError` for a cache saved before fit digests were kept (format version 1)."""
@@ -218,20 +245,18 @@ class MeanCache:
     def _entry(self, pos: int, token: int) -> int:
         hit = torch.nonzero((self.entry_pos == pos) & (self.entry_tok == token)).flatten()
         if len(hit) == 0:
-            raise CacheMismatchError(
-                f"the cache never saw token {token} at position {pos} (it saw "
-                f"{int((self.entry_pos == pos).sum())} distinct tokens there): fit the cache on "
-                f"prompts that cover every (position, token) pair you evaluate"
-            )
+            raise UncoveredEntryError([(pos, token)], None, 1, self.n_prompts)
         return int(hit[0])
 
-    def entry_index(self, tokens: Tokens, *, positions_from: int = 1) -> Int[torch.Tensor, "batch pos"]:
+    def entry_index(self, tokens: Tokens, *, positions_from: int = 1, tokenizer: Any = None
+                    ) -> Int[torch.Tensor, "batch pos"]:
         """Entry index of every ``(position, token)`` of ``tokens`` (``-1`` before ``positions_from``).
 
-        Raises :class:`CacheMismatchError` naming the position, token and lengths when the layout
-        differs from the fit layout or a pair was never seen.
+        Raises :class:`CacheMismatchError` naming the lengths when the layout differs from the fit layout,
+        and :class:`~interventions.entries.UncoveredEntryError` naming the uncovered ``(position, token)``
+        pairs (as text with ``tokenizer``) when some were never seen.
         """
-        return self.indexer()(tokens, positions_from=positions_from)
+        return self.indexer()(tokens, positions_from=positions_from, tokenizer=tokenizer)
 
     def indexer(self) -> "EntryIndexer":
         """The ``(position, token) -> entry`` lookup alone (small: ``n_pos x`` largest token id), for hooks that
@@ -311,17 +336,10 @@ class MeanCache:
 
     # --- persistence -------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the cache to ``path`` (safetensors; metadata as JSON strings)."""
+        """Write the cache to ``path`` (safetensors; metadata as JSON strings; :mod:`interventions.cache_file`)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        metadata = {
-            "format": "af1-mean-cache",
-            "format_version": str(FORMAT_VERSION),
-            "n_prompts": str(self.n_prompts),
-            "model_signature": json.dumps(self.model_signature, sort_keys=True),
-            "sha256": self.sha256,
-        }
-        save_file({k: v.contiguous() for k, v in self.tensors().items()}, str(path), metadata=metadata)
+        cache_file.write(path, self.tensors(), n_prompts=self.n_prompts, model_signature=self.model_signature,
+                         sha256=self.sha256)
         self.source = str(path)
         return path
 
@@ -330,128 +348,9 @@ class MeanCache:
         """Read a cache written by :meth:`save`; verifies its metadata, the names, shapes, types and ranges of
         its tensors and its content hash. A file that is not such a cache raises
         :class:`~interventions.types.InterventionError` naming the file and what is wrong."""
-        from safetensors import safe_open
-
         path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"no MeanCache file at {path}")
-
-        def bad(what: str) -> InterventionError:
-            return InterventionError(f"{path} is not a valid MeanCache file: {what}; move it away or fit the means "
-                                     f"again")
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-        except Exception as err:  # noqa: BLE001 - safetensors' own error type for a corrupt header
-            raise bad(f"unreadable safetensors header ({' '.join(str(err).split())[:120]})") from None
-        if meta.get("format") != "af1-mean-cache":
-            raise InterventionError(f"{path} is not a MeanCache file (metadata format={meta.get('format')!r})")
-        try:
-            n_prompts = int(meta["n_prompts"])
-        except (KeyError, ValueError, TypeError):
-            raise bad(f"metadata n_prompts = {meta.get('n_prompts')!r} is not an integer") from None
-        if not 1 <= n_prompts <= 10**9:
-            raise bad(f"metadata n_prompts = {n_prompts} is out of range")
-        try:
-            signature = json.loads(meta["model_signature"])
-        except (KeyError, ValueError, TypeError, RecursionError):
-            raise bad("metadata model_signature is missing or not JSON") from None
-        if not isinstance(signature, dict):
-            raise bad("metadata model_signature is not a JSON object")
-        try:
-            tensors = load_file(str(path))
-        except Exception as err:  # noqa: BLE001
-            raise bad(f"unreadable tensors ({' '.join(str(err).split())[:120]})") from None
-        problem = _tensor_problem(tensors, signature)
-        if problem is not None:
-            raise bad(problem)
+        tensors, n_prompts, signature, recorded = cache_file.read(path)
         cache = cls(**tensors, n_prompts=n_prompts, model_signature=signature, source=str(path))
-        if meta.get("sha256") and meta["sha256"] != cache.sha256:
+        if recorded and recorded != cache.sha256:
             raise InterventionError(f"{path} is corrupt: its content hash does not match its metadata")
         return cache
-
-
-_CACHE_TENSORS = ("entry_pos", "entry_tok", "entry_count", "cond_mean", "pos_mean", "z_mean")
-MAX_VOCAB = 10_000_000
-"""Largest token id a cache without ``d_vocab`` in its signature may hold (the lookup table is that wide)."""
-
-
-def _tensor_problem(tensors: dict[str, torch.Tensor], signature: dict[str, Any]) -> str | None:
-    """What is wrong with the tensors of a cache file (``None`` if nothing): names, ranks, shapes, types and
-    the range of positions and token ids."""
-    missing = [n for n in _CACHE_TENSORS if n not in tensors]
-    if missing:
-        return f"tensor(s) {', '.join(missing)} missing"
-    unknown = sorted(set(tensors) - {*_CACHE_TENSORS, "fit_rows"})
-    if unknown:
-        return f"unknown tensor(s) {', '.join(unknown)}"
-    ranks = {"entry_pos": 1, "entry_tok": 1, "entry_count": 1, "cond_mean": 3, "pos_mean": 3, "z_mean": 4,
-             "fit_rows": 1}
-    for name, t in tensors.items():
-        if t.ndim != ranks[name]:
-            return f"tensor {name} has shape {list(t.shape)}, expected {ranks[name]} dimensions"
-        floating = name.endswith("_mean")
-        if t.is_floating_point() != floating or t.dtype == torch.bool:
-            return f"tensor {name} has dtype {t.dtype}, expected {'floating point' if floating else 'integers'}"
-    n_layers, n_pos, d_model = tensors["pos_mean"].shape
-    n_entries = tensors["entry_pos"].shape[0]
-    expect = {"entry_tok": [n_entries], "entry_count": [n_entries], "cond_mean": [n_layers, n_entries, d_model]}
-    for name, shape in expect.items():
-        if list(tensors[name].shape) != shape:
-            return f"tensor {name} has shape {list(tensors[name].shape)}, expected {shape}"
-    z = tensors["z_mean"]
-    if list(z.shape[:2]) != [n_layers, n_pos]:
-        return f"tensor z_mean has shape {list(z.shape)}, expected [{n_layers}, {n_pos}, n_heads, d_head]"
-    if min(n_layers, n_pos, d_model) < 1:
-        return f"tensor pos_mean has an empty shape {list(tensors['pos_mean'].shape)}"
-    for key, value in (("n_layers", n_layers), ("d_model", d_model), ("n_heads", z.shape[2]), ("d_head", z.shape[3])):
-        if key in signature and signature[key] != value:
-            return f"its tensors have {key} {value}, its model_signature {signature[key]!r}"
-    d_vocab = signature.get("d_vocab")
-    limit = d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) and 0 < d_vocab <= MAX_VOCAB \
-        else MAX_VOCAB
-    if n_entries:
-        pos, tok, count = tensors["entry_pos"], tensors["entry_tok"], tensors["entry_count"]
-        if int(pos.min()) < 0 or int(pos.max()) >= n_pos:
-            return f"entry_pos holds positions outside 0..{n_pos - 1}"
-        if int(tok.min()) < 0 or int(tok.max()) >= limit:
-            return f"entry_tok holds token ids outside 0..{limit - 1} (largest {int(tok.max())})"
-        if int(count.min()) < 1:
-            return "entry_count holds counts below 1"
-    return None
-
-
-class EntryIndexer:
-    """``(position, token) -> entry`` of a :class:`MeanCache` (:meth:`MeanCache.indexer`): ``table`` is
-    ``[n_pos, width]`` long, ``-1`` for pairs the ``n_prompts`` fit prompts never held."""
-
-    def __init__(self, table: Int[torch.Tensor, "n_pos width"], n_prompts: int):
-        self.table = table
-        self.n_pos = int(table.shape[0])
-        self.n_prompts = int(n_prompts)
-
-    def __call__(self, tokens: Tokens, *, positions_from: int = 1) -> Int[torch.Tensor, "batch pos"]:
-        """:meth:`MeanCache.entry_index`."""
-        if tokens.ndim != 2 or tokens.shape[1] != self.n_pos:
-            raise CacheMismatchError(
-                f"prompt length {tokens.shape[-1]} differs from the cache's fit layout of "
-                f"{self.n_pos} tokens: fit one MeanCache per layout (prompt token length)"
-            )
-        toks = tokens.cpu()
-        in_vocab = toks < self.table.shape[1]
-        idx = torch.full_like(toks, -1)
-        pos_grid = torch.arange(self.n_pos).expand_as(toks)
-        idx[in_vocab] = self.table[pos_grid[in_vocab], toks[in_vocab]]
-        idx[:, :positions_from] = 0
-        missing = torch.nonzero(idx < 0)
-        if len(missing):
-            b, p = (int(v) for v in missing[0])
-            raise CacheMismatchError(
-                f"token {int(toks[b, p])} at position {p} (prompt {b} of the batch, length "
-                f"{self.n_pos}) never occurred at that position in the {self.n_prompts} fit prompts; "
-                f"{len(missing)} (prompt, position) pairs are uncovered: refit the cache on a set "
-                f"that covers them"
-            )
-        idx[:, :positions_from] = -1
-        return idx.to(tokens.device)

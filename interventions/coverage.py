@@ -4,8 +4,9 @@ stand behind each mean that scored prompts would read.
 * :func:`row_digests`: one 64-bit digest per prompt (its token ids), so that a cache can tell whether a
   prompt was part of its fit set without keeping the fit tokens.
 * :class:`Coverage`: per ``(position, token)`` entry that a set of scored prompts needs (positions ``>= 1``;
-  BOS is never replaced), the number of fit prompts holding that token there; its minimum, median and the
-  entries under a minimum count, with the token as text where a tokenizer is given.
+  BOS is never replaced), the number of fit prompts holding that token there; its minimum, median, the
+  entries under a minimum count and those missing altogether, with the token as text where a tokenizer is
+  given.
 """
 
 from __future__ import annotations
@@ -95,6 +96,18 @@ class Coverage:
         entries = sorted((EntryCount(p, t, c) for (p, t), c in seen.items()),
                          key=lambda e: (e.count, e.position, e.token))
         return cls(tuple(entries), int(n_fit), int(min_count))
+
+    @property
+    def missing(self) -> tuple[EntryCount, ...]:
+        """The needed entries no fit prompt holds (count 0): CAMA on these prompts raises for them, until
+        the cache is extended with fit prompts that hold them (``MeanCache.extend``)."""
+        return tuple(e for e in self.entries if e.count == 0)
+
+    def rows(self, tokenizer: Any = None) -> list[dict[str, Any]]:
+        """One dict per needed entry (``position``, ``token``, ``text`` (with ``tokenizer``, else ``None``),
+        ``count``), fewest fit prompts first: ``pandas.DataFrame(coverage.rows(model.tokenizer))``."""
+        return [{"position": e.position, "token": e.token, "count": e.count,
+                 "text": tokenizer.decode([e.token]) if tokenizer is not None else None} for e in self.entries]
 
     @property
     def minimum(self) -> int:

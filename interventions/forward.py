@@ -10,6 +10,7 @@ import torch
 from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
+from .entries import UncoveredEntryError
 from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
 from .readout import answer_positions, answer_readout
 from .validation import check_choice, check_tokens
@@ -32,6 +33,16 @@ def checked(ad: ModelAdapter, interventions: Intervention | Iterable[Interventio
             if isinstance(value, MeanCache):
                 value.check_model(ad)
     return items
+
+
+@contextmanager
+def tokens_as_text(ad: ModelAdapter) -> Iterator[None]:
+    """Inside the block, an :class:`~interventions.entries.UncoveredEntryError` (raised by a hook, which holds
+    no tokenizer) is re-raised naming its tokens as text with the model's tokenizer (where it has one)."""
+    try:
+        yield
+    except UncoveredEntryError as err:
+        raise err.with_tokenizer(getattr(ad.model, "tokenizer", None)) from None
 
 
 @contextmanager
@@ -92,7 +103,8 @@ def apply(
                 for name, body in ad.intervention_hooks(item, ctx):
                     scope.add(name, body, on_fire=count(slot))
                     slot[1] += 1
-            yield model
+            with tokens_as_text(ad):
+                yield model
     finally:
         for handle in handles:
             handle.remove()
@@ -163,4 +175,5 @@ def run_many(
                 ad.hook_point(name)  # an unknown hook name raises here rather than being skipped
                 hooks.setdefault(name, []).append(body)
         prepared.append((tokens, hooks))
-    return ad.run_configs(prepared, logits, answers)
+    with tokens_as_text(ad):
+        return ad.run_configs(prepared, logits, answers)

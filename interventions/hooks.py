@@ -35,6 +35,12 @@ def pattern(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
 
 
+PER_HEAD_MASK = "per_head_mask"
+"""Attribute set (True) on a hook body at ``attn_mask`` points that returns one mask per query head
+(``[n_heads, query_pos, key_pos]``): backends that join the masks of several prompt batches into one pass
+run such a batch alone."""
+
+
 def attn_mask(layer: int) -> str:
     """Boolean ``[query_pos, key_pos]`` mask of the keys each query of block ``layer`` may attend to (causal
     unless edited; backends with the ``attention_masks`` capability only)."""

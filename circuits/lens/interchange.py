@@ -71,6 +71,13 @@ class InterchangeResult:
             out.append(row)
         return out
 
+    def plot(self) -> Any:
+        """The report's bar chart of the mean drop per patched block, with its 95% interval (a plotly figure;
+        ``af1 lens`` draws every interchange of a run into one)."""
+        from circuits.lens.report import interchange_figure
+
+        return interchange_figure([self])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready ``{"label", "n", "rows"}`` (:meth:`rows`, NaN as None)."""
         return json_ready({"label": self.label, "n": int(len(self.clean_prob)), "rows": self.rows()})

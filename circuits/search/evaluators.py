@@ -203,7 +203,8 @@ class FastEvaluator(Evaluator):
         self.passes += 1
         self.bos = torch.stack(bos)  # [n_layers, d_model]
         self.entry_idx = (
-            self.cache.entry_index(self.tokens) if (self.cache is not None and self.ablation == "cama") else None
+            self.cache.entry_index(self.tokens, tokenizer=getattr(self.model, "tokenizer", None))
+            if (self.cache is not None and self.ablation == "cama") else None
         )
         self.wait: int | None = None
         self.states: list[torch.Tensor] = []

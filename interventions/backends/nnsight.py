@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 
 from ..adapter import Capabilities, HookFn, ModelAdapter, register_backend
 from ..edits import edit_problems
-from ..hooks import resid_post, resid_pre
+from ..hooks import PER_HEAD_MASK, resid_post, resid_pre
 from ..types import InterventionError
 from .nnsight_model import NNsightModel, from_pretrained, require_nnsight, wrap
 from .nnsight_trace import Invoke
@@ -120,7 +120,12 @@ class NNsightAdapter(ModelAdapter):
     def run_configs(self, runs: Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]],
                     logits: str = "last", answers: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """:meth:`ModelAdapter.run_configs`: one invoke per run, all in one trace (the ``"answer"`` readout is
-        computed there)."""
+        computed there). A run with per-head attention masks (a head-level :class:`~interventions.Peek`) has a
+        trace of its own: the invokes of a trace join their masks, which must then have one shape."""
+        if len(runs) > 1 and any(getattr(fn, PER_HEAD_MASK, False) for _, hooks in runs for fns in hooks.values()
+                                 for fn in fns):
+            return [self.run_configs([run], logits, None if answers is None else [answers[i]])[0]
+                    for i, run in enumerate(runs)]
         out = self.model.run([Invoke(tokens, hooks=dict(hooks), logits=logits,
                                      answers=None if answers is None else answers[i])
                               for i, (tokens, hooks) in enumerate(runs)])

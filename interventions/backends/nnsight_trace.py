@@ -7,9 +7,11 @@ activations to return, and whether to return logits (``"all"`` positions, the ``
 
 * ``blocks.{l}.hook_resid_pre``: the block's input hidden states ``[batch, pos, d_model]``;
 * ``blocks.{l}.attn.hook_attn_mask``: the boolean ``[query_pos, key_pos]`` mask of the keys each query
-  may attend to (causal to begin with). If a hook changes it, the attention module gets it as its
-  ``attention_mask`` (additive: 0 allowed, the dtype's minimum elsewhere, ``[batch, 1, q, k]``), which
-  eager and SDPA attention honour alike;
+  may attend to (causal to begin with); a hook may return ``[n_heads, query_pos, key_pos]`` (one mask per
+  query head). If a hook changes it, the attention module gets it as its ``attention_mask`` (additive: 0
+  allowed, the dtype's minimum elsewhere, ``[batch, 1, q, k]``, or ``[batch, n_heads, q, k]``), which eager
+  and SDPA attention honour alike. The invokes of one trace join their masks into one batch, so a trace
+  whose masks are per head holds one invoke (:meth:`~.nnsight.NNsightAdapter.run_configs` splits);
 * ``blocks.{l}.attn.hook_z``: the input of the attention output projection, viewed per query head
   ``[batch, pos, n_heads, d_head]``;
 * ``blocks.{l}.hook_attn_out``: the attention module's output (what is added to the residual stream);
@@ -82,16 +84,17 @@ def call_hooks(name: str, act: torch.Tensor, fns: list[Callable[..., Any]]) -> t
 
 
 def mask_like(allowed: torch.Tensor, current: Any, dtype: torch.dtype) -> torch.Tensor:
-    """``[1, 1, q, k]`` attention mask of the boolean ``allowed`` ``[q, k]`` in the form of the model's own
-    mask ``current``: boolean (True = attend) if that is boolean, else additive, 0 where allowed and the
-    smallest value of the dtype elsewhere (what Hugging Face's own causal masks hold; ``dtype`` when the
-    model passes no mask)."""
+    """``[1, 1, q, k]`` attention mask of the boolean ``allowed`` ``[q, k]`` (``[1, n_heads, q, k]`` of one
+    ``[n_heads, q, k]``) in the form of the model's own mask ``current``: boolean (True = attend) if that is
+    boolean, else additive, 0 where allowed and the smallest value of the dtype elsewhere (what Hugging Face's
+    own causal masks hold; ``dtype`` when the model passes no mask)."""
+    allowed = allowed.reshape(1, -1, *allowed.shape[-2:])
     if isinstance(current, torch.Tensor) and current.dtype == torch.bool:
-        return allowed[None, None]
+        return allowed
     if isinstance(current, torch.Tensor) and current.is_floating_point():
         dtype = current.dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def batch_mask(allowed: torch.Tensor, causal: torch.Tensor, current: Any, hidden: torch.Tensor,
@@ -106,7 +109,7 @@ def batch_mask(allowed: torch.Tensor, causal: torch.Tensor, current: Any, hidden
     ours = mask_like(allowed.to(hidden.device), current, hidden.dtype).expand(size, -1, -1, -1)
     if getattr(current, "_nnsight_batch", False) or total == size:
         return ours
-    others = mask_like(causal.to(hidden.device), current, hidden.dtype).expand(total, -1, -1, -1)
+    others = mask_like(causal.to(hidden.device), current, hidden.dtype).expand(total, ours.shape[1], -1, -1)
     return torch.cat([others[:first], ours, others[first + size:]])
 
 
@@ -151,7 +154,7 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
         causal = torch.ones(n, n, dtype=torch.bool, device=inv.tokens.device).tril()
         allowed = call_hooks(mask, causal, inv.hooks.get(mask, []))
         visited.append(mask)
-        if not torch.equal(allowed, causal):
+        if allowed.shape != causal.shape or not torch.equal(allowed, causal):
             hidden = args[0] if args else kwargs["hidden_states"]
             new = batch_mask(allowed, causal, kwargs.get("attention_mask"), hidden, inv.rows)
             attention.inputs = (args, {**kwargs, "attention_mask": new})

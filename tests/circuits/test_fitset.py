@@ -201,3 +201,23 @@ def test_cache_contains_and_old_files(zoo_model, add_prompts, tmp_path):
         old.contains(add_prompts.tokens)
     with pytest.raises(iv.CacheMismatchError, match="does not record"):
         search_af1(zoo_model, add_prompts.tokens, add_prompts.answers, cache=old, progress=False)
+
+
+def test_cama_on_a_prompt_the_cache_lacks_names_its_token_and_extends(zoo_model):
+    """``7+8-9=`` against means fitted on first operands 0..6: the error names ``'7'`` as the tokenizer spells
+    it; extending the cache with first operand 7 makes CAMA run with the means of a fit on both sets."""
+    prompt = zoo_model.to_tokens("7+8-9=")
+    seven = int(prompt[0, 1])
+    texts = lambda firsts: [f"{a}+{b}-{c}=" for a in firsts for b in range(10) for c in range(10)]  # noqa: E731
+    some, rest = zoo_model.to_tokens(texts(range(7))), zoo_model.to_tokens(texts([7]))
+    cache = iv.MeanCache.fit(zoo_model, some, progress=False)
+    assert not cache.covers(prompt).any()
+    assert [(e.position, e.token, e.count) for e in cache.coverage(prompt).missing] == [(1, seven, 0)]
+    with pytest.raises(iv.CacheMismatchError, match=rf"no mean for '7' \(id {seven}\) at position 1 \(prompt 0 of "
+                                                     rf"the batch\).*cache = cache.extend\(model, more_fit_tokens\)"):
+        iv.run(zoo_model, prompt, [iv.CAMA(cache, layer=2)])
+    grown = cache.extend(zoo_model, rest, progress=False)
+    assert grown.covers(prompt).all() and grown.count(1, seven) == 100
+    both = iv.MeanCache.fit(zoo_model, torch.cat([some, rest]), progress=False)
+    torch.testing.assert_close(iv.run(zoo_model, prompt, [iv.CAMA(grown, layer=2)]),
+                               iv.run(zoo_model, prompt, [iv.CAMA(both, layer=2)]), atol=1e-4, rtol=1e-4)

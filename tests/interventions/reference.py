@@ -100,3 +100,20 @@ def z_means(model, tokens: torch.Tensor, layer: int) -> torch.Tensor:
     """Per-position mean of ``hook_z`` of ``layer``: ``[pos, n_heads, d_head]``."""
     _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.attn.hook_z")
     return cache[f"blocks.{layer}.attn.hook_z"].double().mean(0).float()
+
+
+def head_score_mask_hook(allowed: torch.Tensor, heads, n_heads: int):
+    """Hook for ``attn.hook_attn_scores`` (``[batch, head, query, key]``): ``-inf`` where ``allowed``
+    (``[query, key]``) forbids, in the query heads ``heads`` only; every other head keeps its scores.
+    The per-head mask is written out head by head."""
+    n = allowed.shape[0]
+    per_head = torch.ones(n_heads, n, n, dtype=torch.bool)
+    for h in range(n_heads):
+        if h in heads:
+            per_head[h] = allowed
+
+    def hook(scores, hook=None):
+        k = scores.shape[-1]
+        return scores.masked_fill(~per_head[:, :k, :k].to(scores.device), float("-inf"))
+
+    return hook

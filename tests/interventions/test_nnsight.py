@@ -127,6 +127,37 @@ def test_configurations_in_one_trace_equal_one_pass_each(pair):
             close(out, iv.run(nn, toks, ivs)[:, -1:])
 
 
+def test_head_peek_masks_equal_pattern_edits(pair):
+    """A head-level peek is a ``[n_heads, query, key]`` mask on nnsight (the chosen heads' rows restricted, the
+    others causal) and equals the bridge's per-head pattern edit, alone and in one ``run_many`` beside a
+    whole-block peek and no intervention (then each run has a trace of its own: a trace joins its invokes'
+    masks, which must have one shape)."""
+    bridge, nn, tokens, *_ = pair
+    n, n_heads = tokens.shape[1], nn.cfg.n_heads
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    peeks = [iv.Peek([1, 3], "self", "last", heads=(0, 2)), iv.Peek([], "self", "all", heads={2: (1,), 4: (0, 3)})]
+    for peek in peeks:
+        for layer, (name, body) in zip(peek.layers, peek.mask_hooks(iv.adapt(nn).info)):
+            mask = body(causal)
+            assert name == f"blocks.{layer}.attn.hook_attn_mask" and mask.shape == (n_heads, n, n)
+            for h in range(n_heads):
+                assert torch.equal(mask[h], peek.allowed(n) if h in peek.heads_of(layer) else causal)
+    with torch.inference_mode():
+        plain = nn(tokens)
+        for peek in peeks:
+            out = iv.run(nn, tokens, [peek])
+            close(out, iv.run(bridge, tokens, [peek]))
+            whole = iv.run(nn, tokens, [iv.Peek(peek.layers, peek.mode, peek.queries)])
+            assert (out - plain).abs().max() > 1e-3 and (out - whole).abs().max() > 1e-3
+        runs = [(tokens[:3], [peeks[0]]), (tokens[:3], [iv.Peek([1, 3], "self", "last")]), (tokens[3:], [peeks[1]]),
+                (tokens[3:], [])]
+        before = nn.usage.requests
+        together = iv.run_many(nn, runs)
+        assert nn.usage.requests == before + len(runs)
+        for (toks, ivs), out in zip(runs, together):
+            close(out, iv.run(bridge, toks, ivs)[:, -1:] if ivs else bridge(toks)[:, -1:])
+
+
 def test_run_from_replaces_the_residual(pair):
     bridge, nn, tokens, *_ = pair
     ad, ref = iv.adapt(nn), iv.adapt(bridge)

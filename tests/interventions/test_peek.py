@@ -7,7 +7,7 @@ import torch
 
 import interventions as iv
 from tests.conftest import N_LAYERS, random_tokens
-from tests.interventions.reference import peek_allowed, score_mask_hook
+from tests.interventions.reference import head_score_mask_hook, peek_allowed, score_mask_hook
 
 ALL = list(range(N_LAYERS))
 
@@ -114,3 +114,66 @@ def test_a_peek_reused_across_inference_mode_and_autograd(model):
         second.sum().backward()
     torch.testing.assert_close(second.detach(), first.clone())
     model.zero_grad(set_to_none=True)
+
+
+HEAD_CASES = [
+    # (layers, heads as given, heads per block for the reference)
+    ([1, 3], (0, 3), {1: (0, 3), 3: (0, 3)}),
+    ([], {1: (2,), 3: (0, 1, 3)}, {1: (2,), 3: (0, 1, 3)}),
+    ([0, 2], [[2, [1]], [0, [3, 0]]], {0: (3, 0), 2: (1,)}),  # the spec form, in any order
+]
+
+
+@pytest.mark.parametrize("mode,queries,keep_bos", [("self", "all", True), ("self", "last", True),
+                                                   ("self", "others", False)])
+@pytest.mark.parametrize("case", range(len(HEAD_CASES)))
+def test_head_peek_equals_independent_per_head_score_mask(model, mode, queries, keep_bos, case):
+    """Only the chosen query heads are restricted (with grouped-query attention too: ``llama`` has 4 query
+    heads on 2 key-value heads); the others keep their causal rows."""
+    layers, heads, per_block = HEAD_CASES[case]
+    tokens = random_tokens(5, 7, seed=31)
+    n_heads = model.cfg.n_heads
+    allowed = peek_allowed(7, mode, queries, keep_bos)
+    ref = model.run_with_hooks(tokens, fwd_hooks=[
+        (f"blocks.{l}.attn.hook_attn_scores", head_score_mask_hook(allowed, hs, n_heads)) for l, hs in per_block.items()])
+    peek = iv.Peek(layers, mode=mode, queries=queries, keep_bos=keep_bos, heads=heads)
+    assert sorted(peek.layers) == sorted(per_block) and all(peek.heads_of(l) == hs for l, hs in per_block.items())
+    got = iv.run(model, tokens, [peek])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    whole = iv.run(model, tokens, [iv.Peek(sorted(per_block), mode=mode, queries=queries, keep_bos=keep_bos)])
+    assert (got - model(tokens)).abs().max() > 1e-3, "a head peek must change the logits"
+    assert (got - whole).abs().max() > 1e-3, "restricting some heads differs from restricting all of them"
+
+
+def test_every_head_named_is_the_whole_block_peek(model):
+    tokens = random_tokens(4, 6, seed=32)
+    every = iv.Peek([0, 2], "self", "last", heads=tuple(range(model.cfg.n_heads)))
+    torch.testing.assert_close(iv.run(model, tokens, [every]), iv.run(model, tokens, [iv.Peek([0, 2], "self", "last")]),
+                               atol=1e-6, rtol=0)
+
+
+def test_head_peek_spec_round_trip():
+    import json
+
+    for peek in (iv.Peek([1, 3], "self", "last", heads=(0, 3)), iv.Peek([], "self", heads={3: [1], 1: (2, 0)})):
+        spec = json.loads(json.dumps(peek.to_dict()))
+        assert iv.Intervention.from_dict(spec) == peek and "heads" in repr(peek)
+    assert "heads" not in iv.Peek([1]).to_dict()  # specs written before heads existed are unchanged
+    assert iv.Peek([], heads={3: [1], 1: (2, 0)}).layers == (1, 3)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(layers=[0], heads=[]), "non-empty"),
+    (dict(layers=[0], heads=[1, 1]), "twice"),
+    (dict(layers=[0], heads=[-1]), "integers >= 0"),
+    (dict(layers=[0], heads="0"), "must be a list"),
+    (dict(layers=[0, 1], heads={0: [1]}), r"heads name blocks \[0\] but layers are \[0, 1\]"),
+])
+def test_head_peek_rejects_bad_heads(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        iv.Peek(**kwargs)
+
+
+def test_head_peek_head_out_of_range_names_the_range(model):
+    with pytest.raises(ValueError, match=r"head=4 of layer 1 is out of range: valid query heads are 0\.\.3"):
+        iv.run(model, random_tokens(2, 5), [iv.Peek([1], heads=(0, 4))])

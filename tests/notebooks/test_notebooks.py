@@ -21,9 +21,20 @@ EXPECTED = (
     "02_head_pruning.ipynb",
     "03_early_decoding.ipynb",
     "04_real_models.ipynb",
+    "05_your_own_prompts.ipynb",
 )
 CELL_TIMEOUT_S = 300
 REAL_MODELS = "04_real_models.ipynb"
+MAX_EXECUTED_BYTES = 1_000_000
+"""An executed notebook (outputs included) stays below this: figures hold their data, plotly.js is not
+embedded (renderer ``plotly_mimetype+notebook_connected``)."""
+PRINTS = {
+    "02_head_pruning.ipynb": ("pruning recovers exactly the planted heads",),
+    "05_your_own_prompts.ipynb": ("UncoveredEntryError: the MeanCache has no mean for '70' (id 73) at position 1 "
+                                  "(prompt 2 of the batch)",
+                                  "every prompt covered: True", "exit code 0", "SearchResult | selected wait=3"),
+}
+"""Text a notebook must print (besides running without error)."""
 
 
 def test_expected_notebooks_exist():
@@ -66,6 +77,9 @@ def execute(name: str, monkeypatch, cwd: Path = NOTEBOOKS, first_cells: tuple[st
     assert not errors
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code), "some code cells did not run"
+    size = len(nbformat.writes(nb).encode())
+    print(f"{name}: {size / 1e6:.2f} MB executed")
+    assert size < MAX_EXECUTED_BYTES, f"{name} is {size} bytes once executed (plotly.js embedded?)"
     return nb
 
 
@@ -77,7 +91,9 @@ def printed(nb) -> str:
 
 @pytest.mark.parametrize("name", [n for n in EXPECTED if n != REAL_MODELS])
 def test_notebook_executes(name, monkeypatch):
-    execute(name, monkeypatch)
+    text = printed(execute(name, monkeypatch))
+    for expected in PRINTS.get(name, ()):
+        assert expected in text, f"{name} did not print {expected!r}"
 
 
 # Test only: a stand-in checkpoint (random weights) answers nothing; its own top-1 tokens become the answers.
