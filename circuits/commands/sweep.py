@@ -106,8 +106,7 @@ def check(args: argparse.Namespace) -> None:
     # load fails at once when the name can only be a mistake: circuits.model_names).
     if config.mode == "fixed":
         check_fixed_range(config)
-    check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models,
-                                     batch_size=config.batch_size, device_map=config.device_map))
+    check_backend(config.remote, config.backend, config.models, config.batch_size, config.device_map)
     check_device(config.device)
     check_out(args.out)
 
