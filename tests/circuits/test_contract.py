@@ -135,3 +135,47 @@ def test_a_registered_analysis_runs_as_a_sweep_cell(registered, zoo_model, tmp_p
 def test_a_sweep_refuses_an_unknown_analysis():
     with pytest.raises(ArgumentError, match="'nope' is not an analysis"):
         SweepConfig.from_mapping({"models": ["arith-gpt2"], "tasks": ["add"], "analyses": ["nope"]})
+
+
+# --- config= beside the old keywords ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    from dataclasses import replace
+
+    from circuits.fitset import FitSet
+    from circuits.loading import self_answer_prompts
+    from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
+
+    model = build_default("gpt2")
+    tokens = random_tokens(30, 6, seed=4, values=5)
+    prompts = self_answer_prompts(model, tokens, task="random")
+    return model, replace(prompts, fit=FitSet.given(disjoint_fit_tokens(tokens)))
+
+
+def test_entry_points_take_a_config_or_the_old_keywords(tiny):
+    from circuits.necessity import NecessityConfig, necessity_sweep
+    from circuits.prune import PruneConfig, prune_heads
+    from circuits.search import SearchConfig, search_af1
+
+    model, p = tiny
+    kw = dict(fit=p.fit, progress=False)
+    old = search_af1(model, p.tokens, p.answers, grid="full", ablation="mean", n_boot=10, seed=2, **kw)
+    new = search_af1(model, p.tokens, p.answers, config=SearchConfig(grid="full", ablation="mean", n_boot=10, seed=2),
+                     **kw)
+    assert [(r.config, r.faithfulness, r.ci_low) for r in new.results] == \
+           [(r.config, r.faithfulness, r.ci_low) for r in old.results] and len(new.results) == 15
+    # a keyword overrides the config's field
+    zero = search_af1(model, p.tokens, p.answers, config=SearchConfig(grid="full", n_boot=10), ablation="zero", **kw)
+    assert zero.ablation == "zero"
+    with pytest.raises(ArgumentError, match="is not a SearchConfig"):
+        search_af1(model, p.tokens, p.answers, config=NecessityConfig(), **kw)
+    blocks = necessity_sweep(model, p.tokens, p.answers, config=NecessityConfig(layers=(1, 2), n_boot=10),
+                             progress=False)
+    assert [b.layer for b in blocks.blocks] == [1, 2]
+    a = prune_heads(model, p.tokens, p.answers, wait=0, transfer=1, ablation="zero", rank="none", n_boot=10,
+                    progress=False)
+    b = prune_heads(model, p.tokens, p.answers, config=PruneConfig(0, 1, ablation="zero", rank="none", n_boot=10),
+                    progress=False)
+    assert [(c.step, c.faithfulness) for c in a.curve] == [(c.step, c.faithfulness) for c in b.curve]
+    with pytest.raises(ArgumentError, match="wait= and transfer="):
+        prune_heads(model, p.tokens, p.answers, ablation="zero", progress=False)
