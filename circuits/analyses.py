@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from circuits.runs import RunDir
 
 __all__ = ["REGISTRY", "Analysis", "AnalysisConfig", "DirStore", "MemoryStore", "ResultStore", "RunContext",
-           "configured", "get", "names", "register"]
+           "configured", "get", "names", "register", "unregister"]
 
 
 class AnalysisConfig(Protocol):
@@ -250,8 +250,12 @@ _LOADED: dict[str, Analysis[Any, Any]] = {}
 def register(analysis: Analysis[Any, Any]) -> Analysis[Any, Any]:
     """Make ``analysis`` known by its name (a sweep cell can then run it); returns it."""
     _LOADED[analysis.name] = analysis
-    REGISTRY.setdefault(analysis.name, f"{analysis.run.__module__}:{analysis.name}")
     return analysis
+
+
+def unregister(name: str) -> None:
+    """Forget an analysis :func:`register` added (the ones of :data:`REGISTRY` stay)."""
+    _LOADED.pop(name, None)
 
 
 def names() -> list[str]:

@@ -146,7 +146,7 @@ def hold(out: str | Path | None, command: str, held: Run | None = None) -> Itera
     """The :class:`Run` of ``out`` for ``command``: ``held`` when the caller already holds it, else taken here
     (and released on exit); ``None`` without an output directory."""
     if out is None or held is not None:
-        yield held
+        yield None if out is None else held
         return
     with Run(out, command) as run:
         yield run

@@ -35,7 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_of(args: argparse.Namespace):
-    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top."""
+    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top, read once per
+    command line (kept on ``args``: ``check`` and ``run`` share it)."""
+    built = vars(args).get("_config")
+    if built is None:
+        built = args._config = read_config(args)
+    return built
+
+
+def read_config(args: argparse.Namespace):
+    """:func:`config_of`, read."""
     import tomllib
     from pathlib import Path
 

@@ -76,8 +76,8 @@ ANSWER_PROB: Analysis[AnswerProbConfig, AnswerProb] = Analysis(
 def registered():
     analyses.register(ANSWER_PROB)
     yield ANSWER_PROB
-    analyses._LOADED.pop("answer_prob", None)
-    analyses.REGISTRY.pop("answer_prob", None)
+    analyses.unregister("answer_prob")
+    assert "answer_prob" not in analyses.names()
 
 
 @pytest.fixture(scope="module")
