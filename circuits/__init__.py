@@ -7,7 +7,8 @@ are resolved lazily, so ``import circuits`` (and ``af1 --help``) does not import
 * analyses: :func:`search_af1` / :class:`SearchConfig`, :func:`necessity_sweep` / :class:`NecessityConfig`,
   :func:`prune_heads` / :class:`PruneConfig`, :func:`early_decode`, :func:`interchange`,
   :func:`faithfulness`, :func:`run_sweep` / :class:`SweepConfig`;
-* the runner: :func:`execute`, :class:`Analysis`, :class:`Run` (see ``docs/architecture.md``);
+* the runner: :func:`run_analysis` (from :class:`ModelSpec` and :class:`PromptSpec`), :func:`execute` (from
+  tensors), :class:`Analysis` (the contract, :mod:`analyses`), :class:`Run` (see ``docs/architecture.md``);
 * data and models: :mod:`tasks`, :mod:`zoo`, :func:`load_model`, :func:`prepare_prompts`;
 * errors: :class:`AF1Error` and its subclasses (``docs/reliability.md``).
 """
@@ -32,7 +33,8 @@ _EXPORTS: dict[str, str] = {
     "faithfulness": "circuits.faithfulness", "FaithfulnessResult": "circuits.faithfulness",
     "run_sweep": "circuits.sweep", "SweepConfig": "circuits.sweep",
     "execute": "circuits.runner", "Analysis": "circuits.runner", "Run": "circuits.runner",
-    "RunContext": "circuits.runner",
+    "RunContext": "circuits.runner", "run_analysis": "circuits.runner",
+    "ModelSpec": "circuits.specs", "PromptSpec": "circuits.specs",
     "load_model": "circuits.loading", "prepare_prompts": "circuits.loading", "Prompts": "circuits.loading",
     "AF1Error": "circuits.errors", "ArgumentError": "circuits.errors", "CorruptRunError": "circuits.errors",
     "ModelLoadError": "circuits.errors", "PromptError": "circuits.errors", "RunDirError": "circuits.errors", "RunLockedError": "circuits.errors",
@@ -42,7 +44,7 @@ _EXPORTS: dict[str, str] = {
     "load_result": "circuits.results",
 }
 _SUBMODULES = ("tasks", "zoo", "search", "prune", "lens", "necessity", "sweep", "runner", "loading", "report",
-               "results")
+               "results", "analyses")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 

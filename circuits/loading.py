@@ -114,7 +114,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
             raise ValueError(f"zoo model {name!r} ships in float32; dtype={dtype!r} applies to pretrained models")
         if device_map is not None:
             raise ValueError(f"zoo model {name!r} is small: device_map applies to pretrained models; use device")
-        return zoo.load(name, device=device, backend=backend).eval()
+        # name and backend are resolved above: load the folder (zoo.load would resolve both again)
+        return zoo.load_dir(zoo.MODELS_DIR / name, device=device, backend=backend).eval()
     if remote and (gguf.is_gguf(name) or local_models.is_model_folder(name)):
         raise ModelLoadError(f"{name!r} is a local checkpoint, which NDIF does not host: load it without remote")
     source = gguf.resolve(name)  # a GGUF name or file: its converted folder (once); else name itself

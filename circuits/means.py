@@ -24,7 +24,7 @@ from interventions.coverage import Coverage, entry_counts, row_digests
 from interventions.validation import check_positive
 
 if TYPE_CHECKING:  # pragma: no cover
-    from circuits.runner import RunContext
+    from circuits.analyses import RunContext
 
 __all__ = ["OUTDATED_MEANS", "check_current", "fitted_on", "keep_means", "load_means", "means_cache", "plan_means"]
 

@@ -278,3 +278,21 @@ def halve_on_oom(evaluate: Callable[[int], T], batch_size: int, *, enabled: bool
                 torch.cuda.empty_cache()
             batch_size //= 2
             log(f"out of device memory: retrying with --batch-size {batch_size} (finished results are kept)")
+
+
+def run_batched(batch_size: int | str, model: Any, tokens: Any, dtype: str | None, evaluate: Callable[[int], T]) -> T:
+    """``evaluate(batch_size)``; with ``batch_size="auto"`` the largest batch of ``tokens`` (``[n_prompts,
+    n_pos]``) that fits on the devices of ``model`` with weights in ``dtype`` (:func:`auto_batch_size`, with
+    the means cache reserved), halved and retried on a device out-of-memory error (:func:`halve_on_oom`; the
+    analyses resume from the run's results file: nothing finished is lost)."""
+    if batch_size != "auto":
+        return evaluate(int(batch_size))
+    n_prompts, n_pos = int(tokens.shape[0]), int(tokens.shape[1])
+    shape = shape_of_model(model)
+    per_prompt = activation_bytes_per_prompt(shape, n_pos, dtype)
+    reserve = means_cache_bytes(shape, n_prompts * n_pos, n_pos)
+    devices = model_devices(model)
+    batch = auto_batch_size(per_prompt, devices, n_prompts, reserve=reserve)
+    print(f"--batch-size auto: {batch} prompts per forward pass on {', '.join(map(str, devices))}")
+    return halve_on_oom(evaluate, batch)
+

@@ -24,7 +24,8 @@ import interventions as iv
 from circuits import files
 from circuits.faithfulness import answer_width, faithfulness
 from circuits.records import RecordSchema, faithfulness_fields, layer_field
-from circuits.runner import Analysis, RunContext, execute
+from circuits.analyses import Analysis, RunContext, configured
+from circuits.runner import execute
 from circuits.runs import RunDir, tokens_sha256
 from circuits.search.config import check_int
 from interventions.types import Tokens
@@ -130,12 +131,13 @@ def necessity_sweep(
     tokens: Tokens,
     answers: Int[torch.Tensor, "batch"],
     *,
+    config: NecessityConfig | None = None,
     layers: Sequence[int] | None = None,
     out_dir: str | Path | None = None,
-    seed: int = 0,
-    batch_size: int = 128,
+    seed: int | None = None,
+    batch_size: int | None = None,
     progress: bool = True,
-    n_boot: int = 1000,
+    n_boot: int | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> NecessityResult:
     """Faithfulness per block with the last token's attention cut to every non-BOS earlier token.
@@ -143,9 +145,11 @@ def necessity_sweep(
     ``tokens``: ``[batch, pos]`` of one layout, BOS at position 0; prompts the unmodified model gets
     wrong are dropped first. ``layers``: blocks to test (default all, 0-indexed). With ``out_dir``,
     results are appended to ``necessity.jsonl`` as they are known and an interrupted run resumes.
+    ``config``: a :class:`NecessityConfig` (default ``NecessityConfig()``); ``layers``, ``seed`` (default 0),
+    ``batch_size`` (128) and ``n_boot`` (1000) given as keywords override its fields.
     """
-    config = NecessityConfig(layers=None if layers is None else tuple(int(x) for x in layers), seed=seed,
-                             batch_size=batch_size, n_boot=n_boot)
+    config = configured(NecessityConfig, config, layers=None if layers is None else tuple(int(x) for x in layers),
+                        seed=seed, batch_size=batch_size, n_boot=n_boot)
     return execute(NECESSITY, model, tokens, answers, config, out_dir=out_dir, meta=meta, progress=progress)
 
 
@@ -210,12 +214,20 @@ def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunCo
     report.write_page(run_dir.path / files.REPORT, title, result.figures(title), notes)
 
 
-NECESSITY = Analysis(
+def necessity_row(result: NecessityResult) -> dict[str, Any]:
+    """A sweep row of a necessity sweep: the most necessary block (``wait`` = that block) and its faithfulness."""
+    pick = min(result.blocks, key=lambda b: b.faithfulness)
+    return {"wait": pick.layer, "faithfulness": pick.faithfulness, "ci_low": pick.ci_low, "ci_high": pick.ci_high}
+
+
+NECESSITY: Analysis[NecessityConfig, NecessityResult] = Analysis(
     name="necessity",
+    config_type=NecessityConfig,
     results_file=files.NECESSITY_RESULTS,
     identity=necessity_identity,
     schema=necessity_schema,
     run=run_necessity,
     write=write_necessity_outputs,
+    summary_row=necessity_row,
 )
 """The necessity sweep as the runner runs it."""

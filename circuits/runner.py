@@ -1,174 +1,66 @@
-"""One runner for every analysis: prompts -> model -> analysis -> store -> summary -> report.
+"""One runner for every analysis: specs -> model -> prompts -> means -> analysis -> store -> summary -> report.
 
-An analysis is pure: :attr:`Analysis.run` takes the model, the base-correct prompts, a frozen config and
-a :class:`RunContext` (means cache, result store, progress) and returns a result; it opens no file. The
-runner does everything around it, the same way for every command:
+An analysis is pure (:class:`circuits.analyses.Analysis`): ``run(model, config, ctx)`` takes the model, a
+frozen config and a :class:`RunContext` (the base-correct prompts, the means cache, a result store) and
+returns a result; it opens no file. The runner does everything around it, the same way for every command.
 
-1. validate the config against the model and the inputs (``n_boot``, batch size, answers, BOS, padding);
-2. keep the prompts the unmodified model answers correctly (once; a rerun reloads which they are with the
-   prepared prompts, :mod:`circuits.prepared`);
-3. the means (:mod:`circuits.means`), when the analysis needs them: fitted on the fit set without the
-   scored prompts (:mod:`circuits.fitset`), every mean a scored prompt reads backed by ``min_count`` fit
-   prompts; with an output directory the cache this run wrote is reloaded (checked by content hash and
-   fit-set digests) instead of refitted;
-4. with an output directory: take its lock (:class:`circuits.lock.DirLock`), refuse a directory of
-   another command (or of an earlier version's means) early, build the run identity
-   (:attr:`Analysis.identity`, which records the fit set), check or write ``run.json``, validate resumed
-   records against the analysis's schema;
-5. write the prepared prompts (or check that the reloaded ones are this run's), then run the analysis with a
-   :class:`ResultStore` (appends are crash-safe and fsynced);
-6. write the summary and the report (:attr:`Analysis.write`).
+:func:`run_analysis` starts from what a run is made of: a :class:`~circuits.specs.ModelSpec` (or a loaded
+model) and a :class:`~circuits.specs.PromptSpec` (or prepared prompts); the commands and the sweep build
+these once and call it:
 
-File names live in :mod:`circuits.files`. A new analysis is one module that defines an :class:`Analysis`
-plus one command module.
+1. hold the output directory (:class:`Run`: its lock, a directory of another command refused at once);
+2. load the model (:meth:`ModelSpec.load <circuits.specs.ModelSpec.load>`, after the memory estimate) and
+   prepare the prompts with the fit set the analysis's means need (:func:`circuits.prepared.prepare`:
+   reloaded from the directory when an earlier run prepared them under the same key);
+3. :func:`execute` with the batch size (``"auto"``: sized to the device, halved on out-of-memory errors,
+   :func:`circuits.memory.run_batched`).
+
+:func:`execute` starts from tensors (the Python API: ``search_af1`` and the others) and is its steps:
+
+1. :func:`scored_context`: validate the config against the model (the config's ``validate``, the one check of
+   its values) and the inputs (answers, BOS, padding); keep the prompts the unmodified model answers
+   correctly (once; a rerun reloads which they are with the prepared prompts, :mod:`circuits.prepared`);
+2. :func:`circuits.means.plan_means`, when the analysis needs means: the fit set without the scored prompts
+   (:mod:`circuits.fitset`), every mean a scored prompt reads backed by ``min_count`` fit prompts;
+3. :func:`destination`: with an output directory, refuse one of an earlier version's means, build the run
+   identity (:attr:`Analysis.identity`, which records the fit set) and check or write ``run.json``
+   (:class:`Directory`); without, nothing is written (:class:`Memory`);
+4. the means (:func:`circuits.means.load_means`: the cache this run wrote is reloaded, checked by content hash
+   and fit-set digests, instead of refitted), then the prepared prompts (written, or the reloaded ones
+   checked to be this run's) and the store: resumed records validated against the analysis's schema,
+   appends crash-safe and fsynced;
+5. run the analysis;
+6. write its outputs (:attr:`Analysis.write`: summary and report).
+
+File names live in :mod:`circuits.files`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 import interventions as iv
 from circuits import files
+from circuits.analyses import Analysis, AnalysisConfig, DirStore, MemoryStore, ResultStore, RunContext
 from circuits.atomic import clean_temporaries, refuse_links
 from circuits.errors import ArgumentError, CorruptRunError, PromptError, RunMismatchError
 from circuits.faithfulness import base_correct
 from circuits.fitset import FitSet
+from circuits.lock import DirLock
+from circuits.logs import get_logger
 from circuits.means import check_current, keep_means, load_means, plan_means
 from circuits.prepared import keep_prepared
-from circuits.lock import DirLock
-from circuits.records import RecordSchema
 from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
-from interventions.coverage import Coverage
-from interventions.validation import check_answers, check_layout, check_positive, check_tokens, special_token_ids
+from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
-
-class ResultStore(Protocol):
-    """Where an analysis keeps the records it has finished, so that a rerun resumes.
-
-    ``records()`` returns the finished records (validated); ``append(record)`` persists one at once.
-    """
-
-    def records(self) -> list[dict[str, Any]]: ...
-
-    def append(self, record: Mapping[str, Any]) -> None: ...
-
-
-class MemoryStore:
-    """A :class:`ResultStore` in memory (no output directory)."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def records(self) -> list[dict[str, Any]]:
-        return list(self.rows)
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        self.rows.append(dict(record))
-
-
-class DirStore:
-    """A :class:`ResultStore` backed by a run directory's JSONL results file, validated on read."""
-
-    def __init__(self, run_dir: RunDir, schema: RecordSchema | None):
-        self.run_dir = run_dir
-        numbered = run_dir.load_numbered_records()
-        self.loaded = schema.validate(run_dir.results_path, numbered) if schema else [r for _, r in numbered]
-
-    def records(self) -> list[dict[str, Any]]:
-        return list(self.loaded)
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        self.run_dir.append(record)
-
-
-@dataclass
-class RunContext:
-    """What the runner hands an analysis besides the prompts and the config.
-
-    ``tokens``/``answers``: the base-correct prompts (``[n, pos]`` / ``[n]``); ``n_given``: prompts before
-    that filter; ``prompts``: caller records aligned with the *given* prompts (or ``None``); ``keep``:
-    ``[n_given]`` bool, which were kept; ``cache``: the means cache (or ``None``); ``store``: finished
-    records; ``progress``: show bars; ``meta``: the caller's description (model, task, source, command).
-    """
-
-    tokens: torch.Tensor
-    answers: torch.Tensor
-    n_given: int
-    keep: torch.Tensor
-    given_tokens: torch.Tensor
-    given_answers: torch.Tensor
-    cache: iv.MeanCache | None
-    store: ResultStore
-    progress: bool
-    meta: dict[str, Any] = field(default_factory=dict)
-    prompts: Sequence[Mapping[str, Any]] | None = None
-    fit: FitSet | None = None
-    coverage: Coverage | None = None
-    means_identity: dict[str, Any] | None = None
-    tokenizer: Any = None
-
-    def means_summary(self) -> dict[str, Any] | None:
-        """What ``summary.json`` says of the means (``None`` without): the fit set (how it was drawn, its
-        size and hash) and the fit counts behind the means the scored prompts read."""
-        if self.cache is None or self.coverage is None:
-            return None
-        return {**(self.means_identity or {}), "coverage": self.coverage.summary(self.tokenizer)}
-
-    def means_note(self) -> str | None:
-        """One line for a report: the fit set and its counts (``None`` without means)."""
-        if self.coverage is None:
-            return None
-        fit = self.fit
-        how = ("the caller's cache" if fit is None else
-               f"{len(fit)} fit prompts ({'the whole layout' if fit.whole else 'a sample'} of task {fit.task}, "
-               f"population {fit.spec.population}, seed {fit.spec.seed})" if fit.task else f"{len(fit)} given fit prompts")
-        return f"Means: {how}, none of them scored; {self.coverage.line()}."
-
-    @property
-    def kept_prompts(self) -> list[dict[str, Any]] | None:
-        """The caller's prompt records of the kept prompts (``None`` without records)."""
-        if self.prompts is None:
-            return None
-        return [dict(p) for p, k in zip(self.prompts, self.keep.tolist()) if k]
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """An analysis as the runner sees it.
-
-    ``name``: the command (``"search"``); ``results_file``: its JSONL results (``None``: no resumable
-    records); ``validate(config, info)``: raise on a config that does not fit the model (default:
-    ``config.validate(info)``); ``needs_means(config)``: whether it needs a :class:`~interventions.MeanCache`
-    (default: ``config.needs_means``, else no); ``identity(config, ctx, model)``: the run identity (what
-    determines the results); ``schema(config, info, n_prompts)``: the records' schema (default: none); ``run(model, config, ctx)``: the pure analysis; ``write(result, run_dir,
-    ctx)``: summary and report; ``prompt_records(ctx)``: the ``prompts.jsonl`` records (``None``: none);
-    ``base_correct_only``: run on the prompts the unmodified model answers correctly (``False``: on all).
-    ``optional_identity``: identity keys compared only when both the directory's ``run.json`` and this run
-    hold them (:data:`LABELS`: names the rest of the identity pins down, so that a run of the Python API,
-    which has no command-line names, and one of the command line share a directory; plus keys earlier
-    releases recorded that no longer determine the results).
-    """
-
-    name: str
-    results_file: str | None
-    identity: Callable[[Any, RunContext, Any], dict[str, Any]]
-    run: Callable[[Any, Any, RunContext], Any]
-    write: Callable[[Any, RunDir, RunContext], None]
-    validate: Callable[[Any, Any], None] = lambda config, info: config.validate(info)
-    needs_means: Callable[[Any], bool] = lambda config: bool(getattr(config, "needs_means", False))
-    schema: Callable[[Any, Any, int], RecordSchema | None] = lambda config, info, n_prompts: None
-    prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = lambda ctx: None
-    conditional_means: Callable[[Any], bool] = lambda config: getattr(config, "ablation", None) == "cama"
-    base_correct_only: bool = True
-    optional_identity: tuple[str, ...] = ()
-    batch_size: Callable[[Any], int] = lambda config: int(getattr(config, "batch_size", 128))
-    n_boot: Callable[[Any], int] = lambda config: int(getattr(config, "n_boot", 1000))
-
+__all__ = ["LABELS", "Analysis", "Directory", "Memory", "ResultStore", "Run", "RunContext", "check_inputs",
+           "command_of", "destination", "execute", "hold", "run_analysis", "scored_context"]
+# Analysis, RunContext and the stores are defined in circuits.analyses (the contract); this module uses them.
 
 LABELS = ("model", "task", "source", "numbers", "format")
 """The caller's names of the model and the prompts (``meta``): the model's signature and fingerprint and the
@@ -249,8 +141,89 @@ class Run:
             self.path.rmdir()
 
 
+@contextlib.contextmanager
+def hold(out: str | Path | None, command: str, held: Run | None = None) -> Iterator[Run | None]:
+    """The :class:`Run` of ``out`` for ``command``: ``held`` when the caller already holds it, else taken here
+    (and released on exit); ``None`` without an output directory."""
+    if out is None or held is not None:
+        yield None if out is None else held
+        return
+    with Run(out, command) as run:
+        yield run
+
+
+class Memory:
+    """Where a run without an output directory keeps things: its records in memory, nothing written."""
+
+    run_dir: RunDir | None = None
+
+    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], dict[str, Any]]) -> None:
+        """Nothing to check (the identity is not even built)."""
+
+    def store(self, schema: Callable[[], Any]) -> ResultStore:
+        return MemoryStore()
+
+    def keep_means(self, cache: iv.MeanCache) -> None:
+        """Nothing to keep."""
+
+    def keep_prepared(self, prepared: Any, keep: torch.Tensor) -> None:
+        """Nothing to keep."""
+
+    def write_prompts(self, records: list[dict[str, Any]] | None) -> None:
+        """Nothing to write."""
+
+    def write(self, analysis: Analysis[Any, Any], result: Any, ctx: RunContext) -> None:
+        """Nothing to write."""
+
+
+class Directory(Memory):
+    """A run directory: ``run.json`` checked or written, the means and the prepared prompts kept, records
+    appended to the analysis's results file, the outputs written (:mod:`circuits.runs`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.results_file: str | None = None
+
+    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], dict[str, Any]]) -> None:
+        """Refuse a directory of an earlier version's means, then check ``run.json`` against ``identity()`` (or
+        write it)."""
+        check_current(self.path)
+        self.results_file = analysis.results_file
+        self.run_dir = RunDir(self.path, identity(), results_name=analysis.results_file or files.NO_RESULTS,
+                              optional=LABELS + analysis.optional_identity).open()
+
+    def store(self, schema: Callable[[], Any]) -> ResultStore:
+        assert self.run_dir is not None
+        return DirStore(self.run_dir, schema()) if self.results_file is not None else MemoryStore()
+
+    def keep_means(self, cache: iv.MeanCache) -> None:
+        assert self.run_dir is not None
+        keep_means(self.run_dir, cache)
+
+    def keep_prepared(self, prepared: Any, keep: torch.Tensor) -> None:
+        assert self.run_dir is not None
+        keep_prepared(self.run_dir, prepared, keep)
+
+    def write_prompts(self, records: list[dict[str, Any]] | None) -> None:
+        if records is not None:
+            assert self.run_dir is not None
+            self.run_dir.write_jsonl(files.PROMPTS, records)
+
+    def write(self, analysis: Analysis[Any, Any], result: Any, ctx: RunContext) -> None:
+        assert self.run_dir is not None
+        analysis.write(result, self.run_dir, ctx)
+
+
+@contextlib.contextmanager
+def destination(out_dir: str | Path | None, command: str, held: Run | None = None) -> Iterator[Memory]:
+    """Where a run's results go: a :class:`Directory` (held for ``command`` while the run lasts, see
+    :func:`hold`) or, without ``out_dir``, :class:`Memory`."""
+    with hold(out_dir, command, held) as run:
+        yield Memory() if run is None else Directory(run.path)
+
+
 def execute(
-    analysis: Analysis,
+    analysis: Analysis[Any, Any],
     model: Any,
     tokens: Any,
     answers: Any,
@@ -266,8 +239,9 @@ def execute(
     held: Run | None = None,
     prepared: Any = None,
     on_means: Callable[[iv.MeanCache], None] | None = None,
+    spec: Any = None,
 ) -> Any:
-    """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (see the module docstring).
+    """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (its steps: see the module docstring).
 
     ``out_dir``: the run directory (``None``: nothing is written, records are kept in memory).
     ``fit``: the :class:`~circuits.fitset.FitSet` the means are fitted on (the scored prompts are removed
@@ -282,43 +256,27 @@ def execute(
     directory (or, reloaded from it, checked against the run identity), and, when reloaded, its record of which
     prompts the unmodified model answers correctly is used instead of checking them again. ``on_means``: called
     with the means cache the run uses (a caller running several analyses on one fit set fits it once).
+    ``spec``: the :class:`~circuits.specs.PromptSpec` the prompts were prepared from (``RunContext.spec``).
     """
-    keep = None
-    if prepared is not None and prepared.keep is not None and torch.is_tensor(tokens) and \
-            torch.equal(torch.as_tensor(tokens).cpu().long(), prepared.prompts.tokens.cpu().long()):
-        keep = prepared.keep
-    ctx, batch_size = scored_context(analysis, model, tokens, answers, config, meta=meta, prompts=prompts,
-                                     progress=progress, keep=keep)
+    ctx = scored_context(analysis, model, tokens, answers, config, meta=meta, prompts=prompts, progress=progress,
+                         keep=known_keep(prepared, tokens))
+    ctx.spec = spec
     needs_means = analysis.needs_means(config)
     if needs_means:
         plan_means(ctx, conditional=analysis.conditional_means(config), fit=fit, cache=cache, min_count=min_count)
-    loading = dict(batch_size=batch_size, progress=progress)
-    if out_dir is None:
+    with destination(out_dir, analysis.name, held) as dest:
+        dest.open(analysis, lambda: analysis.identity(config, ctx, model))
         if needs_means:
-            ctx.cache = load_means(model, ctx, cache, None, **loading)
-            if on_means is not None:
-                on_means(ctx.cache)
-        return analysis.run(model, config, ctx)
-    run = held if held is not None else Run(out_dir, analysis.name)
-    with run if held is None else contextlib.nullcontext():
-        check_current(run.path)
-        results_name = analysis.results_file or files.NO_RESULTS
-        run_dir = RunDir(run.path, analysis.identity(config, ctx, model), results_name=results_name,
-                         optional=LABELS + analysis.optional_identity).open()
-        if needs_means:
-            ctx.cache = load_means(model, ctx, cache, run_dir, **loading)
-            keep_means(run_dir, ctx.cache)
+            ctx.cache = load_means(model, ctx, cache, dest.run_dir, batch_size=config.batch_size, progress=progress)
+            dest.keep_means(ctx.cache)
             if on_means is not None:
                 on_means(ctx.cache)
         if prepared is not None:
-            keep_prepared(run_dir, prepared, ctx.keep)
-        if analysis.results_file is not None:
-            ctx.store = DirStore(run_dir, analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
-        records = analysis.prompt_records(ctx)
-        if records is not None:
-            run_dir.write_jsonl(files.PROMPTS, records)
+            dest.keep_prepared(prepared, ctx.keep)
+        ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
+        dest.write_prompts(analysis.prompt_records(ctx))
         result = analysis.run(model, config, ctx)
-        analysis.write(result, run_dir, ctx)
+        dest.write(analysis, result, ctx)
         return result
 
 
@@ -326,23 +284,29 @@ def info_of(model: Any) -> Any:
     return iv.adapt(model).info
 
 
-def scored_context(analysis: Analysis, model: Any, tokens: Any, answers: Any, config: Any, *,
+def known_keep(prepared: Any, tokens: Any) -> torch.Tensor | None:
+    """Which of ``tokens`` the unmodified model answers correctly, as the reloaded prepared prompts recorded it
+    (``None``: not known, or ``tokens`` are not those prompts)."""
+    if prepared is None or prepared.keep is None or not torch.is_tensor(tokens):
+        return None
+    return prepared.keep if torch.equal(tokens.cpu().long(), prepared.prompts.tokens.cpu().long()) else None
+
+
+def scored_context(analysis: Analysis[Any, Any], model: Any, tokens: Any, answers: Any, config: Any, *,
                    meta: Mapping[str, Any] | None,
                    prompts: Sequence[Mapping[str, Any]] | None, progress: bool,
-                   keep: torch.Tensor | None = None) -> tuple[RunContext, int]:
-    """Validate ``config`` and the inputs, keep the prompts the unmodified model answers correctly (when the
-    analysis scores only those; ``keep``: which they are, known from an earlier run of the same model on the
-    same prompts) and return the :class:`RunContext` (without means yet) and the batch size."""
+                   keep: torch.Tensor | None = None) -> RunContext:
+    """Validate ``config`` (:attr:`Analysis.validate`) and the inputs, keep the prompts the unmodified model
+    answers correctly (when the analysis scores only those; ``keep``: which they are, known from an earlier run
+    of the same model on the same prompts) and return the :class:`RunContext` (without means yet)."""
     analysis.validate(config, info_of(model))
-    batch_size = check_positive("batch_size", analysis.batch_size(config))
-    check_positive("n_boot", analysis.n_boot(config))
     tokens, answers = check_inputs(model, tokens, answers)
     if prompts is not None and len(prompts) != tokens.shape[0]:
         raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
     if analysis.base_correct_only and keep is not None and keep.shape == (tokens.shape[0],):
         keep = keep.bool().cpu()
     elif analysis.base_correct_only:
-        keep = base_correct(model, tokens, answers, batch_size=batch_size)
+        keep = base_correct(model, tokens, answers, batch_size=config.batch_size)
     else:
         keep = torch.ones(tokens.shape[0], dtype=torch.bool)
     if not bool(keep.any()):
@@ -351,9 +315,79 @@ def scored_context(analysis: Analysis, model: Any, tokens: Any, answers: Any, co
             f"{analysis.name}; check that the answers are the model's answer token ids and that the prompts "
             f"start with BOS"
         )
-    ctx = RunContext(
+    return RunContext(
         tokens=tokens[keep], answers=answers[keep], n_given=int(tokens.shape[0]), keep=keep,
         given_tokens=tokens, given_answers=answers, cache=None, store=MemoryStore(), progress=progress,
         meta=dict(meta or {}), prompts=prompts, tokenizer=getattr(model, "tokenizer", None),
     )
-    return ctx, batch_size
+
+
+# --- from specs --------------------------------------------------------------------------------------------
+def run_analysis(analysis: Analysis[Any, Any], model: Any, prompts: Any, config: AnalysisConfig, *,
+                 out: str | Path | None = None, batch_size: int | str | None = None, progress: bool = True,
+                 command: Sequence[str] | None = None, name: str | None = None, spec: Any = None,
+                 cache: iv.MeanCache | None = None, on_means: Callable[[iv.MeanCache], None] | None = None,
+                 held: Run | None = None) -> Any:
+    """Run ``analysis`` with ``config`` from what the run is made of (the steps: see the module docstring).
+
+    ``model``: a :class:`~circuits.specs.ModelSpec` (loaded here, after the memory estimate) or a loaded model
+    (then ``name`` names it in the run's description); ``prompts``: a :class:`~circuits.specs.PromptSpec`
+    (prepared here with the fit set the analysis's means need, or reloaded from ``out``) or prepared
+    :class:`~circuits.prompts.Prompts` (then ``spec`` is the prompt spec they were prepared from).
+    ``out``: the run directory (``None``: nothing written); ``batch_size``: an integer or ``"auto"``
+    (default: the config's); ``command``: the command line, recorded in ``summary.json``; ``cache`` /
+    ``on_means``: a means cache already fitted on the prompts' fit set / called with the one the run uses
+    (:func:`execute`); ``held``: the :class:`Run` of ``out`` when the caller holds it already.
+    """
+    from circuits import memory
+    from circuits.prepared import prepared_of
+    from circuits.specs import ModelSpec, PromptSpec
+
+    requested = config.batch_size if batch_size is None else batch_size
+    first = memory.AUTO_CPU_BATCH if requested == "auto" else int(requested)  # auto: sized once the model is loaded
+    means = analysis.means(config)
+    spec = prompts if isinstance(prompts, PromptSpec) else spec
+    meta: dict[str, Any] = {"model": model.name if isinstance(model, ModelSpec) else name,
+                            **(spec.meta() if spec is not None else {})}
+    with hold(out, analysis.name, held) as run:
+        loaded = model.load(estimate=spec, batch_size=first, means=means is not None) \
+            if isinstance(model, ModelSpec) else model
+        if isinstance(prompts, PromptSpec):
+            prompts = prepare_prompts(prompts, loaded, meta["model"], means=means, out=out, progress=progress,
+                                      batch_size=first)
+        meta.update(base_accuracy=prompts.base_accuracy, n_checked=prompts.n_checked,
+                    **({"command": list(command)} if command is not None else {}))
+        dtype = model.dtype if isinstance(model, ModelSpec) else None
+        result = memory.run_batched(requested, loaded, prompts.tokens, dtype, lambda size: execute(
+            analysis, loaded, prompts.tokens, prompts.answers, replace(config, batch_size=size),  # type: ignore[type-var]
+            out_dir=out, held=run, fit=prompts.fit, cache=cache, on_means=on_means, meta=meta,
+            prompts=prompts.records(), progress=progress, prepared=prepared_of(prompts), spec=spec))
+    usage = getattr(loaded, "usage", None)
+    if getattr(loaded, "remote", False) and usage is not None:
+        get_logger("runner").info("remote usage of this run (prompt preparation included): %s requests, %s prompt "
+                                  "tokens", usage.requests, f"{usage.tokens:,}")
+    return result
+
+
+def prepare_prompts(spec: Any, model: Any, name: str | None, *, means: str | None, out: str | Path | None,
+                    progress: bool, batch_size: int) -> Any:
+    """The prompts of ``spec`` with the fit set of ``means`` (:func:`circuits.prepared.prepare`: reloaded from
+    ``out`` when prepared there under the same key); says what it uses (the ``circuits.runner`` logger)."""
+    from circuits import prepared
+
+    prompts = prepared.prepare(spec, model, means=means, out=out, progress=progress, batch_size=batch_size)
+    kept = prepared.prepared_of(prompts)
+    lines = [f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)"] \
+        if kept is not None and kept.source is not None else []
+    lines.append(f"{name} on {spec.task}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
+                 f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of {prompts.tokens.shape[1]} "
+                 f"tokens ({prompts.n_layouts} layout(s))")
+    if prompts.fit is not None:
+        fit = prompts.fit
+        how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
+        dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
+                   f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
+        lines.append(f"means: fitted on {len(fit)} prompts of {spec.task} ({how}, population "
+                     f"{fit.spec.population}), none of them scored{dropped}")
+    get_logger("runner").info("\n".join(lines))
+    return prompts

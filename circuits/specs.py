@@ -44,9 +44,10 @@ class ModelSpec:
     max_memory: Any = None
     remote: bool = False
 
-    def load(self, *, estimate: "PromptSpec | None" = None, batch_size: int = 128) -> Any:
+    def load(self, *, estimate: "PromptSpec | None" = None, batch_size: int = 128, means: bool = True) -> Any:
         """The model, in eval mode. A pretrained model that runs here first prints the memory it will need
-        (and the cost of fitting its means) for the prompts of ``estimate`` in batches of ``batch_size``."""
+        (and, with ``means``, the cost of fitting its means) for the prompts of ``estimate`` in batches of
+        ``batch_size``."""
         from circuits import loading, memory
 
         if self.remote:  # a remote model needs no memory here
@@ -54,7 +55,7 @@ class ModelSpec:
                                       remote=True)
         if estimate is not None:
             memory.print_estimate(self.name, self.dtype, estimate.task, estimate.n_prompts, batch_size,
-                                  fit=estimate.fit, fmt=estimate.format)
+                                  fit=estimate.fit if means else None, fmt=estimate.format)
         spread = {k: v for k, v in (("device_map", self.device_map), ("max_memory", self.max_memory)) if v is not None}
         return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype, **spread)
 

@@ -13,7 +13,7 @@ from interventions.vocab import ABLATIONS, HEAD_METHODS, MEANS_ABLATIONS, Ablati
 __all__ = [
     "ABLATIONS", "Ablation", "GRIDS", "Grid", "HEAD_METHODS", "HeadMethod", "MEANS_ABLATIONS", "POPULATIONS",
     "Population", "RANKS", "Rank", "SEARCH_METHODS", "SOURCES", "SearchMethod", "Source", "config_problem",
-    "FIT_SIZE", "FIT_MIN_COUNT", "NUMBERS", "Numbers",
+    "FIT_SIZE", "FIT_MIN_COUNT", "NUMBERS", "Numbers", "Means", "means_kind",
 ]
 
 FIT_SIZE = 10_000
@@ -47,6 +47,23 @@ Population = Literal["all", "correct"]
 """Which task prompts the means are averaged over: ``all`` prompts of the layout (the CAMA formula's
 P(x | x_t), the default) or only those the unmodified model answers correctly."""
 POPULATIONS: tuple[str, ...] = get_args(Population)
+
+
+Means = Literal["cama", "mean", "head"]
+"""The means a run needs: ``cama`` (conditional, per ``(position, token)``: the fit set must back every entry a
+scored prompt reads), ``mean`` (per position, of the residual stream) or ``head`` (per position, of the heads'
+outputs: mean head ablation)."""
+
+
+def means_kind(ablation: str | None, head_method: str | None = None) -> Means | None:
+    """The means an ``ablation`` (and a pruning ``head_method``) needs: ``"cama"``, ``"mean"``, ``"head"`` or
+    ``None`` (zero ablation with zero head ablation: none). The prepared prompts are drawn for it
+    (:meth:`circuits.specs.PromptSpec.prepare`)."""
+    if ablation == "cama":
+        return "cama"
+    if ablation == "mean":
+        return "mean"
+    return "head" if head_method == "mean" else None
 
 
 def config_problem(n_layers: int, wait: object, transfer: object, *, min_transfer: int = 0) -> str | None:

@@ -1,16 +1,19 @@
-"""What the search-like commands share: their options, the checks made before anything is loaded, and
-model + prompt loading.
+"""What the model commands share: their options, the one place the flags become specs (:func:`specs_of`:
+a :class:`~circuits.specs.ModelSpec`, a :class:`~circuits.specs.PromptSpec` and how to run) and the checks
+made on them before anything is loaded.
 
 Every check here runs before the model loads (``--threshold 2`` costs nothing), and every failure is an
-:class:`~circuits.errors.ArgumentError` naming the flag, the value and the valid range.
+:class:`~circuits.errors.ArgumentError` naming the flag, the value and the valid range. Nothing below the
+command modules reads an ``argparse.Namespace``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from circuits.errors import ArgumentError
 
@@ -191,17 +194,17 @@ def check_task(task: str, n_prompts: int | None = None, source: str = "build") -
             )
 
 
-def check_backend(args: argparse.Namespace) -> None:
-    """``--remote`` needs ``--backend nnsight``, a pretrained model name (zoo models are not on NDIF),
+def check_backend(remote: bool, backend: str | None, models: Sequence[str], batch_size: int | str,
+                  device_map: str | None) -> None:
+    """``--remote`` needs ``--backend nnsight``, pretrained model names (zoo models are not on NDIF),
     ``NDIF_API_KEY`` in the environment, and neither ``--batch-size auto`` nor ``--device-map`` (both size or
     place things on this machine's devices)."""
-    if not getattr(args, "remote", False):
+    if not remote:
         return
-    if args.backend != "nnsight":
+    if backend != "nnsight":
         raise ArgumentError("--remote runs on NDIF through nnsight: add --backend nnsight")
     from circuits.loading import zoo_names
 
-    models = list(getattr(args, "models", None) or []) or [getattr(args, "model", None)]
     zoo = [m for m in models if m in zoo_names()]
     if zoo:
         raise ArgumentError(f"--remote: {', '.join(zoo)} is a zoo model, which NDIF does not host: run it locally "
@@ -209,180 +212,155 @@ def check_backend(args: argparse.Namespace) -> None:
     if not os.environ.get("NDIF_API_KEY"):
         raise ArgumentError("--remote needs an NDIF API key in the environment: export NDIF_API_KEY=... "
                             "(it is read from there only and never written to a file)")
-    if getattr(args, "batch_size", None) == "auto":
+    if batch_size == "auto":
         raise ArgumentError("--batch-size auto sizes batches for this machine's devices: give a number with --remote")
-    if getattr(args, "device_map", None) is not None:
+    if device_map is not None:
         raise ArgumentError("--device-map places weights here; a remote model's weights stay on NDIF: drop it")
 
 
-def check_model(args: argparse.Namespace, names: list[str] | None = None) -> None:
+def check_model(names: Sequence[str], remote: bool = False) -> None:
     """A model name that can only be a mistake fails here, at once and without the network
     (:func:`circuits.model_names.check_model_name`); remote names are NDIF's to resolve."""
     from circuits.model_names import check_model_name, custom_loader
 
-    if getattr(args, "remote", False) or custom_loader():
+    if remote or custom_loader():
         return
-
-    for name in names if names is not None else [args.model]:
+    for name in names:
         check_model_name(name)
 
 
-def check_placement(args: argparse.Namespace) -> None:
+def check_placement(batch_size: int | str, device_map: str | None, max_memory: str | None) -> None:
     """``--batch-size`` (an integer >= 1 or ``auto``), ``--device-map`` and ``--max-memory`` (which needs it)."""
     from circuits import placement
 
-    if args.batch_size != "auto":
-        check_positive("--batch-size", args.batch_size)
+    if batch_size != "auto":
+        check_positive("--batch-size", int(batch_size))
     try:
-        if args.device_map is not None:
-            placement.check_device_map(args.device_map)
-        placement.parse_max_memory(args.max_memory)
+        if device_map is not None:
+            placement.check_device_map(device_map)
+        placement.parse_max_memory(max_memory)
     except ValueError as err:
         raise ArgumentError(str(err)) from None
-    if args.max_memory is not None and args.device_map is None:
+    if max_memory is not None and device_map is None:
         raise ArgumentError("--max-memory needs --device-map (auto, balanced or sequential)")
 
 
 def check_common(args: argparse.Namespace) -> None:
-    """The checks every search-like command makes before loading anything."""
-    check_model(args)
-    check_backend(args)
-    prompt_spec(args)  # validates the source and the fit set
-    check_positive("--n-prompts", args.n_prompts, maximum=MAX_PROMPTS)
-    if getattr(args, "seed", 0) < 0:
-        raise ArgumentError(f"--seed {args.seed} is out of range: give an integer >= 0")
-    check_placement(args)
-    if getattr(args, "max_checked", None) is not None:
-        check_positive("--max-checked", args.max_checked)
-    check_task(args.task, args.n_prompts, getattr(args, "source", "build"))
-    check_checked(args)
-    check_device(args.device)
-    check_out(args.out)
+    """The checks every search-like command makes before loading anything (:func:`check_specs` of
+    :func:`specs_of`)."""
+    check_specs(specs_of(args))
 
 
-def check_checked(args: argparse.Namespace) -> None:
+def check_specs(specs: "CommandSpecs") -> None:
+    """The checks of a model command's specs before anything loads: the model name, ``--remote``, the prompt
+    counts and seed, the batch size and placement, the task, the device and ``--out``."""
+    model, prompts = specs.model, specs.prompts
+    check_model([model.name], model.remote)
+    check_backend(model.remote, model.backend, [model.name], specs.batch_size, model.device_map)
+    check_positive("--n-prompts", prompts.n_prompts, maximum=MAX_PROMPTS)
+    if prompts.seed < 0:
+        raise ArgumentError(f"--seed {prompts.seed} is out of range: give an integer >= 0")
+    check_placement(specs.batch_size, model.device_map, model.max_memory)
+    if prompts.max_checked is not None:
+        check_positive("--max-checked", prompts.max_checked)
+    check_task(prompts.task, prompts.n_prompts, prompts.source)
+    check_checked(prompts)
+    check_device(model.device)
+    check_out(specs.out)
+
+
+def check_checked(prompts: Any) -> None:
     """``--n-prompts`` at most the prompts that will be checked (``--max-checked``, default
-    :data:`circuits.prompts.MAX_CHECKED`) when prompts are built: more can never be found."""
+    :data:`circuits.prompts.MAX_CHECKED`) when prompts are built (a :class:`~circuits.specs.PromptSpec`):
+    more can never be found."""
     from circuits.prompts import MAX_CHECKED
 
-    if getattr(args, "source", "build") != "build" or not hasattr(args, "max_checked"):
+    if prompts.source != "build":
         return
-    checked = args.max_checked if args.max_checked is not None else MAX_CHECKED
-    if args.n_prompts > checked:
-        raise ArgumentError(f"--n-prompts {args.n_prompts} exceeds --max-checked {checked}: at most {checked} prompts "
-                            f"are checked, so raise --max-checked or ask for fewer prompts")
+    checked = prompts.max_checked if prompts.max_checked is not None else MAX_CHECKED
+    if prompts.n_prompts > checked:
+        raise ArgumentError(f"--n-prompts {prompts.n_prompts} exceeds --max-checked {checked}: at most {checked} "
+                            f"prompts are checked, so raise --max-checked or ask for fewer prompts")
 
 
-# --- specs ----------------------------------------------------------------------------------------
-def model_spec(args: argparse.Namespace):
+# --- specs: the one place the flags are read ------------------------------------------------------
+@dataclass(frozen=True)
+class CommandSpecs:
+    """What a model command's flags name, read once (:func:`specs_of`): the model (``ModelSpec``), the
+    prompts (``PromptSpec``), the output directory, the batch size (an integer or ``"auto"``), whether to
+    show progress bars and the command line (recorded in ``summary.json``). The command builds its analysis
+    config from its own flags and hands both to :func:`circuits.runner.run_analysis`; no ``Namespace`` goes
+    further."""
+
+    model: Any
+    prompts: Any
+    out: str
+    batch_size: int | str
+    progress: bool
+    command: tuple[str, ...]
+
+    def run(self, analysis: Any, config: Any) -> Any:
+        """:func:`circuits.runner.run_analysis` of ``analysis`` with ``config`` on these specs (the batch size is
+        theirs: ``config.batch_size`` is replaced)."""
+        from circuits.runner import run_analysis
+
+        return run_analysis(analysis, self.model, self.prompts, config, out=self.out, batch_size=self.batch_size,
+                            progress=self.progress, command=self.command)
+
+
+def specs_of(args: argparse.Namespace) -> CommandSpecs:
+    """The :class:`CommandSpecs` of a model command's flags, built once per command line (kept on ``args``:
+    ``check`` and ``run`` share them). Raises :class:`~circuits.errors.ArgumentError` for flags no spec takes
+    (an unknown ``--source``, a bad fit set or format)."""
+    built = vars(args).get("_specs")
+    if isinstance(built, CommandSpecs):
+        return built
+    specs = CommandSpecs(model=model_spec(args), prompts=prompt_spec(args), out=args.out,
+                         batch_size=args.batch_size, progress=not args.no_progress, command=tuple(command_line(args)))
+    args._specs = specs
+    return specs
+
+
+def model_spec(args: argparse.Namespace) -> Any:
     """The :class:`~circuits.specs.ModelSpec` the flags name (``--model``, ``--backend``, ``--dtype``,
     ``--device``, ``--device-map``, ``--max-memory``, ``--remote``)."""
     from circuits.specs import ModelSpec
 
     return ModelSpec(name=args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-                     device_map=getattr(args, "device_map", None), max_memory=getattr(args, "max_memory", None),
-                     remote=bool(getattr(args, "remote", False)))
+                     device_map=args.device_map, max_memory=args.max_memory, remote=bool(args.remote))
 
 
-def prompt_spec(args: argparse.Namespace):
-    """The :class:`~circuits.specs.PromptSpec` the flags name (task, counts, seed, source, BOS, fit set)."""
+def prompt_spec(args: argparse.Namespace) -> Any:
+    """The :class:`~circuits.specs.PromptSpec` the flags name (task, counts, seed, source, BOS, fit set,
+    numbers and format)."""
     from circuits.fitset import FitSpec
     from circuits.formats import PromptFormat
     from circuits.specs import PromptSpec
 
-    defaults = FitSpec()  # commands without means (lens) have no --fit-* flags
-    fit = FitSpec(size=getattr(args, "fit_size", defaults.size), min_count=getattr(args, "fit_min_count", defaults.min_count),
-                  seed=getattr(args, "fit_seed", defaults.seed), population=getattr(args, "fit_population", defaults.population))
+    fit = FitSpec(size=args.fit_size, min_count=args.fit_min_count, seed=args.fit_seed, population=args.fit_population)
     try:
-        return PromptSpec(task=args.task, n_prompts=args.n_prompts, seed=args.seed,
-                          source=getattr(args, "source", "build"), max_checked=getattr(args, "max_checked", None),
-                          prepend_bos=args.prepend_bos, fit=fit, numbers=getattr(args, "numbers", "single"),
-                          format=PromptFormat(shots=getattr(args, "shots", 0),
-                                              chat=bool(getattr(args, "chat", False)))).validate()
+        return PromptSpec(task=args.task, n_prompts=args.n_prompts, seed=args.seed, source=args.source,
+                          max_checked=args.max_checked, prepend_bos=args.prepend_bos, fit=fit, numbers=args.numbers,
+                          format=PromptFormat(shots=args.shots, chat=bool(args.chat))).validate()
     except ArgumentError as err:
         raise ArgumentError(str(err)) from None
 
 
-def load(args: argparse.Namespace):
-    """The model named by ``args``; for a pretrained model that runs here, first prints the memory it will
-    need and the cost of fitting its means (:meth:`circuits.specs.ModelSpec.load`)."""
-    spec = prompt_spec(args) if getattr(args, "fit_size", None) is not None else None
-    return model_spec(args).load(estimate=spec, batch_size=first_batch_size(args))
+def set_prompt_defaults(parser: argparse.ArgumentParser) -> None:
+    """For a command without the ``--source``, ``--max-checked`` and ``--fit-*`` flags: their defaults, so that
+    its prompts are those of the other commands (:func:`prompt_spec`)."""
+    from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE
 
-
-def first_batch_size(args: argparse.Namespace) -> int:
-    """The batch size a config is validated with before loading (``auto`` is resolved after loading)."""
-    from circuits import memory
-
-    return memory.AUTO_CPU_BATCH if args.batch_size == "auto" else args.batch_size
+    parser.set_defaults(source="build", max_checked=None, fit_size=FIT_SIZE, fit_min_count=FIT_MIN_COUNT,
+                        fit_seed=0, fit_population="all")
 
 
 def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate: Callable[[int], T]) -> T:
-    """``evaluate(batch_size)`` with ``--batch-size``; with ``auto`` the largest batch of ``tokens``
-    (``[n_prompts, n_pos]``) that fits (:func:`circuits.memory.auto_batch_size`), halved and retried on a
-    device out-of-memory error (the analyses resume from the run's results file: nothing finished is lost)."""
+    """``evaluate(batch_size)`` with ``--batch-size`` and ``--dtype`` (:func:`circuits.memory.run_batched`; ``auto``:
+    the largest batch of ``tokens`` that fits, halved and retried on a device out-of-memory error)."""
     from circuits import memory
 
-    if args.batch_size != "auto":
-        return evaluate(args.batch_size)
-    n_prompts, n_pos = int(tokens.shape[0]), int(tokens.shape[1])
-    shape = memory.shape_of_model(model)
-    per_prompt = memory.activation_bytes_per_prompt(shape, n_pos, args.dtype)
-    reserve = memory.means_cache_bytes(shape, n_prompts * n_pos, n_pos)
-    devices = memory.model_devices(model)
-    batch = memory.auto_batch_size(per_prompt, devices, n_prompts, reserve=reserve)
-    print(f"--batch-size auto: {batch} prompts per forward pass on {', '.join(map(str, devices))}")
-    return memory.halve_on_oom(evaluate, batch)
-
-
-def prepare(args: argparse.Namespace, means: str | None = None, out: Any = None):
-    """Load the model and the prompts named by ``args`` (with the fit set of ``means``: ``"cama"``,
-    ``"mean"``, ``"head"`` or ``None``, see :meth:`circuits.specs.PromptSpec.prepare`); prints what it uses.
-    ``out``: the run directory, whose prepared prompts are reloaded when they were prepared under the same key
-    (:mod:`circuits.prepared`)."""
-    from circuits import prepared
-
-    model = load(args)
-    spec = prompt_spec(args)
-    prompts = prepared.prepare(spec, model, means=means, out=out, progress=not args.no_progress,
-                               batch_size=first_batch_size(args))
-    kept = prepared.prepared_of(prompts)
-    if kept is not None and kept.source is not None:
-        print(f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)")
-    print(
-        f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
-        f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
-        f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))"
-    )
-    if prompts.fit is not None:
-        fit = prompts.fit
-        how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
-        dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
-                   f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
-        print(f"means: fitted on {len(fit)} prompts of {args.task} ({how}, population {fit.spec.population}), "
-              f"none of them scored{dropped}")
-    return model, prompts
-
-
-def means_of(ablation: str | None, head_method: str | None = None) -> str | None:
-    """What means a run needs: ``"cama"`` (conditional), ``"mean"``/``"head"`` (plain) or ``None``."""
-    if ablation == "cama":
-        return "cama"
-    if ablation == "mean":
-        return "mean"
-    return "head" if head_method == "mean" else None
-
-
-def meta_of(args: argparse.Namespace, prompts: Any) -> dict:
-    """The run's description: model, task, source (and the prompts' numbers and format where not the default),
-    base accuracy, prompts checked and the command."""
-    return {
-        "model": args.model,
-        **prompt_spec(args).meta(),
-        "base_accuracy": prompts.base_accuracy,
-        "n_checked": prompts.n_checked,
-        "command": command_line(args),
-    }
+    return memory.run_batched(args.batch_size, model, tokens, args.dtype, evaluate)
 
 
 def command_line(args: argparse.Namespace) -> list[str]:

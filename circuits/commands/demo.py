@@ -49,7 +49,7 @@ def _random_model_prompts(n_prompts: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuits.commands.search import command_line
+    from circuits.commands.common import command_line
     from circuits.loading import load_model, zoo_names
     from circuits.search import search_af1
     from circuits.specs import PromptSpec

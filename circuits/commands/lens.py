@@ -4,11 +4,11 @@ check of the last-position attention output; writes ``lens.json`` and ``report.h
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
-from circuits.commands.common import add_backend_argument, add_prompt_format_arguments, batch_size_argument
+from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, batch_size_argument,
+                                      set_prompt_defaults)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_argument(parser)
     parser.add_argument("--force", action="store_true", help="overwrite an existing lens.json in --out")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    set_prompt_defaults(parser)
 
 
 def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
@@ -43,22 +44,16 @@ def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import (check_backend, check_device, check_model, check_out, check_placement,
-                                          check_positive, check_task)
+    from circuits.commands.common import check_positive, check_specs, specs_of
 
-    check_model(args)
-    check_backend(args)
-    if args.remote:
+    specs = specs_of(args)
+    if specs.model.remote:
         from circuits.errors import ArgumentError
 
         raise ArgumentError("af1 lens decodes residual states here and needs the model's weights: run it without "
                             "--remote (early decoding of a model NDIF hosts is not supported)")
-    check_positive("--n-prompts", args.n_prompts)
-    check_placement(args)
+    check_specs(specs)
     check_positive("--top-k", args.top_k)
-    check_task(args.task, args.n_prompts)
-    check_device(args.device)
-    check_out(args.out)
     # A finished run is not overwritten without --force; one killed between lens.json and report.html is
     # redone (run.json, checked by the runner, tells whether it is this run).
     out = Path(args.out)
@@ -67,33 +62,18 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from circuits import loading, prepared
-    from circuits.commands.common import evaluate_batched, first_batch_size, load, prompt_spec
+    from circuits.commands.common import specs_of
     from circuits.lens.analysis import LENS, LensConfig
-    from circuits.runner import Run, execute
 
-    check(args)
-    config = LensConfig(decode=args.decode, top_k=args.top_k, interchange=not args.no_interchange, seed=args.seed,
-                        batch_size=first_batch_size(args)).validate()
-    t0 = time.time()
-    with Run(args.out, "lens") as held:
-        model = load(args)
-        spec = prompt_spec(args)
-        prep = prepared.prepare(spec, model, means=None, out=held.path, progress=not args.no_progress)
-        meta = {"model": args.model, **spec.meta(), "seed": args.seed, "n_requested": args.n_prompts,
-                "base_accuracy": prep.base_accuracy, "t0": t0}
-        records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
-        result, inter = evaluate_batched(args, model, prep.tokens, lambda batch_size: execute(
-            LENS, model, prep.tokens, prep.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, meta=meta, prompts=records, progress=False, prepared=prepared.prepared_of(prep)))
-    out = Path(args.out)
+    specs = specs_of(args)
+    result = specs.run(LENS, LensConfig(decode=args.decode, top_k=args.top_k, interchange=not args.no_interchange,
+                                        seed=args.seed))
+    out = Path(specs.out)
     rows = result.rows(n_boot=200)
     first = next((r for r in rows if r["answer_top1"] >= 0.5), None)
     print(f"af1 lens: {result.n_prompts} prompts, {len(rows)} sub-layers; answer top-1 for most prompts from "
           f"{first['label'] if first else 'nowhere'}; final answer_prob {rows[-1]['answer_prob']:.3f}")
-    for r in inter:
+    for r in result.interchanges:
         best = max(r.rows(), key=lambda x: x["drop"])
         print(f"af1 lens: interchange {r.label}: largest drop {best['drop']:.3f} at block {best['layer']} (n={len(r.clean_prob)})")
     print(f"af1 lens: wrote {out / 'lens.json'} and {out / 'report.html'}")

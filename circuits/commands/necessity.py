@@ -6,11 +6,8 @@ Writes ``necessity.jsonl`` (resumable), ``necessity.json`` and ``report.html`` (
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
-from circuits.commands.common import (
-    add_common_arguments, check_common, evaluate_batched, first_batch_size, meta_of, prepare,
-)
+from circuits.commands.common import add_common_arguments, check_common, specs_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,16 +21,9 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from circuits.necessity import NECESSITY, NecessityConfig
-    from circuits.prepared import prepared_of
-    from circuits.runner import Run, execute
 
-    config = NecessityConfig(seed=args.seed, batch_size=first_batch_size(args)).validate()
-    with Run(args.out, "necessity") as held:
-        model, prompts = prepare(args, out=held.path)
-        result = evaluate_batched(args, model, prompts.tokens, lambda batch_size: execute(
-            NECESSITY, model, prompts.tokens, prompts.answers, replace(config, batch_size=batch_size),
-            out_dir=args.out, held=held, meta=meta_of(args, prompts), progress=not args.no_progress,
-            prepared=prepared_of(prompts)))
+    specs = specs_of(args)
+    result = specs.run(NECESSITY, NecessityConfig(seed=args.seed))
     print(result.table())
-    print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {args.out}/report.html")
+    print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {specs.out}/report.html")
     return 0

@@ -11,7 +11,7 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from circuits.commands.search import add_common_arguments
+    from circuits.commands.common import add_common_arguments
 
     add_common_arguments(parser)
     parser.add_argument("--wait", type=int, required=True, help="last waiting block (0-indexed; -1 = no ablation)")
@@ -40,7 +40,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--confirm-top {args.confirm_top} must be >= 1")
     if args.confirm_top is not None and args.rank != "attribution":
         raise ValueError("--confirm-top needs --rank attribution (--rank none confirms every candidate)")
-    if getattr(args, "remote", False) and args.rank == "attribution":
+    if args.remote and args.rank == "attribution":
         raise ValueError("--rank attribution takes gradients through the model here, which a remote model cannot "
                          "give: add --rank none with --remote (every candidate is confirmed with forward passes)")
     check_common(args)
@@ -53,7 +53,7 @@ def check_range(args: argparse.Namespace) -> None:
     from circuits.model_names import n_layers_of
     from circuits.prune.config import PruneConfig
 
-    n = None if getattr(args, "remote", False) else n_layers_of(args.model)
+    n = None if args.remote else n_layers_of(args.model)
     if n is not None:
         PruneConfig(wait=args.wait, transfer=args.transfer).validate(n)
 
@@ -62,22 +62,13 @@ check = check_arguments
 
 
 def run(args: argparse.Namespace) -> int:
-    check_arguments(args)
-    from dataclasses import replace
-
-    from circuits.commands.common import evaluate_batched, first_batch_size, means_of, meta_of, prepare
+    from circuits.commands.common import specs_of
     from circuits.prune import PRUNE, PruneConfig
-    from circuits.prepared import prepared_of
-    from circuits.runner import Run, execute
 
-    config = PruneConfig(args.wait, args.transfer, args.ablation, args.method, float(args.target), args.rank,
-                         args.confirm_top, first_batch_size(args), 1000, args.seed)
-    with Run(args.out, "prune") as held:
-        model, data = prepare(args, means=means_of(args.ablation, args.method), out=held.path)
-        result = evaluate_batched(args, model, data.tokens, lambda batch_size: execute(
-            PRUNE, model, data.tokens, data.answers, replace(config, batch_size=batch_size), out_dir=args.out,
-            held=held, fit=data.fit, meta=meta_of(args, data), prompts=data.records(), progress=not args.no_progress,
-            prepared=prepared_of(data)))
+    specs = specs_of(args)
+    result = specs.run(PRUNE, PruneConfig(args.wait, args.transfer, ablation=args.ablation, method=args.method,
+                                          target=float(args.target), rank=args.rank, confirm_top=args.confirm_top,
+                                          seed=args.seed))
     n_all = len(result.transfer_heads)
     if result.smallest_head_set is None:
         found = f"no head set reaches faithfulness {args.target} (unpruned: {result.curve[0].faithfulness:.3f})"

@@ -35,7 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_of(args: argparse.Namespace):
-    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top."""
+    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top, read once per
+    command line (kept on ``args``: ``check`` and ``run`` share it)."""
+    built = vars(args).get("_config")
+    if built is None:
+        built = args._config = read_config(args)
+    return built
+
+
+def read_config(args: argparse.Namespace):
+    """:func:`config_of`, read."""
     import tomllib
     from pathlib import Path
 
@@ -106,8 +115,7 @@ def check(args: argparse.Namespace) -> None:
     # load fails at once when the name can only be a mistake: circuits.model_names).
     if config.mode == "fixed":
         check_fixed_range(config)
-    check_backend(argparse.Namespace(backend=config.backend, remote=config.remote, models=config.models,
-                                     batch_size=config.batch_size, device_map=config.device_map))
+    check_backend(config.remote, config.backend, config.models, config.batch_size, config.device_map)
     check_device(config.device)
     check_out(args.out)
 

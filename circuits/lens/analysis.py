@@ -10,7 +10,8 @@ from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.logs import get_logger
-from circuits.runner import Analysis, RunContext
+from circuits.analyses import Analysis, RunContext
+from circuits.lens.result import LensResult
 
 
 def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
@@ -59,8 +60,10 @@ class LensConfig:
         return self
 
 
-def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list[Any]]:
-    """Early decoding of the kept prompts, and the interchange checks (pure).
+def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
+    """Early decoding of the kept prompts, and the interchange checks (pure): one :class:`LensResult`, its
+    interchange checks in :attr:`~LensResult.interchanges` (run when ``config.interchange`` and the run's
+    description names the task).
 
     Answers of ``k > 1`` tokens (``[n, k]``, digit-level tokenizers): the lens decodes the position that
     predicts the *first* answer token (the last prompt token; the teacher-forced answer tokens are left out)
@@ -80,13 +83,13 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> tuple[Any, list
                                prompts=prompts or None, decode=config.decode, top_k=config.top_k,
                                batch_size=config.batch_size)
     inter = []
-    if config.interchange and values is not None:
+    if config.interchange and values is not None and ctx.meta.get("task") is not None:
         for cf in interchange_sets(model, ctx.meta["task"], prompts, values, config.seed):
             inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
                                           counter_answers=cf.counter_answers, batch_size=config.batch_size,
                                           label=cf.label))
     result.interchanges = inter
-    return result, inter
+    return result
 
 
 def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
@@ -95,8 +98,10 @@ def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, 
     from circuits.runs import tokens_sha256
 
     ad = iv.adapt(model)
+    # seed: the prompts' (the config's); n_requested: the prompts asked for (before dropping any).
+    described = {"seed": int(config.seed), "n_requested": n_requested(ctx), **ctx.meta}
     return {
-        **{k: v for k, v in ctx.meta.items() if k in ("model", "task", "seed", "n_requested", "numbers", "format")},
+        **{k: v for k, v in described.items() if k in ("model", "task", "seed", "n_requested", "numbers", "format")},
         "analysis": "lens",
         "n_prompts": int(ctx.tokens.shape[0]),
         "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
@@ -107,20 +112,35 @@ def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, 
     }
 
 
-def write_lens(result: tuple[Any, list[Any]], run_dir: Any, ctx: RunContext) -> None:
+def n_requested(ctx: RunContext) -> int | None:
+    """The prompts the run asked for: the prompt spec's count (``None`` for the caller's own tensors)."""
+    return ctx.meta.get("n_requested", None if ctx.spec is None else int(ctx.spec.n_prompts))
+
+
+def write_lens(result: LensResult, run_dir: Any, ctx: RunContext) -> None:
+    """``lens.json``, ``lens.npz`` and ``report.html``."""
     from circuits.lens.report import write_lens_outputs
 
-    meta = {k: ctx.meta.get(k) for k in ("model", "task", "seed", "n_requested", "base_accuracy")}
-    meta["runtime_s"] = round(time.time() - ctx.meta["t0"], 1)
-    write_lens_outputs(run_dir.path, result[0], interchanges=result[1], meta=meta, seed=int(ctx.meta["seed"]))
+    seed = int(ctx.meta.get("seed", run_dir.identity.get("seed", 0)))
+    meta = {"model": ctx.meta.get("model"), "task": ctx.meta.get("task"), "seed": seed,
+            "n_requested": n_requested(ctx), "base_accuracy": ctx.meta.get("base_accuracy")}
+    meta["runtime_s"] = round(time.time() - ctx.meta.get("t0", ctx.started), 1)
+    write_lens_outputs(run_dir.path, result, interchanges=result.interchanges, meta=meta, seed=seed)
 
 
-LENS = Analysis(
+def lens_row(result: LensResult) -> dict[str, Any]:
+    """A sweep row of early decoding: the final answer probability (in the faithfulness column)."""
+    return {"faithfulness": float(result.rows(n_boot=200)[-1]["answer_prob"])}
+
+
+LENS: Analysis[LensConfig, LensResult] = Analysis(
     name="lens",
+    config_type=LensConfig,
     results_file=None,
     identity=lens_identity,
     run=lens_run,
     write=write_lens,
+    summary_row=lens_row,
     base_correct_only=False,
 )
 """``af1 lens`` as the runner runs it."""

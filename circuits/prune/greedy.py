@@ -13,13 +13,16 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits import files
 from circuits.attribution import head_attribution
+from circuits.errors import ArgumentError
 from circuits.fitset import FitSet, fit_set_of
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, summary_dict
 from circuits.records import Field, RecordSchema, faithfulness_fields
-from circuits.runner import Analysis, RunContext, execute
+from circuits.analyses import Analysis, RunContext, configured
+from circuits.runner import execute
+from circuits.vocab import Means, means_kind
 from circuits.runs import RunDir, tokens_sha256
 from interventions.adapter import adapt
 from interventions.types import Head, Tokens
@@ -35,22 +38,23 @@ def prune_heads(
     tokens: Tokens,
     answers: Int[torch.Tensor, "batch"],
     *,
-    wait: int,
-    transfer: int,
+    config: PruneConfig | None = None,
+    wait: int | None = None,
+    transfer: int | None = None,
     cache: iv.MeanCache | None = None,
     fit_tokens: Tokens | None = None,
     min_count: int | None = None,
     fit: FitSet | None = None,
-    ablation: Literal["cama", "mean", "zero"] = "cama",
-    method: Literal["zero", "mean"] = "zero",
-    target: float = 0.9,
-    rank: Literal["attribution", "none"] = "attribution",
+    ablation: Literal["cama", "mean", "zero"] | None = None,
+    method: Literal["zero", "mean"] | None = None,
+    target: float | None = None,
+    rank: Literal["attribution", "none"] | None = None,
     confirm_top: int | None = None,
     out_dir: str | Path | None = None,
     progress: bool = True,
-    batch_size: int = 128,
-    n_boot: int = 1000,
-    seed: int = 0,
+    batch_size: int | None = None,
+    n_boot: int | None = None,
+    seed: int | None = None,
     meta: Mapping[str, Any] | None = None,
     prompts: Sequence[Mapping[str, Any]] | None = None,
 ) -> PruneResult:
@@ -65,8 +69,17 @@ def prune_heads(
     ``command``, ``base_accuracy`` and ``n_checked``, which describe it) and is copied into
     ``summary.json``. ``prompts``: records aligned with ``tokens`` (e.g. ``{"prompt", "answer"}``)
     extended with the token ids and written to ``prompts.jsonl`` for the base-correct prompts.
+
+    The settings are ``config`` (a :class:`PruneConfig`), or its fields as keywords (``wait`` and ``transfer``
+    are then required; ``ablation`` default ``"cama"``, ``method`` ``"zero"``, ``target`` 0.9, ``rank``
+    ``"attribution"``, ``confirm_top`` all, ``batch_size`` 128, ``n_boot`` 1000, ``seed`` 0), which override
+    those of ``config``.
     """
-    cfg = PruneConfig(wait, transfer, ablation, method, float(target), rank, confirm_top, batch_size, n_boot, seed)
+    if config is None and (wait is None or transfer is None):
+        raise ArgumentError("prune_heads needs the subgraph: wait= and transfer= (or config=PruneConfig(...))")
+    cfg = configured(PruneConfig, config, wait=wait, transfer=transfer, ablation=ablation, method=method,
+                     target=None if target is None else float(target), rank=rank, confirm_top=confirm_top,
+                     batch_size=batch_size, n_boot=n_boot, seed=seed)
     return execute(PRUNE, model, tokens, answers, cfg, out_dir=out_dir, cache=cache,
                    fit=fit_set_of(fit, fit_tokens, min_count), min_count=min_count, meta=meta, prompts=prompts,
                    progress=progress)
@@ -255,14 +268,34 @@ def finish(
     )
 
 
-PRUNE = Analysis(
+def prune_validate(cfg: PruneConfig, info: Any) -> None:
+    """:meth:`PruneConfig.validate` against the model's number of blocks."""
+    cfg.validate(info.n_layers)
+
+
+def prune_means(cfg: PruneConfig) -> Means | None:
+    """The means of the residual ablation and, for mean head ablation, of the heads' outputs."""
+    return means_kind(cfg.ablation, cfg.method)
+
+
+def prune_row(result: PruneResult) -> dict[str, Any]:
+    """A sweep row of a pruning run: its subgraph and the faithfulness of the smallest head set that keeps
+    the target (none: empty)."""
+    return {"wait": result.config.wait, "transfer": result.config.transfer,
+            "faithfulness": result.smallest_faithfulness, "selected": result.smallest_head_set is not None}
+
+
+PRUNE: Analysis[PruneConfig, PruneResult] = Analysis(
     name="prune",
+    config_type=PruneConfig,
     results_file=files.PRUNE_CURVE,
-    validate=lambda cfg, info: cfg.validate(info.n_layers),
+    validate=prune_validate,
     identity=prune_identity,
     schema=prune_schema,
     run=run_prune,
     write=write_prune_outputs,
+    means=prune_means,
     prompt_records=prompt_records,
+    summary_row=prune_row,
 )
 """Greedy head pruning as the runner runs it."""

@@ -17,13 +17,16 @@ from circuits import files
 from circuits.faithfulness import answer_width, bootstrap_ci, summarize
 from circuits.fitset import FitSet, fit_set_of
 from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
-from circuits.runner import Analysis, RunContext, execute
+from circuits.analyses import Analysis, RunContext, configured
+from circuits.logs import get_logger
+from circuits.runner import execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
 from circuits.outcomes import PromptOutcomes, decode_mask
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
-from circuits.search.results import ConfigResult, SearchResult
+from circuits.search.results import ConfigResult, SearchResult, config_row
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
+from circuits.vocab import Means, means_kind
 from interventions.types import Tokens
 
 
@@ -36,24 +39,29 @@ def search_af1(
     tokens: Tokens,
     answers: Int[torch.Tensor, "batch"],
     *,
+    config: SearchConfig | None = None,
     cache: iv.MeanCache | None = None,
     fit_tokens: Tokens | None = None,
     min_count: int | None = None,
     fit: FitSet | None = None,
-    threshold: float = 0.9,
-    grid: Literal["auto", "full"] = "auto",
-    ablation: Literal["cama", "mean", "zero"] = "cama",
+    threshold: float | None = None,
+    grid: Literal["auto", "full"] | None = None,
+    ablation: Literal["cama", "mean", "zero"] | None = None,
     out_dir: str | Path | None = None,
-    seed: int = 0,
-    batch_size: int = 128,
+    seed: int | None = None,
+    batch_size: int | None = None,
     progress: bool = True,
-    method: Literal["fast", "naive"] = "fast",
-    n_boot: int = 1000,
-    configs_per_pass: int = 8,
+    method: Literal["fast", "naive"] | None = None,
+    n_boot: int | None = None,
+    configs_per_pass: int | None = None,
     meta: Mapping[str, Any] | None = None,
     prompts: Sequence[Mapping[str, Any]] | None = None,
 ) -> SearchResult:
     """Search the AF1 configurations of ``model`` on ``tokens`` and apply the selection rule.
+
+    The search's settings are ``config`` (a :class:`SearchConfig`; default ``SearchConfig()``); its fields can
+    also be given as keywords (``threshold=``, ``grid=``, ``ablation=``, ``method=``, ``seed=``, ``batch_size=``,
+    ``n_boot=``, ``configs_per_pass=``), which override those of ``config``.
 
     Args:
         model: a TransformerLens model (eval mode).
@@ -68,28 +76,28 @@ def search_af1(
             :class:`~circuits.fitset.FitSet` (records how it was drawn) instead of ``fit_tokens``.
         min_count: fit prompts each mean the scored prompts read needs (default
             :data:`circuits.fitset.DEFAULT_MIN_COUNT`); fewer raise :class:`~circuits.errors.FitSetError`.
-        threshold: faithfulness (fraction in [0, 1]) a configuration needs to be sufficient.
-        grid: ``"full"`` evaluates every configuration; ``"auto"`` only what the selection needs.
+        threshold: faithfulness (fraction in [0, 1]) a configuration needs to be sufficient (default 0.9).
+        grid: ``"full"`` evaluates every configuration; ``"auto"`` (default) only what the selection needs.
         ablation: ``"cama"`` (default), ``"mean"`` or ``"zero"`` at ``blocks.{wait}.hook_resid_post``.
         out_dir: if given, results are appended to ``out_dir/results.jsonl`` as they are known, and
             ``prompts.jsonl``, ``means.safetensors``, ``summary.json`` and ``report.html`` are written.
             Re-running into the same directory resumes; a different command raises ``RunMismatchError``.
-        seed: seed of the bootstrap confidence intervals (recorded in the run identity).
-        batch_size: prompts per forward pass. ``progress``: show tqdm bars.
-        method: ``"fast"`` (exact shortcuts) or ``"naive"`` (one full forward pass per configuration); on a
+        seed: seed of the bootstrap confidence intervals (recorded in the run identity; default 0).
+        batch_size: prompts per forward pass (default 128). ``progress``: show tqdm bars.
+        method: ``"fast"`` (default, exact shortcuts) or ``"naive"`` (one full forward pass per configuration); on a
             backend that skips no blocks but runs several configurations per pass (nnsight) both evaluate
             ``configs_per_pass`` configurations per forward pass (see :func:`~circuits.search.evaluators.make_evaluator`).
         configs_per_pass: configurations of one wait evaluated in one forward pass where the backend allows
-            it (a remote search needs about ``1 / configs_per_pass`` as many requests).
-        n_boot: bootstrap resamples per confidence interval.
+            it (a remote search needs about ``1 / configs_per_pass`` as many requests; default 8).
+        n_boot: bootstrap resamples per confidence interval (default 1000).
         meta: identity of the command (e.g. ``model``, ``task``, ``source``, ``command``); recorded in
             ``run.json`` / ``summary.json``. ``base_accuracy``/``n_checked`` there override the values
             measured on ``tokens`` (the caller filtered earlier). ``command`` is not part of the identity.
         prompts: ``{"prompt", "answer"}`` records aligned with ``tokens`` for ``prompts.jsonl``
             (default: token ids and answer token ids).
     """
-    config = SearchConfig(threshold=threshold, grid=grid, ablation=ablation, method=method, seed=seed,
-                          batch_size=batch_size, n_boot=n_boot, configs_per_pass=configs_per_pass)
+    config = configured(SearchConfig, config, threshold=threshold, grid=grid, ablation=ablation, method=method,
+                        seed=seed, batch_size=batch_size, n_boot=n_boot, configs_per_pass=configs_per_pass)
     result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache,
                      fit=fit_set_of(fit, fit_tokens, min_count), min_count=min_count, meta=meta, prompts=prompts,
                      progress=progress)
@@ -111,6 +119,13 @@ def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResul
                                batch_size=config.batch_size, method=config.method,
                                configs_per_pass=config.configs_per_pass)
     counts = {"evaluated": 0, "resumed": 0}
+    if getattr(model, "remote", False):  # a model on NDIF: what the search will cost in requests
+        from circuits.search.cost import search_cost
+
+        n_prompts, n_pos = (int(v) for v in ctx.given_tokens.shape[:2])
+        get_logger("search").info("remote cost: " + search_cost(
+            n_layers, n_prompts, n_pos, batch_size=config.batch_size, configs_per_pass=config.configs_per_pass,
+            n_fit=len(ctx.fit) if ctx.fit is not None else 0).line())
 
     def evaluate(w: int, t: int) -> ConfigResult:
         if (w, t) in known:
@@ -230,14 +245,33 @@ def write_search_outputs(result: SearchResult, run_dir: RunDir, ctx: RunContext)
                   means=ctx.means_summary(), notes=[n for n in [ctx.means_note()] if n])
 
 
-SEARCH = Analysis(
+def search_means(config: SearchConfig) -> Means | None:
+    """The means a search needs: those of its ablation (:func:`circuits.vocab.means_kind`)."""
+    return means_kind(config.ablation)
+
+
+def search_row(result: SearchResult) -> dict[str, Any]:
+    """A sweep row of a search: the selected configuration (or, when none reaches the threshold, the most
+    faithful one, with ``selected`` false) and the best faithfulness per wait."""
+    best: dict[str, float] = {}
+    for r in result.results:
+        best[str(r.wait)] = max(best.get(str(r.wait), 0.0), r.faithfulness)
+    pick = result.selected or max(result.results, key=lambda r: (r.faithfulness, r.wait, -r.transfer))
+    return {**config_row(pick), "selected": result.selected is not None,
+            "faith_by_wait": dict(sorted(best.items(), key=lambda kv: -int(kv[0])))}
+
+
+SEARCH: Analysis[SearchConfig, SearchResult] = Analysis(
     name="search",
+    config_type=SearchConfig,
     results_file=files.SEARCH_RESULTS,
     identity=search_identity,
     schema=search_schema,
     run=run_search,
     write=write_search_outputs,
+    means=search_means,
     prompt_records=search_prompt_records,
+    summary_row=search_row,
     optional_identity=("threshold",),
 )
 """The AF1 search as the runner runs it."""

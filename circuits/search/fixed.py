@@ -10,13 +10,14 @@ from typing import Any
 from circuits import files
 from circuits.faithfulness import summarize
 from circuits.outcomes import PromptOutcomes
-from circuits.runner import Analysis, RunContext
+from circuits.analyses import Analysis, RunContext
 from circuits.runs import RunDir
 from circuits.search.analysis import search_identity, search_schema
 from circuits.search.config import check_int, check_one_of
 from circuits.search.evaluators import FastEvaluator
-from circuits.search.results import ConfigResult
+from circuits.search.results import ConfigResult, config_row
 from circuits.search.rule import ABLATIONS, check_config
+from circuits.vocab import Means, means_kind
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,21 @@ def write_fixed(result: ConfigResult, run_dir: RunDir, ctx: RunContext) -> None:
     })
 
 
-FIXED = Analysis(
+def fixed_means(config: FixedConfig) -> Means | None:
+    """The means of the configuration's ablation (:func:`circuits.vocab.means_kind`)."""
+    return means_kind(config.ablation)
+
+
+FIXED: Analysis[FixedConfig, ConfigResult] = Analysis(
     name="fixed",
+    config_type=FixedConfig,
     results_file=files.SEARCH_RESULTS,
     identity=fixed_identity,
-    schema=lambda config, info, n: search_schema(config, info, n),
+    schema=search_schema,
     run=run_fixed,
     write=write_fixed,
+    means=fixed_means,
+    summary_row=config_row,
 )
 """One fixed configuration as the runner runs it."""
 

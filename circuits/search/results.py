@@ -70,6 +70,15 @@ class ConfigResult:
         return cls(wait=wait, transfer=transfer, ablation=ablation, outcomes=outcomes, **r.to_dict())
 
 
+def config_row(result: ConfigResult | None) -> dict[str, Any]:
+    """A sweep row of one configuration (:attr:`circuits.analyses.Analysis.summary_row`): its ``wait``,
+    ``transfer``, ``faithfulness`` and 95% interval (nothing for ``None``)."""
+    if result is None:
+        return {}
+    return {"wait": result.wait, "transfer": result.transfer, "faithfulness": result.faithfulness,
+            "ci_low": result.ci_low, "ci_high": result.ci_high}
+
+
 @dataclass
 class SearchResult:
     """Outcome of :func:`search_af1`.

@@ -14,7 +14,9 @@ A sweep config is a TOML file with one ``[sweep]`` table::
     necessity = false                  # also run the necessity sweep per (model, task, seed)
     lens = false                       # also run early decoding per (model, task, seed)
 
-Optional keys: ``threshold`` (0.9), ``grid`` (``"full"``), ``source`` (``"build"``), ``batch_size``
+Optional keys: ``analyses`` (further registered analyses, :mod:`circuits.analyses`, each run once per
+(model, task, seed) like ``necessity`` and ``lens``, e.g. ``["necessity"]``), ``threshold`` (0.9), ``grid``
+(``"full"``), ``source`` (``"build"``), ``batch_size``
 (128), ``device`` (``"cpu"``), ``backend``, ``dtype``, ``device_map`` (``"auto"``, ``"balanced"``,
 ``"sequential"``: a large model over several GPUs) and ``max_memory`` (``"0=70GiB,1=70GiB"`` or a table
 ``{0 = "70GiB", 1 = "70GiB"}``; needs ``device_map``), see :mod:`circuits.placement`; ``remote``
@@ -42,16 +44,21 @@ GROUPS = ("original", "style", "early_decoding", "digits")
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of the grid: ``ablation`` is ``"necessity"`` or ``"lens"`` for those analyses."""
+    """One cell of the grid: the registered analysis it runs (:mod:`circuits.analyses`: ``"search"`` or
+    ``"fixed"``, the sweep's mode, for the ablations; another, e.g. ``"necessity"`` or ``"lens"``, once per
+    model, task and seed) and ``ablation``: the ablation of a search or fixed cell, else the analysis's name
+    (its column in the table and its folder)."""
 
     model: str
     task: str
     ablation: str
     seed: int
+    analysis: str = "search"
 
     @property
     def kind(self) -> str:
-        return self.ablation if self.ablation in ("necessity", "lens") else "search"
+        """The analysis the cell runs (:attr:`analysis`)."""
+        return self.analysis
 
     def folder(self) -> Path:
         """The cell's run directory below the sweep's ``cells/``."""
@@ -80,6 +87,7 @@ class SweepConfig:
     source: str = "build"
     necessity: bool = False
     lens: bool = False
+    analyses: tuple[str, ...] = ()
     batch_size: int = 128
     device: str = "cpu"
     backend: str | None = None
@@ -110,7 +118,7 @@ class SweepConfig:
             if key not in raw:
                 raise ArgumentError(f"the sweep config needs `{key} = [...]`")
         values = dict(raw)
-        for key in ("models", "tasks", "ablations", "seeds"):
+        for key in ("models", "tasks", "ablations", "seeds", "analyses"):
             if key in values:
                 if isinstance(values[key], (str, int)):
                     values[key] = [values[key]]
@@ -154,6 +162,14 @@ class SweepConfig:
         for ablation in self.ablations:
             if ablation not in ("cama", "mean", "zero"):
                 raise ArgumentError(f"ablation {ablation!r} is not valid: choose cama, mean or zero")
+        if self.analyses:
+            from circuits import analyses
+
+            for name in self.analyses:
+                if name in MODES or name not in analyses.names():
+                    others = [n for n in analyses.names() if n not in MODES]
+                    raise ArgumentError(f"sweep key analyses: {name!r} is not an analysis a cell runs once per model, "
+                                        f"task and seed; known: {', '.join(others)}")
         if any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
             raise ArgumentError(f"seeds must be integers, got {list(self.seeds)}")
         if not 0.0 <= self.threshold <= 1.0:
@@ -177,6 +193,29 @@ class SweepConfig:
         self.prompt_spec(self.tasks[0], 0)  # numbers, shots, chat
         return self
 
+    def model_spec(self, name: str) -> Any:
+        """The :class:`~circuits.specs.ModelSpec` of model ``name`` with the sweep's backend and placement."""
+        from circuits.specs import ModelSpec
+
+        return ModelSpec(name, backend=self.backend, dtype=self.dtype, device=self.device,
+                         device_map=self.device_map, max_memory=self.max_memory, remote=self.remote)
+
+    def extra_analyses(self) -> tuple[str, ...]:
+        """The analyses run once per model, task and seed besides the ablations (``necessity``, ``lens`` and
+        ``analyses``), in that order."""
+        flags = tuple(name for name, on in (("necessity", self.necessity), ("lens", self.lens)) if on)
+        return tuple(dict.fromkeys(flags + tuple(self.analyses)))
+
+    def settings(self, cell: Cell) -> dict[str, Any]:
+        """What the sweep sets of a cell's config (:meth:`circuits.analyses.Analysis.config_for`): its seed, the
+        batch size, the threshold and grid of a search, the configuration of a fixed cell and the ablation of
+        an ablation cell."""
+        out = {"seed": cell.seed, "batch_size": self.batch_size, "threshold": self.threshold, "grid": self.grid,
+               "wait": self.wait, "transfer": self.transfer}
+        if cell.ablation != cell.analysis:
+            out["ablation"] = cell.ablation
+        return {k: v for k, v in out.items() if v is not None}
+
     def prompt_spec(self, task: str, seed: int) -> Any:
         """The :class:`~circuits.specs.PromptSpec` of the cells of ``task`` and ``seed``."""
         from circuits.formats import PromptFormat
@@ -196,11 +235,9 @@ class SweepConfig:
             for task in self.tasks:
                 for seed in self.seeds:
                     for ablation in self.ablations:
-                        yield Cell(model, task, ablation, seed)
-                    if self.necessity:
-                        yield Cell(model, task, "necessity", seed)
-                    if self.lens:
-                        yield Cell(model, task, "lens", seed)
+                        yield Cell(model, task, ablation, seed, self.mode)
+                    for name in self.extra_analyses():
+                        yield Cell(model, task, name, seed, name)
 
     def identity(self) -> dict[str, Any]:
         """What determines the sweep's cells (everything but the device, the device map, the batch size and the
@@ -209,4 +246,6 @@ class SweepConfig:
         d = dataclasses.asdict(self)
         for key in ("extra", "device", "batch_size", "device_map", "max_memory", "threshold"):
             d.pop(key)
+        if not d["analyses"]:  # the sweeps of earlier releases had none: their identities stay the same
+            d.pop("analyses")
         return d

@@ -179,37 +179,39 @@ class _State:
         self.progress = True
 
     def load(self, cell: Cell) -> None:
-        from circuits.specs import ModelSpec
-
         cfg = self.config
         prompt_spec = cfg.prompt_spec(cell.task, cell.seed)
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
-            spec = ModelSpec(cell.model, backend=cfg.backend, dtype=cfg.dtype, device=cfg.device,
-                             device_map=cfg.device_map, max_memory=cfg.max_memory, remote=cfg.remote)
             try:
-                self.model = spec.load(estimate=prompt_spec, batch_size=cfg.batch_size)
+                self.model = cfg.model_spec(cell.model).load(estimate=prompt_spec, batch_size=cfg.batch_size)
             except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
                 self.model_error = message(err)
         key = (cell.model, cell.task, cell.seed)
         if self.model is not None and key != self.key:
             self.key, self.prompts, self.means, self.prompt_error = key, None, None, None
-            # One prompt set per (model, task, seed) for every ablation: drawn as CAMA needs it when any cell
-            # needs means, so the cells of one row score the same prompts.
-            means = "cama" if any(a in ("cama", "mean") for a in cfg.ablations) else None
             try:
-                self.prompts = self.prepare(prompt_spec, means, key)
+                self.prompts = self.prepare(prompt_spec, key)
             except Exception as err:  # noqa: BLE001
                 self.prompt_error = message(err)
 
-    def prepare(self, spec: Any, means: str | None, key: tuple) -> Any:
+    def prepare(self, spec: Any, key: tuple) -> Any:
         """The prompts of ``spec``: reloaded from a cell of the same (model, task, seed) that prepared them
-        under the same key (:mod:`circuits.prepared`), else prepared."""
-        from circuits import prepared
+        under the same key (:mod:`circuits.prepared`), else prepared. One prompt set serves every cell of the
+        (model, task, seed), so the cells of a row score the same prompts: drawn as CAMA needs them (its fit
+        set backing every entry they read) when any of those cells needs means."""
+        from circuits import analyses, prepared
 
-        group = [f for c, f in self.folders.items() if (c.model, c.task, c.seed) == key]
-        return prepared.prepare(spec, self.model, means=means, out=group, progress=self.progress,
-                                batch_size=self.config.batch_size)
+        group = [c for c in self.folders if (c.model, c.task, c.seed) == key]
+        needs = any(analyses.get(c.analysis).needs_means(self.cell_config(c)) for c in group)
+        return prepared.prepare(spec, self.model, means="cama" if needs else None, out=[self.folders[c] for c in group],
+                                progress=self.progress, batch_size=self.config.batch_size)
+
+    def cell_config(self, cell: Cell) -> Any:
+        """The config of ``cell``'s analysis (:meth:`circuits.analyses.Analysis.config_for`)."""
+        from circuits import analyses
+
+        return analyses.get(cell.analysis).config_for(self.config.settings(cell))
 
     def keep_means(self, cache: Any) -> None:
         """Keep the means cache a cell used (fitted, or reloaded from its run directory) for the other cells of
@@ -225,72 +227,39 @@ class _State:
             row.status, row.error = "error", error
             return row
         try:
-            fill(row, self.run_cell(cell, folder, progress), self.prompts)
+            self.run_cell(cell, folder, progress, row)
         except Exception as err:  # noqa: BLE001
             row.status, row.error = "error", message(err)
         return row
 
-    def run_cell(self, cell: Cell, folder: Path, progress: bool) -> Any:
-        from circuits.prepared import prepared_of
-        from circuits.runner import execute
+    def run_cell(self, cell: Cell, folder: Path, progress: bool, row: CellResult) -> None:
+        """Run ``cell``'s analysis in ``folder`` on the current model and prompts (the first cell of a (model,
+        task, seed) that needs means fits them, or reloads the cache its run directory holds; the others reuse
+        it) and fill ``row`` from its result (:attr:`circuits.analyses.Analysis.summary_row`)."""
+        from circuits import analyses
+        from circuits.runner import run_analysis
 
-        cfg, p = self.config, self.prompts
-        meta = {"model": cell.model, **cfg.prompt_spec(cell.task, cell.seed).meta(), "base_accuracy": p.base_accuracy,
-                "n_checked": p.n_checked, "command": self.command}
-        common = dict(out_dir=folder, meta=meta, progress=progress, prepared=prepared_of(p))
-        if cell.kind == "necessity":
-            from circuits.necessity import NECESSITY, NecessityConfig
-
-            return execute(NECESSITY, self.model, p.tokens, p.answers,
-                           NecessityConfig(seed=cell.seed, batch_size=cfg.batch_size), **common)
-        if cell.kind == "lens":
-            from circuits.lens.analysis import LENS, LensConfig
-
-            records = [{"prompt": s, "answer": int(v)} for s, v in zip(p.prompts, p.answer_values)]
-            meta = {**meta, "seed": cell.seed, "n_requested": cfg.n_prompts, "t0": time.time()}
-            result, _ = execute(LENS, self.model, p.tokens, p.answers, LensConfig(seed=cell.seed), out_dir=folder,
-                                meta=meta, prompts=records, progress=False, prepared=prepared_of(p))
-            return result
-        needs = cell.ablation in ("cama", "mean")
-        # The first cell of a (model, task, seed) fits the means (or reloads the cache its run directory holds);
-        # the others reuse it.
-        means = dict(cache=self.means, fit=p.fit, on_means=self.keep_means) if needs else {}
-        if cfg.mode == "fixed":
-            from circuits.search.fixed import FIXED, FixedConfig
-
-            config = FixedConfig(cfg.wait, cfg.transfer, cell.ablation, cell.seed, cfg.batch_size)
-            return execute(FIXED, self.model, p.tokens, p.answers, config, prompts=p.records(), **means, **common)
-        from circuits.search import SEARCH, SearchConfig
-
-        config = SearchConfig(threshold=cfg.threshold, grid=cfg.grid, ablation=cell.ablation, seed=cell.seed,
-                              batch_size=cfg.batch_size)
-        return execute(SEARCH, self.model, p.tokens, p.answers, config, prompts=p.records(), **means, **common)
+        analysis = analyses.get(cell.analysis)
+        cfg = self.config
+        result = run_analysis(analysis, self.model, self.prompts, self.cell_config(cell), out=folder,
+                              progress=progress, command=self.command, name=cell.model,
+                              spec=cfg.prompt_spec(cell.task, cell.seed), cache=self.means, on_means=self.keep_means)
+        fill(row, analysis.summary_row(result), self.prompts, cell.analysis)
 
 
-def fill(row: CellResult, result: Any, prompts: Any) -> None:
-    """Copy what the table shows from a cell's result into ``row``."""
+ROW_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "selected", "faith_by_wait")
+"""The :class:`CellResult` fields an analysis's ``summary_row`` may set."""
+
+
+def fill(row: CellResult, values: dict[str, Any], prompts: Any, analysis: str = "") -> None:
+    """Copy a cell's ``summary_row`` (``values``) and its prompts' base accuracy and count into ``row``."""
+    unknown = sorted(set(values) - set(ROW_FIELDS))
+    if unknown:
+        raise ValueError(f"the summary row of analysis {analysis!r} has field(s) {', '.join(unknown)} that a sweep "
+                         f"row does not: {', '.join(ROW_FIELDS)}")
     row.base_accuracy, row.n_prompts = float(prompts.base_accuracy), int(len(prompts))
-    if hasattr(result, "selected"):  # a search
-        best: dict[str, float] = {}
-        for r in result.results:
-            best[str(r.wait)] = max(best.get(str(r.wait), 0.0), r.faithfulness)
-        row.faith_by_wait = dict(sorted(best.items(), key=lambda kv: -int(kv[0])))
-        row.selected = result.selected is not None
-        pick = result.selected or max(result.results, key=lambda r: (r.faithfulness, r.wait, -r.transfer))
-    elif hasattr(result, "blocks"):  # necessity: the most necessary block
-        pick = min(result.blocks, key=lambda b: b.faithfulness)
-        row.wait = pick.layer
-        row.faithfulness, row.ci_low, row.ci_high = pick.faithfulness, pick.ci_low, pick.ci_high
-        return
-    elif hasattr(result, "rows"):  # lens: the final answer probability
-        final = result.rows(n_boot=200)[-1]
-        row.faithfulness = float(final["answer_prob"])
-        return
-    else:
-        pick = result
-    if pick is not None:
-        row.wait, row.transfer = pick.wait, pick.transfer
-        row.faithfulness, row.ci_low, row.ci_high = pick.faithfulness, pick.ci_low, pick.ci_high
+    for key, value in values.items():
+        setattr(row, key, value)
 
 
 def message(err: BaseException) -> str:

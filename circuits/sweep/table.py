@@ -90,7 +90,7 @@ def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str 
     faithfulness averaged over seeds). Its height follows the number of tasks."""
     import plotly.graph_objects as go
 
-    mine = [r for r in rows if r.model == model and r.status == "ok" and r.ablation not in ("necessity", "lens")]
+    mine = [r for r in rows if r.model == model and r.status == "ok" and r.ablation in config.ablations]
     if config.mode != "fixed":
         ablation = ablation if ablation is not None else next((r.ablation for r in mine), None)
         mine = [r for r in mine if r.ablation == ablation]

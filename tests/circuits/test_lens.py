@@ -321,6 +321,7 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     import sys
 
     from circuits import cli
+    from circuits.prompts import Prompts
 
     model, vocab = tiny_tokenizer_model("llama")
     prompts = ["3+4=", "2+5=", "6-1=", "8-8=", "1+1="]
@@ -328,9 +329,9 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     fake = SimpleNamespace(
         load_model=lambda name, device, backend=None, dtype=None: model,
         zoo_names=lambda: ["tiny"],
-        prepare_prompts=lambda m, task, n, seed, prepend_bos=None, **kw: SimpleNamespace(
+        prepare_prompts=lambda m, task, n, seed, prepend_bos=None, **kw: Prompts(
             tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
-            prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5),
+            prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5, n_checked=2 * n, n_correct=n),
     )
     import circuits
 

@@ -72,7 +72,7 @@ def dry_run_remote(monkeypatch):
         return run(invokes)
 
     object.__setattr__(model, "run", flaky)
-    monkeypatch.setattr(common, "check_backend", lambda args: None)  # zoo model: the dry run stands in for NDIF
+    monkeypatch.setattr(common, "check_backend", lambda *args: None)  # zoo model: the dry run stands in for NDIF
     monkeypatch.setattr(loading, "load_model", lambda name, **kw: model if kw.get("remote") else None)
     return model, fail_after
 
