@@ -171,7 +171,8 @@ def test_lens_axes_have_readable_names_and_the_rank_a_log_axis(tmp_path):
     for fig in figs:
         for axis in (fig.layout.xaxis, fig.layout.yaxis):
             title = axis.title.text or ""
-            assert title and not field.match(title) and not any(m in title for m in METRICS), (fig.layout.title.text, title)
+            readable = title and not field.match(title) and not any(m in title for m in METRICS)
+            assert readable, (fig.layout.title.text, title)
     by_title = {f.layout.title.text.split(" (")[0]: f for f in figs}
     rank = by_title["Rank of the correct answer + 1"]
     assert rank.layout.yaxis.type == "log" and "1 = top-1" in rank.layout.yaxis.title.text
