@@ -68,9 +68,8 @@ def test_without_chromium_the_script_says_how_to_get_it(tmp_path):
 def pages(folder: Path) -> dict[str, Path]:
     """A page per report kind, written by the report code from small results (no model)."""
     import numpy as np
-    import torch
 
-    from circuits import lens, report
+    from circuits import report
     from circuits.groundtruth import Recovery
     from circuits.groundtruth_report import write_outputs as write_groundtruth
     from circuits.lens.interchange import InterchangeResult
@@ -80,7 +79,7 @@ def pages(folder: Path) -> dict[str, Path]:
     from circuits.sweep.run import CellResult
     from circuits.sweep.table import write_outputs as write_sweep
     from tests.circuits.test_figures import every_config, prune_result, search_result
-    from tests.circuits.test_lens import tiny_tokenizer_model
+    from tests.circuits.test_lens import small_lens_case
 
     out = {}
     faith = {c: (1.0 if c[0] <= 1 and sum(c) >= 2 else 0.1) for c in every_config(4)}
@@ -93,10 +92,7 @@ def pages(folder: Path) -> dict[str, Path]:
     kept = [(1, 1), (2, 3), (3, 0)]
     out["prune"] = report.write_page(folder / "prune" / "report.html", "prune",
                                      prune_figures(prune_result(kept, layers=3)))
-    model, vocab = tiny_tokenizer_model("gpt2")
-    prompts, values = ["3+4=", "2+5=", "6-1=", "8-8="], [7, 7, 5, 0]
-    answers = torch.tensor([vocab[str(v)] for v in values])
-    result = lens.early_decode(model, model.to_tokens(prompts), answers=answers, answer_values=values, prompts=prompts)
+    *_, result = small_lens_case("gpt2")
     ix = InterchangeResult([0, 1], np.array([0.9, 0.8]), np.array([[0.7, 0.6], [0.6, 0.5]]),
                            np.ones((2, 2), bool), None, None, "swap")
     out["lens"] = report.write_page(folder / "lens" / "report.html", "lens", lens_figures(result, [ix], n_boot=20))

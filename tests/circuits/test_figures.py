@@ -154,18 +154,12 @@ def test_pruning_curve_counts_whole_heads_and_the_attention_map_grows_with_its_h
     assert small.data[0].texttemplate == "%{z:.2f}" and list(small.data[0].y) == ["L1 H0"]
 
 
-def test_lens_axes_have_readable_names_and_the_rank_a_log_axis(tmp_path):
-    from circuits import lens
+def test_lens_axes_have_readable_names_and_the_rank_a_log_axis():
     from circuits.lens.report import figures, rank_heatmap
     from circuits.lens.result import METRICS
-    from tests.circuits.test_lens import tiny_tokenizer_model
+    from tests.circuits.test_lens import small_lens_case
 
-    model, vocab = tiny_tokenizer_model("gpt2")
-    prompts = ["3+4=", "2+5=", "6-1=", "8-8="]
-    values = [7, 7, 5, 0]
-    tokens = model.to_tokens(prompts)
-    answers = __import__("torch").tensor([vocab[str(v)] for v in values])
-    result = lens.early_decode(model, tokens, answers=answers, answer_values=values, prompts=prompts)
+    *_, result = small_lens_case("gpt2")
     figs = figures(result, n_boot=20)
     field = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)+$")
     for fig in figs:
