@@ -23,7 +23,8 @@ everything: look at the PNGs. Needs Chromium (Debian: ``apt-get install chromium
 
 docs/reports.md describes the reports and shows some of these screenshots.
 
-Running it again into the same ``--out`` resumes the commands (nothing is recomputed) and re-screenshots.
+Running it again into the same ``--out`` resumes the commands (nothing is recomputed but early decoding, which
+has no resume) and screenshots again.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ COMMANDS: dict[str, list[list[str]]] = {
                "--n-prompts", "100", "--fit-size", "2000", "--out", "{out}/prune"],
               ["prune", "--model", "arith-gpt2-gt-w2t2", "--task", "add_sub", "--wait", "2", "--transfer", "2",
                "--n-prompts", "100", "--fit-size", "2000", "--out", "{out}/prune-w2t2"]],
-    "lens": [["lens", "--model", "arith-gpt2", "--task", "add", "--n-prompts", "200", "--out", "{out}/lens"]],
+    # --force: a finished lens run is refused otherwise (the only command without resume); 15-25 s again.
+    "lens": [["lens", "--model", "arith-gpt2", "--task", "add", "--n-prompts", "200", "--force",
+              "--out", "{out}/lens"]],
     # A ground truth (high faithfulness) beside a model that does not wait (low): both ends of the colour scale.
     "sweep": [["sweep", "--models", "arith-gpt2-gt-w3t1,arith-llama", "--tasks", "add,sub", "--ablations", "cama,zero",
                "--n-prompts", "60", "--out", "{out}/sweep"]],
