@@ -17,7 +17,7 @@ smaller files; ``--per-figure``: one PNG per figure too). A page fails when
 The exit status is 1 when a page fails (each problem is printed), 0 otherwise. The checks cannot see
 everything: look at the PNGs. Needs Chromium (Debian: ``apt-get install chromium``); runs offline.
 
-    python benchmarks/report_screenshots.py --out /tmp/af1-reports   # every kind, about 8 minutes on 2 CPU cores
+    python benchmarks/report_screenshots.py --out /tmp/af1-reports   # every kind: 8-12 minutes on 2 busy CPU cores
     python benchmarks/report_screenshots.py --only search,prune --out /tmp/r
     python benchmarks/report_screenshots.py --pages runs/demo/report.html --out /tmp/shots   # existing reports
 
