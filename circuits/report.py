@@ -135,21 +135,34 @@ def search_heatmap(result: Any, title: str = "AF1 search") -> Any:
             colorbar=dict(title="faithfulness"), name="faithfulness",
         )
     )
+    # The selection (or, when nothing is sufficient, the most faithful configuration) is outlined, not marked
+    # on top of its value; the legend names it.
+    best = max(result.results, key=lambda r: (r.faithfulness, r.wait, -r.transfer), default=None)
+    mark = result.selected if result.selected is not None else best
+    if mark is not None:
+        chosen = result.selected is not None
+        line = dict(color="red", width=4) if chosen else dict(color="red", width=3, dash="dot")
+        fig.add_shape(type="rect", x0=mark.transfer - 0.5, x1=mark.transfer + 0.5, y0=mark.wait - 0.5,
+                      y1=mark.wait + 0.5, line=line)
+        label = (f"selected: wait {mark.wait}, transfer {mark.transfer}" if chosen else
+                 f"most faithful (below the threshold): wait {mark.wait}, transfer {mark.transfer}")
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label, showlegend=True,
+                                 marker=dict(symbol="square-open", size=16, color="red", line=dict(width=3))))
     if result.selected is not None:
         s = result.selected
-        fig.add_shape(type="rect", x0=s.transfer - 0.5, x1=s.transfer + 0.5, y0=s.wait - 0.5, y1=s.wait + 0.5,
-                      line=dict(color="red", width=4))
-        fig.add_trace(go.Scatter(x=[s.transfer], y=[s.wait], mode="markers", name="selected",
-                                 marker=dict(symbol="x", size=14, color="red"),
-                                 hovertemplate=f"selected: wait {s.wait}, transfer {s.transfer}<extra></extra>"))
         sub = f"selected wait={s.wait}, transfer={s.transfer} (faithfulness {s.faithfulness:.3f})"
     else:
         sub = f"no configuration reaches faithfulness {result.threshold:g}"
+    skipped = sum(t <= n - 1 - w for w in waits for t in transfers) - len(result.results)
+    blank = "blank: not a configuration" + (f" or not evaluated ({skipped}, skipped by the {result.grid} grid)"
+                                            if skipped > 0 else "")
     fig.update_layout(
-        title=f"{title}<br><sup>{sub}; threshold {result.threshold:g}, {result.grid} grid</sup>",
-        xaxis=dict(title="transfer (blocks after wait where the last token reads the context)", dtick=1),
-        yaxis=dict(title="wait (last block before the ablation; -1 = none)", dtick=1),
-        width=760, height=620,
+        title=f"{title}<br><sup>{sub}; threshold {result.threshold:g}, {result.grid} grid<br>{blank}</sup>",
+        xaxis=dict(title="transfer (blocks after wait where the last token reads the context)", dtick=1,
+                   showgrid=False, zeroline=False),
+        yaxis=dict(title="wait (last block before the ablation; -1 = none)", dtick=1, showgrid=False, zeroline=False),
+        plot_bgcolor="white", legend=dict(orientation="h", x=0, y=-0.16, xanchor="left", yanchor="top"),
+        margin=dict(t=110), width=760, height=680,
     )
     return fig
 
@@ -162,8 +175,10 @@ def smallest_transfer_figure(result: Any) -> Any:
     ys = [result.smallest_transfer[w] if isinstance(result.smallest_transfer[w], int) else None for w in waits]
     labels = [str(result.smallest_transfer[w]) if result.smallest_transfer[w] is not None else "none" for w in waits]
     fig = go.Figure(go.Bar(x=waits, y=ys, text=labels, textposition="outside", name="smallest transfer"))
-    fig.update_layout(title="Smallest sufficient transfer per wait", xaxis=dict(title="wait", dtick=1),
-                      yaxis=dict(title="transfer (blocks)", dtick=1, rangemode="tozero"), width=760, height=400)
+    fig.update_layout(title=f"Smallest sufficient transfer per wait (faithfulness >= {result.threshold:g})",
+                      xaxis=dict(title="wait (last block before the ablation)", dtick=1),
+                      yaxis=dict(title="smallest sufficient transfer (blocks)", dtick=1, rangemode="tozero"),
+                      width=760, height=400)
     if not any(isinstance(y, int) for y in ys):
         fig.add_annotation(text=f"no wait has a sufficient transfer: nothing reaches faithfulness {result.threshold:g}",
                            showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))

@@ -107,7 +107,8 @@ def metric_figure(result: LensResult, metric: str, *, rows: Sequence[Mapping[str
     axis (plotted as rank + 1), the fractions on [0, 1]."""
     rows = json_ready(result.rows(n_boot=n_boot, seed=seed)) if rows is None else rows
     rank = metric == "answer_rank"
-    return _line_chart(result, rows, TITLES[metric] + " (mean over prompts, 95% bootstrap interval)", [(metric, "")],
+    title = ("Rank of the correct answer + 1 (1 = top-1, log scale)" if rank else TITLES[metric])
+    return _line_chart(result, rows, title + " (mean over prompts, 95% bootstrap interval)", [(metric, "")],
                        YLABELS[metric], shift=1.0 if rank else 0.0, log=rank, fraction=metric in FRACTIONS)
 
 
@@ -119,9 +120,14 @@ def rank_heatmap(result: LensResult) -> Any:
     labels = result.labels()
     n = min(result.n_prompts, MAX_HEATMAP_PROMPTS)
     rank = result.flat("answer_rank")[:n]
+    # The colour is log10(rank + 1); the colour bar is labelled in ranks (0 = top-1, 9 = tenth, ...).
+    top = max(1.0, float(np.nanmax(rank)) if rank.size else 1.0)
+    ticks = [r for r in (0, 1, 9, 99, 999, 9999, 99999) if r <= max(top, 1)]
     fig = go.Figure(go.Heatmap(
         z=np.log10(rank + 1.0), x=labels, y=[f"{i}: {p}" for i, p in enumerate(result.prompts[:n])],
-        customdata=rank, colorscale="Viridis_r", colorbar=dict(title="log10(rank+1)"),
+        customdata=rank, colorscale="Viridis_r",
+        colorbar=dict(title="rank of the<br>answer (log)", tickvals=[float(np.log10(r + 1)) for r in ticks],
+                      ticktext=["0 (top-1)" if r == 0 else str(r) for r in ticks]),
         hovertemplate="%{y}<br>%{x}<br>rank %{customdata}<extra></extra>",
     ))
     labelled = n <= MAX_LABELLED_ROWS
@@ -131,7 +137,7 @@ def rank_heatmap(result: LensResult) -> Any:
                       xaxis=dict(type="category", categoryorder="array", categoryarray=labels,
                                  title="block, sub-layer (0-indexed)"),
                       yaxis=dict(autorange="reversed", showticklabels=labelled,
-                                 title=None if labelled else f"prompt (0..{n - 1}; hover for the text)"))
+                                 title="prompt" if labelled else f"prompt (0..{n - 1}; hover for the text)"))
     return fig
 
 
@@ -149,7 +155,10 @@ def interchange_figure(interchanges: Sequence[InterchangeResult]) -> Any:
                          arrayminus=[x["drop"] - x["drop_ci_low"] for x in rr]),
         ))
     fig.update_layout(title="Interchange of the last-position attention output: drop of the answer probability",
-                      height=380, margin=dict(l=70, r=20, t=50, b=60), yaxis_title="clean - patched P(answer)",
+                      height=380, margin=dict(l=70, r=20, t=50, b=60),
+                      # From zero: the drops compare to no drop at all, not to each other only.
+                      yaxis=dict(title="clean - patched P(answer)", rangemode="tozero", zeroline=True,
+                                 zerolinecolor="#888"),
                       xaxis=dict(type="category", title="patched block (0-indexed)"))
     return fig
 

@@ -14,6 +14,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from circuits.prune.result import PruneResult
 
 
+ROW_PX = 28
+"""Height of one head's row in the attention map (pixels)."""
+MAX_HEIGHT = 1200
+"""The attention map stops growing here (about 36 heads); hover names the rows beyond."""
+MAX_LABELLED_CELLS = 400
+MAX_LABELLED_HEADS = 24
+"""The attention map writes each cell's value while it has at most this many cells and heads."""
+
+
 def curve_figure(result: "PruneResult") -> Any:
     import plotly.graph_objects as go
 
@@ -42,15 +51,18 @@ def curve_figure(result: "PruneResult") -> Any:
             ),
         )
     )
-    fig.add_hline(y=result.config.target, line_dash="dash", annotation_text=f"target {result.config.target:g}")
+    fig.add_hline(y=result.config.target, line_dash="dash", annotation_text=f"target {result.config.target:g}",
+                  annotation_position="bottom left")
     if result.smallest_head_set is not None:
-        fig.add_vline(x=len(result.smallest_head_set), line_dash="dot",
+        # Labelled at the bottom of its line, where the curve (high up at the smallest set) does not run.
+        fig.add_vline(x=len(result.smallest_head_set), line_dash="dot", annotation_position="bottom right",
                       annotation_text=f"smallest set: {len(result.smallest_head_set)} heads")
+    n_max = max(kept, default=0)
     fig.update_layout(
         title=f"Greedy head pruning (AUC {result.auc:.3f}, {result.passes_total} confirmed passes)",
-        xaxis_title="transfer heads kept",
+        xaxis=dict(title="transfer heads kept", range=[n_max + 0.5, -0.5], tickformat="d",  # reversed: pruning
+                   dtick=1 if n_max <= 24 else None),
         yaxis_title="faithfulness",
-        xaxis_autorange="reversed",
         yaxis_range=[-0.02, 1.02],
     )
     return fig
@@ -86,12 +98,13 @@ def kept_heads_figure(result: "PruneResult") -> Any:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
                                  marker=dict(symbol="square", size=14, color=color, line=dict(color="#999", width=1))))
     fig.update_layout(
-        title=f"Smallest head set with faithfulness >= {result.config.target:g}: {len(kept)} of "
-        f"{len(result.transfer_heads)} transfer heads",
+        title=f"Smallest head set with faithfulness >= {result.config.target:g}<br><sup>{len(kept)} of "
+        f"{len(result.transfer_heads)} transfer heads kept</sup>",
         xaxis=dict(title="head", type="category", categoryorder="array", categoryarray=xs),
         yaxis=dict(title="block", type="category", categoryorder="array", categoryarray=ys, autorange="reversed"),
-        legend=dict(orientation="h", y=-0.25), height=max(300, 160 + 60 * len(layers)),
-        width=max(500, 160 + 70 * n_heads), plot_bgcolor="white",
+        # The legend right of the map: below it, it would cover the axis title.
+        legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"), height=max(300, 180 + 50 * len(layers)),
+        width=max(640, 420 + 70 * n_heads), plot_bgcolor="white", margin=dict(t=90),
     )
     return fig
 
@@ -100,17 +113,22 @@ def attention_figure(result: "PruneResult") -> Any:
     import plotly.graph_objects as go
 
     heads = sorted(result.attention)
+    cells = len(heads) * len(result.key_labels)
     fig = go.Figure(
         go.Heatmap(
             z=[result.attention[h] for h in heads],
             x=[f"{i}: {label}" for i, label in enumerate(result.key_labels)],
             y=[f"L{layer} H{head}" for layer, head in heads],
             colorscale="Viridis", zmin=0, zmax=1, colorbar=dict(title="attention"),
+            # Values in the cells while they fit (hover gives them beyond).
+            texttemplate="%{z:.2f}" if cells <= MAX_LABELLED_CELLS and len(heads) <= MAX_LABELLED_HEADS else None,
         )
     )
     fig.update_layout(
         title="Last position's mean attention of the kept heads (pruned subgraph)",
-        xaxis_title="key position", yaxis_title="head",
+        xaxis=dict(title="key position", type="category"),
+        yaxis=dict(title="head (first kept head on top)", type="category", autorange="reversed"),
+        height=min(MAX_HEIGHT, max(320, 180 + ROW_PX * len(heads))),
     )
     return fig
 

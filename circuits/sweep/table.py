@@ -84,6 +84,19 @@ def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+ROW_PX = 44
+"""Height of a task's row in a sweep heatmap while it has up to 20 tasks (pixels); beyond, the rows shrink to
+half that, then the figure stops growing at :data:`MAX_HEIGHT` (hover names every row)."""
+MAX_HEIGHT = 1400
+
+
+def heatmap_height(n_tasks: int) -> int:
+    """The height of a heatmap of ``n_tasks`` rows (pixels): 200 for the title and axes, :data:`ROW_PX` per row
+    up to 20 rows, then 880 px shared by the rows down to half of that per row, at most :data:`MAX_HEIGHT`."""
+    row = max(ROW_PX / 2, min(ROW_PX, 20 * ROW_PX / max(n_tasks, 1)))
+    return int(min(MAX_HEIGHT, max(320, 200 + row * n_tasks)))
+
+
 def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str | None = None) -> Any:
     """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds, of one
     ``ablation``: never averaged across ablations) or tasks x ablations (fixed: the configuration's
@@ -103,7 +116,7 @@ def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str 
     else:
         cols = sorted({w for r in mine for w in r.faith_by_wait}, key=int, reverse=True)
         value = lambda rs, c: [r.faith_by_wait[c] for r in rs if c in r.faith_by_wait]  # noqa: E731
-        xtitle = "wait (best faithfulness over transfers)"
+        xtitle = "wait (last block before the ablation; each cell: the best faithfulness over its transfers)"
         title = f"{model}, {ablation} ablation: best faithfulness per wait"
     z = [[float(np.mean(v)) if (v := value([r for r in mine if r.task == t], c)) else None for c in cols]
          for t in tasks]
@@ -111,7 +124,7 @@ def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str 
     fig = go.Figure(go.Heatmap(z=z, x=[str(c) for c in cols], y=tasks, zmin=0, zmax=1, colorscale="Viridis",
                                texttemplate="%{z:.2f}", colorbar={"title": "faithfulness"}))
     fig.update_layout(title=title + (f" (mean of {n_seeds} seeds)" if n_seeds > 1 else ""), xaxis_title=xtitle,
-                      yaxis_title="task", height=max(320, 200 + 44 * len(tasks)),
+                      yaxis_title="task", height=heatmap_height(len(tasks)),
                       xaxis=dict(type="category"), yaxis=dict(type="category", autorange="reversed"))
     if not tasks:
         fig.add_annotation(text="no finished cell", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
@@ -144,6 +157,7 @@ def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, second
                                      "cells": [r.to_dict() for r in rows]})
     links = [(f"{r.model} / {r.task} / {r.ablation} / seed {r.seed}", (Path(r.path) / files.REPORT).as_posix())
              for r in rows if (out / r.path / files.REPORT).exists()]
-    notes = [f"{len(rows)} cells in {seconds:.0f} s; table.csv has one row per cell, table.md the aggregate; "
-             f"the reports of the cells:"]
+    cells = ("the reports of the cells:" if links else
+             "no cell has a report of its own (the cells of a fixed configuration write none).")
+    notes = [f"{len(rows)} cells in {seconds:.0f} s; table.csv has one row per cell, table.md the aggregate; {cells}"]
     report.write_page(out / files.REPORT, "AF1 sweep", figures(config, rows), notes=notes, links=links)

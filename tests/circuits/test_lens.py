@@ -213,6 +213,19 @@ def tiny_tokenizer_model(arch: str = "gpt2"):
     return model, vocab
 
 
+SMALL_PROMPTS, SMALL_VALUES = ["3+4=", "2+5=", "6-1=", "8-8="], [7, 7, 5, 0]
+
+
+def small_lens_case(arch: str = "gpt2"):
+    """:func:`tiny_tokenizer_model` decoding four prompts: ``(model, tokens, answers, result)``, ``result`` the
+    :func:`circuits.lens.early_decode` of :data:`SMALL_PROMPTS` (answers :data:`SMALL_VALUES`)."""
+    model, vocab = tiny_tokenizer_model(arch)
+    tokens = model.to_tokens(SMALL_PROMPTS)
+    answers = torch.tensor([vocab[str(v)] for v in SMALL_VALUES])
+    result = early_decode(model, tokens, answers=answers, answer_values=SMALL_VALUES, prompts=SMALL_PROMPTS)
+    return model, tokens, answers, result
+
+
 def test_numeric_table_from_tokenizer_decodes_leading_space_tokens():
     model, vocab = tiny_tokenizer_model()
     table = numeric_table(model)

@@ -168,14 +168,9 @@ def test_lens_reopened_equals_in_memory(tmp_path):
     from circuits import lens
     from circuits.lens.report import write_lens_outputs
     from circuits.lens.result import LensResult
-    from tests.circuits.test_lens import tiny_tokenizer_model
+    from tests.circuits.test_lens import small_lens_case
 
-    model, vocab = tiny_tokenizer_model("llama")
-    prompts = ["3+4=", "2+5=", "6-1=", "8-8="]
-    values = [7, 7, 5, 0]
-    tokens = model.to_tokens(prompts)
-    answers = __import__("torch").tensor([vocab[str(v)] for v in values])
-    mem = lens.early_decode(model, tokens, answers=answers, answer_values=values, prompts=prompts)
+    model, tokens, answers, mem = small_lens_case("llama")
     ix = lens.interchange(model, tokens, answers, tokens.flip(0), counter_answers=answers.flip(0), label="swap",
                           progress=False)
     write_lens_outputs(tmp_path / "l", mem, interchanges=[ix], meta={"model": "tiny"})
