@@ -179,7 +179,7 @@ def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], 
             if top_up > TOP_UP_ROUNDS:
                 break
     tokens = torch.stack(rows) if rows else torch.zeros(0, n_pos, dtype=torch.long)
-    return FitSet(tokens=tokens, spec=spec, task=task, whole=n_drawn >= space and n_skipped == 0, n_drawn=n_drawn)
+    return FitSet(tokens=tokens, spec=spec, task=tasks.task_label(task), whole=n_drawn >= space and n_skipped == 0, n_drawn=n_drawn)
 
 
 def _needed(scored: Int[torch.Tensor, "batch pos"]) -> set[tuple[int, int]]:

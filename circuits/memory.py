@@ -207,7 +207,7 @@ def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batc
         print(f"{name}: {estimate.describe()}")
     from circuits import tasks
 
-    if fit is not None and task in tasks.list_tasks():
+    if fit is not None and task is not None:
         print(f"{name}: {fit_cost(task, fit.size, batch_size, estimate)}")
 
 

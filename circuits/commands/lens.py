@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from circuits.commands.common import add_backend_argument, add_prompt_format_arguments, batch_size_argument
+from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, add_task_arguments,
+                                      batch_size_argument)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model name (a zoo model such as arith-gpt2, or a "
                         "TransformerLens pretrained name)")
-    parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
+    add_task_arguments(parser)
     parser.add_argument("--n-prompts", type=int, default=200, help="prompts to decode (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="prompt sampling seed (default: 0)")
     parser.add_argument("--out", required=True, help="output directory (lens.json, report.html)")
@@ -44,7 +45,7 @@ def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
     from circuits.commands.common import (check_backend, check_device, check_model, check_out, check_placement,
-                                          check_positive, check_task)
+                                          check_positive, check_prompts_or_task)
 
     check_model(args)
     check_backend(args)
@@ -56,7 +57,7 @@ def check(args: argparse.Namespace) -> None:
     check_positive("--n-prompts", args.n_prompts)
     check_placement(args)
     check_positive("--top-k", args.top_k)
-    check_task(args.task, args.n_prompts)
+    check_prompts_or_task(args)
     check_device(args.device)
     check_out(args.out)
     # A finished run is not overwritten without --force; one killed between lens.json and report.html is
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from circuits.commands.common import evaluate_batched, first_batch_size, load, prompt_spec
     from circuits.lens.analysis import LENS, LensConfig
     from circuits.runner import Run, execute
+    from circuits.task_tokens import answer_value
 
     check(args)
     config = LensConfig(decode=args.decode, top_k=args.top_k, interchange=not args.no_interchange, seed=args.seed,
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         prep = spec.prepare(model, means=None, progress=not args.no_progress)
         meta = {"model": args.model, **spec.meta(), "seed": args.seed, "n_requested": args.n_prompts,
                 "base_accuracy": prep.base_accuracy, "t0": t0}
-        records = [{"prompt": p, "answer": int(v)} for p, v in zip(prep.prompts, prep.answer_values)]
+        records = [{"prompt": p, "answer": answer_value(v)} for p, v in zip(prep.prompts, prep.answer_values)]
         result, inter = evaluate_batched(args, model, prep.tokens, lambda batch_size: execute(
             LENS, model, prep.tokens, prep.answers, replace(config, batch_size=batch_size), out_dir=args.out,
             held=held, meta=meta, prompts=records, progress=False))

@@ -153,9 +153,9 @@ def cell_folder(out: Path, cell: Cell) -> Path:
     folder name (a task or model name holding ``/`` or ``..`` is refused, so no cell lies outside ``out``)."""
     from circuits.atomic import inside, safe_name
 
-    from circuits.sweep.config import slug
+    from circuits.sweep.config import slug, task_slug
 
-    parts = (safe_name(slug(cell.model), "model"), safe_name(cell.task, "task"),
+    parts = (safe_name(slug(cell.model), "model"), safe_name(task_slug(cell.task), "task"),
              safe_name(f"{cell.ablation}-seed{cell.seed}", "ablation"))
     return inside(out / CELLS_DIR, Path(*parts), "cell folder")
 
@@ -237,8 +237,9 @@ class _State:
                            NecessityConfig(seed=cell.seed, batch_size=cfg.batch_size), **common)
         if cell.kind == "lens":
             from circuits.lens.analysis import LENS, LensConfig
+            from circuits.task_tokens import answer_value
 
-            records = [{"prompt": s, "answer": int(v)} for s, v in zip(p.prompts, p.answer_values)]
+            records = [{"prompt": s, "answer": answer_value(v)} for s, v in zip(p.prompts, p.answer_values)]
             meta = {**meta, "seed": cell.seed, "n_requested": cfg.n_prompts, "t0": time.time()}
             result, _ = execute(LENS, self.model, p.tokens, p.answers, LensConfig(seed=cell.seed), out_dir=folder,
                                 meta=meta, prompts=records, progress=False)
