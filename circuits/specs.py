@@ -23,11 +23,15 @@ from typing import Any
 import torch
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.fitset import FitSet, FitSpec
+from circuits.fitset import FitSet, FitSpec, split_whole
 from circuits.formats import PromptFormat
 from circuits.vocab import NUMBERS, SOURCES
 
 __all__ = ["MAX_REDRAWS", "ModelSpec", "PromptSpec", "fit_covered"]
+
+ONE_SOURCE = ("give exactly one of a task (task=, --task NAME or FILE.toml) and a prompt dataset (prompts=, "
+              "--prompts FILE.jsonl|csv)")
+"""The error when both or neither are given."""
 
 MAX_REDRAWS = 3
 """Times :meth:`PromptSpec.prepare` draws more prompts to replace those set aside for thin means."""
@@ -96,8 +100,7 @@ class PromptSpec:
     def validate(self) -> "PromptSpec":
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
         if (self.task is None) == (self.prompts is None):
-            raise ArgumentError("give the prompts once: a task (--task NAME or FILE.toml) or a dataset "
-                                "(--prompts FILE.jsonl|csv), not both and not neither")
+            raise ArgumentError(ONE_SOURCE)
         if self.prompts is not None and self.format.shots:
             raise ArgumentError("--shots draws solved examples from a task: with --prompts write them into the prompts")
         if self.source not in SOURCES:
@@ -138,7 +141,12 @@ class PromptSpec:
                 return drawn  # drawn with want == n_prompts
             fit = draw_fit_set(model, self.task, drawn.tokens, self.fit, prepend_bos=self.prepend_bos,
                                batch_size=batch_size, numbers=self.numbers, layout=drawn.layout, fmt=self.format)
-            keep = fit_covered(fit, drawn.tokens) if means == "cama" else torch.ones(len(drawn), dtype=torch.bool)
+            if means == "cama" and fit.whole:  # a small task: score what the rest of its space can back
+                keep, fit = split_whole(fit, drawn.tokens, self.n_prompts)
+            elif means == "cama":
+                keep = fit_covered(fit, drawn.tokens)
+            else:
+                keep = torch.ones(len(drawn), dtype=torch.bool)
             n_kept = int(keep.sum())
             if n_kept >= self.n_prompts or len(drawn) < want:
                 break

@@ -95,7 +95,9 @@ def check_prompts_or_task(args: argparse.Namespace) -> None:
     naming the file, the line or field, on any problem)."""
     task, prompts = getattr(args, "task", None), getattr(args, "prompts", None)
     if (task is None) == (prompts is None):
-        raise ArgumentError("give --task NAME (or a task file, FILE.toml) or --prompts FILE.jsonl|csv: exactly one")
+        from circuits.specs import ONE_SOURCE
+
+        raise ArgumentError(ONE_SOURCE)
     if prompts is None:
         check_task(task, args.n_prompts, getattr(args, "source", "build"))
         return
