@@ -47,8 +47,8 @@ import numpy as np
 
 from circuits.errors import ArgumentError
 
-__all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "TaskFileError", "evaluate", "expression_slots", "read_mapping",
-           "spec_fields"]
+__all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "TaskFileError", "catalogue_fields", "evaluate", "expression_slots",
+           "legacy_catalogue", "read_mapping", "spec_fields", "toml_module"]
 
 CATALOGUE = "catalogue.toml"
 """The index of a catalogue folder (``tasks/``): ``tasks = [...]`` in order, ``frozen_seed``, ``frozen_n``."""
@@ -82,7 +82,7 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
             raise TaskFileError(f"task file {path} is not valid JSON: {err.msg} (line {err.lineno}, column "
                                 f"{err.colno})") from None
     else:
-        toml = _tomllib()
+        toml = toml_module()
         try:
             raw = toml.loads(text)
         except toml.TOMLDecodeError as err:
@@ -92,7 +92,8 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def _tomllib() -> Any:
+def toml_module() -> Any:
+    """The TOML reader: :mod:`tomllib` (Python 3.11+), else the ``tomli`` backport (a dependency on 3.10)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10: the tomli backport (a dependency there)
@@ -295,3 +296,47 @@ def _answer(raw: Any, names: list[str], values: list[Any], fail: Callable[[str, 
         raise fail("answer.table", f"no answer for {slot} = {missing[0]!r}")
     return {"expression": "", "lookup": (slot, tuple((k, table[k]) for k in keys))}
 
+
+
+# ------------------------------------------------------------------------------------------ catalogues
+def catalogue_fields(folder: str | Path) -> dict[str, dict[str, Any]]:
+    """The task fields of a catalogue folder, by name in catalogue order: ``catalogue.toml`` (``tasks = [...]``,
+    ``frozen_seed``, ``frozen_n``) and one ``<name>.toml`` per name; frozen sets in ``../frozen/<name>.jsonl``."""
+    folder = Path(folder)
+    index = read_mapping(folder / CATALOGUE)
+    names = index.get("tasks")
+    if not isinstance(names, list) or not names or any(not isinstance(n, str) for n in names):
+        raise ArgumentError(f"task catalogue {folder / CATALOGUE}: tasks: must list the task names, e.g. tasks = [\"add\"]")
+    out = {}
+    for name in names:
+        path = folder / f"{name}.toml"
+        raw = read_mapping(path)
+        raw.setdefault("frozen_seed", index.get("frozen_seed", FROZEN_SEED))
+        raw.setdefault("frozen_n", index.get("frozen_n", FROZEN_N))
+        fields = spec_fields(raw, str(path), base=folder)
+        if fields["name"] != name:
+            raise TaskFileError(f"task file {path}: name: {fields['name']!r} differs from its catalogue entry {name!r}")
+        fields["frozen_file"] = str(folder.parent / "frozen" / f"{name}.jsonl")
+        out[name] = fields
+    return out
+
+
+def legacy_catalogue(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The task fields of a catalogue in the earlier one-file format (``tasks.json``: ``{"tasks": [...]}`` with
+    ``name``, ``template``, ``expression``, ``operand_names``, ``operand_ranges``, ``answer_min``, ``answer_max``,
+    ``default_n``, ``group``, ``style``, ``card``); one-line :class:`~circuits.errors.ArgumentError` if malformed."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        frozen = Path(path).parent / "frozen"
+        return {t["name"]: dict(
+            name=t["name"], template=t["template"], expression=t["expression"], operand_names=tuple(t["operand_names"]),
+            operand_ranges=tuple((int(lo), int(hi)) for lo, hi in t["operand_ranges"]),
+            answer_min=int(t["answer_min"]), answer_max=int(t["answer_max"]), default_n=int(t["default_n"]),
+            group=t["group"], style=t["style"], card=t["card"], frozen_file=str(frozen / f"{t['name']}.jsonl"),
+            frozen_seed=int(raw.get("frozen_seed", FROZEN_SEED)), frozen_n=int(raw.get("frozen_n", FROZEN_N)),
+        ) for t in raw["tasks"]}
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
+        what = f"missing field {err}" if isinstance(err, KeyError) else " ".join(str(err).split())[:160]
+        raise ArgumentError(f"task catalogue {path} is malformed ({what}): it needs {{\"tasks\": [...]}} with the "
+                            f"fields name, template, expression, operand_names, operand_ranges, answer_min, "
+                            f"answer_max, default_n, group, style, card; fix it or unset AF1_DATASETS_DIR") from None

@@ -29,7 +29,8 @@ import numpy as np
 
 from circuits.errors import ArgumentError
 from circuits.package_data import package_path
-from circuits.task_files import CATALOGUE, FROZEN_N, FROZEN_SEED, evaluate, read_mapping, spec_fields
+from circuits.task_files import (CATALOGUE, FROZEN_N, FROZEN_SEED, catalogue_fields, evaluate, legacy_catalogue,
+                                 read_mapping, spec_fields)
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -141,54 +142,13 @@ class TaskSpec:
 @lru_cache(maxsize=4)
 def _load_specs(path: str) -> dict[str, TaskSpec]:
     """A catalogue in the earlier one-file format (``tasks.json``), for an ``AF1_DATASETS_DIR`` that holds one."""
-    try:
-        return _parse_specs(path)
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
-        what = f"missing field {err}" if isinstance(err, KeyError) else " ".join(str(err).split())[:160]
-        raise ArgumentError(f"task catalogue {path} is malformed ({what}): it needs {{\"tasks\": [...]}} with the "
-                            f"fields name, template, expression, operand_names, operand_ranges, answer_min, "
-                            f"answer_max, default_n, group, style, card; fix it or unset AF1_DATASETS_DIR") from None
-
-
-def _parse_specs(path: str) -> dict[str, TaskSpec]:
-    raw = json.loads(Path(path).read_text())
-    frozen = Path(path).parent / "frozen"
-    specs = {}
-    for t in raw["tasks"]:
-        specs[t["name"]] = TaskSpec(
-            name=t["name"], template=t["template"], expression=t["expression"],
-            operand_names=tuple(t["operand_names"]),
-            operand_ranges=tuple((int(lo), int(hi)) for lo, hi in t["operand_ranges"]),
-            answer_min=int(t["answer_min"]), answer_max=int(t["answer_max"]),
-            default_n=int(t["default_n"]), group=t["group"], style=t["style"], card=t["card"],
-            frozen_file=str(frozen / f"{t['name']}.jsonl"), frozen_seed=int(raw.get("frozen_seed", FROZEN_SEED)),
-            frozen_n=int(raw.get("frozen_n", FROZEN_N)),
-        )
-    return specs
+    return {name: TaskSpec(**fields) for name, fields in legacy_catalogue(path).items()}
 
 
 @lru_cache(maxsize=4)
 def _load_catalogue(folder: str) -> dict[str, TaskSpec]:
-    """The catalogue of a ``tasks/`` folder: ``catalogue.toml`` (``tasks = [...]`` in order, ``frozen_seed``,
-    ``frozen_n``) and one task file per name."""
-    index_path = Path(folder) / CATALOGUE
-    index = read_mapping(index_path)
-    names = index.get("tasks")
-    if not isinstance(names, list) or not names or any(not isinstance(n, str) for n in names):
-        raise ArgumentError(f"task catalogue {index_path}: tasks: must list the task names, e.g. tasks = [\"add\"]")
-    frozen = Path(folder).parent / "frozen"
-    specs = {}
-    for name in names:
-        path = Path(folder) / f"{name}.toml"
-        raw = read_mapping(path)
-        raw.setdefault("frozen_seed", index.get("frozen_seed", FROZEN_SEED))
-        raw.setdefault("frozen_n", index.get("frozen_n", FROZEN_N))
-        fields = spec_fields(raw, str(path), base=Path(folder))
-        if fields["name"] != name:
-            raise ArgumentError(f"task file {path}: name: {fields['name']!r} differs from its catalogue entry {name!r}")
-        fields["frozen_file"] = str(frozen / f"{name}.jsonl")
-        specs[name] = TaskSpec(**fields)
-    return specs
+    """The catalogue of a ``tasks/`` folder (:func:`circuits.task_files.catalogue_fields`)."""
+    return {name: TaskSpec(**fields) for name, fields in catalogue_fields(folder).items()}
 
 
 def _specs() -> dict[str, TaskSpec]:

@@ -135,8 +135,9 @@ class SweepConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> "SweepConfig":
         """Read ``path`` (a TOML file with a ``[sweep]`` table)."""
-        import tomllib
+        from circuits.task_files import toml_module
 
+        tomllib = toml_module()
         try:
             raw = tomllib.loads(Path(path).read_text())
         except tomllib.TOMLDecodeError as err:
