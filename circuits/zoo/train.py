@@ -27,7 +27,7 @@ from circuits.zoo.data import (TaskData, accuracy, build_splits, evaluate_frozen
 from circuits.zoo.export import export
 from circuits.zoo.recipes import (ORIGINAL_TASKS, PHASE2_STEPS, REGISTRY, STYLE_TASKS, Phase, TrainConfig,
                                   get_config, phase_configs)
-from circuits.zoo.tokenizer import build_tokenizer
+from circuits.zoo.tokenizer import WORDS, build_tokenizer
 from circuits.zoo.trainer import lr_at, optimizer_step
 
 log = get_logger("zoo")
@@ -68,7 +68,7 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
         torch.set_num_threads(threads)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / name
     ckpt_root = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(words=[*WORDS, *cfg.extra_tokens]) if cfg.extra_tokens else build_tokenizer()
     model = new_model(cfg, tokenizer, model_class)
     states = [run_phase(model, pcfg, ckpt_root / f"phase{pcfg.phase}", resume, progress) for pcfg in phases]
     model.eval()

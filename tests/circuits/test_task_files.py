@@ -210,3 +210,57 @@ def test_sweep_configs_take_task_files_relative_to_the_config(tmp_path):
     cfg.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["tasks/bad.toml"]\n')
     with pytest.raises(ArgumentError, match=r"bad.toml: answer:"):
         SweepConfig.from_toml(cfg)
+
+
+def test_frozen_sets_of_task_files(tmp_path):
+    from circuits.commands.common import check_task
+
+    path = _write(tmp_path, MUL.replace('answer = "A*B"', 'answer = "A*B"\nfrozen_n = 7\nfrozen_seed = 3'))
+    with pytest.raises(ArgumentError, match="has no frozen set at .*task.frozen.jsonl"):
+        check_task(str(path), 5, "frozen")
+    (written,) = tasks.write_frozen_sets([str(path)])
+    assert written == tmp_path / "task.frozen.jsonl"
+    fz = tasks.frozen_set(str(path))
+    assert fz["prompt"] == tasks.build_task(str(path), n=7, seed=3)["prompt"] and len(fz) == 7
+    check_task(str(path), 5, "frozen")
+
+
+def test_the_multiplication_example_keeps_its_frozen_set_out_of_training():
+    from circuits.zoo.data import build_splits
+    from circuits.zoo.recipes import get_config
+    from circuits.zoo.tokenizer import WORDS, build_tokenizer
+
+    cfg = get_config("arith-mul")
+    train, val = build_splits(cfg, build_tokenizer(words=[*WORDS, *cfg.extra_tokens]))
+    frozen = {tuple(o) for o in tasks.frozen_set("examples/mul.toml")["operands"]}
+    seen = {tuple(int(x) for x in o) for d in train + val for o in d.ops}
+    assert len(frozen) == 300 and not frozen & seen
+    assert len(seen) + len(frozen) == tasks.operand_space_size("examples/mul.toml")
+    assert all(int(a) == int(o[0]) * int(o[1]) for d in train for o, a in zip(d.ops, d.answer_values))
+
+
+def test_arith_mul_meets_its_bar_on_the_frozen_set():
+    from circuits import zoo
+    from circuits.zoo.data import evaluate_frozen
+
+    model, card = zoo.load("arith-mul"), zoo.card("arith-mul")
+    assert model.to_str_tokens("12*34=") == ["<bos>", "12", "*", "34", "="]
+    acc = evaluate_frozen(model, ["examples/mul.toml"])["examples/mul.toml"]
+    assert acc == pytest.approx(card["frozen_accuracy"]["examples/mul.toml"], abs=1 / 600) and acc >= 0.95
+    # the independent path: text prompts through the tokenizer, answers compared as tokens
+    fz = tasks.frozen_set("examples/mul.toml")
+    assert tasks.filter_correct(model, fz)[1] == pytest.approx(acc, abs=1e-9)
+    assert all(a == o[0] * o[1] <= 520 for a, o in zip(fz["answer"], fz["operands"]))
+    assert not (zoo.path("arith-mul") / "unembed_bias.safetensors").exists()  # a plain lm_head, no bias
+
+
+def test_af1_search_on_a_task_file(tmp_path):
+    code = cli.main(["search", "--model", "arith-mul", "--task", "examples/mul.toml", "--n-prompts", "40",
+                     "--no-progress", "--out", str(tmp_path / "s")])
+    assert code == 0
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["task"] == "examples/mul.toml" and summary["n_prompts"] == 40
+    for line in (tmp_path / "s" / "prompts.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        a, b = (int(x) for x in r["prompt"].rstrip("=").split("*"))
+        assert r["answer"] == a * b
