@@ -1,8 +1,10 @@
 """Prompt datasets: one's own prompts and answers, from a JSON-lines or CSV file or a Hugging Face ``Dataset``.
 
 Columns: ``prompt`` (the text before the answer, without BOS) and ``answer`` (the text the model should write
-next, e.g. ``" Paris"``, or an integer); any further column (e.g. the slot values a prompt was made from) is
-carried along. A ``.jsonl`` file holds one JSON object a line, a ``.csv`` file a header row naming the columns
+next, e.g. ``" Paris"``, or an integer); any further column is a *slot column*: the value of one slot the prompt
+was made of (e.g. ``country``). Slot columns make layouts line up slot by slot (:func:`slot_layouts`: rows of one
+token length are further split by the token positions each slot value takes, so CAMA's positions mean the same
+slot in every row). A ``.jsonl`` file holds one JSON object a line, a ``.csv`` file a header row naming the columns
 (CSV answers are text: ``12`` is the text ``"12"``, which is tokenised as the number would be).
 
 :func:`prepare_dataset_prompts` treats the rows as the catalogue's prompts are treated (:mod:`circuits.prompts`):
@@ -35,6 +37,10 @@ __all__ = ["PROMPT_SUFFIXES", "prompts_label", "prepare_dataset_prompts", "read_
 
 PROMPT_SUFFIXES = (".jsonl", ".csv")
 """File types ``--prompts`` reads."""
+LINE = "_line"
+"""The column :func:`read_prompts` adds: where each row came from (``"line 3"`` of a file, ``"row 2"`` of a Dataset)."""
+NOT_SLOTS = ("prompt", "answer", "answer_text", "answer_ids", "layout", "operands", "task", LINE)
+"""Columns that are not slot values."""
 
 
 def prompts_label(source: Any) -> str:
@@ -53,7 +59,8 @@ def read_prompts(source: Any) -> Any:
         columns = getattr(source, "column_names", None)
         if columns is None:
             raise ArgumentError(f"prompts: {type(source).__name__} is neither a .jsonl/.csv path nor a Dataset")
-        return Dataset.from_dict(_checked({c: list(source[c]) for c in columns}, "prompts dataset", lambda i: i))
+        cols = _checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset", lambda i: f"row {i}")
+        return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
     path = Path(source)
     if path.suffix.lower() not in PROMPT_SUFFIXES:
         raise ArgumentError(f"prompts file {path}: give a .jsonl or .csv file (columns prompt, answer)")
@@ -87,8 +94,9 @@ def read_prompts(source: Any) -> Any:
         if missing:
             raise ArgumentError(f"prompts file {path}: line {n}: column {missing[0]}: missing (every row needs the "
                                 f"same columns)")
-    cols = {k: [r[k] for r in rows] for k in names}
-    return Dataset.from_dict(_checked(cols, f"prompts file {path}", lambda i: f"line {lines[i]}"))
+    cols = {k: [r[k] for r in rows] for k in names if k != LINE}
+    cols = _checked(cols, f"prompts file {path}", lambda i: f"line {lines[i]}")
+    return Dataset.from_dict({**cols, LINE: [f"line {n}" for n in lines]})
 
 
 def _checked(cols: dict[str, list[Any]], where: str, line: Any) -> dict[str, list[Any]]:
@@ -103,9 +111,9 @@ def _checked(cols: dict[str, list[Any]], where: str, line: Any) -> dict[str, lis
     if "answer_text" in cols and any(not isinstance(t, str) or not t for t in cols["answer_text"]):
         i = next(i for i, t in enumerate(cols["answer_text"]) if not isinstance(t, str) or not t)
         raise ArgumentError(f"{where}: {line(i)}: column answer_text: not a non-empty string")
-    kinds = {type(a) for a in cols["answer"]}
-    if len(kinds) > 1:  # one column type: integers as their text
-        cols["answer"] = [str(a) for a in cols["answer"]]
+    for key, column in cols.items():  # one type a column: mixed integers and text become text
+        if len({type(v) for v in column}) > 1:
+            cols[key] = [v if isinstance(v, str) else json.dumps(v) for v in column]
     return cols
 
 
@@ -137,7 +145,7 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
         what = "one token" if numbers == "single" else "a clean continuation of its prompt"
         raise PromptError(f"prompts {label}: no row's answer is {what} for this tokenizer (column answer)"
                           + ("; answers of several tokens need --numbers multi" if numbers == "single" else ""))
-    layouts = tasks.to_layouts(model, kept, prepend_bos=prepend_bos)
+    layouts = slot_layouts(tasks.to_layouts(model, kept, prepend_bos=prepend_bos), kept, model, label)
     budget = max_checked if max_checked is not None else n_rows
     correct_by: dict[Any, torch.Tensor] = {}
     n_checked = n_correct = 0
@@ -187,6 +195,50 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
         answer_texts=None if lay.answer_texts is None else [lay.answer_texts[i] for i in pick],
         stop="exhausted" if len(scored) < n_prompts else "found", fit=fit_set, n_dropped_fit=set_aside,
         numbers=numbers, layout=lay.key, fmt=fmt)
+
+
+def slot_layouts(layouts: list[Any], ds: Any, model: Any, label: str) -> list[Any]:
+    """``layouts`` (of ``ds``'s rows) split so that every slot column's value (a column besides :data:`NOT_SLOTS`)
+    sits at the same token positions in all rows of one layout, largest first; ``layouts`` itself without slot
+    columns. A value is found in its prompt as text (an integer as a whole number); one that does not occur is a
+    one-line :class:`~circuits.errors.ArgumentError` naming the row and the column."""
+    import re
+
+    from circuits.task_tokens import Layout, encode_texts, tokenizer_of
+
+    slots = [c for c in ds.column_names if c not in NOT_SLOTS]
+    if not slots:
+        return layouts
+    values = {c: list(ds[c]) for c in slots}
+    lines = list(ds[LINE]) if LINE in ds.column_names else [f"row {i}" for i in range(len(ds))]
+    tok = tokenizer_of(model)
+    out = []
+    for lay in layouts:
+        keys = []
+        for prompt, offs, i in zip(lay.prompts, encode_texts(tok, lay.prompts, offsets=True)["offset_mapping"],
+                                   lay.indices):
+            key, taken = [], []
+            for c in slots:
+                v = values[c][i]
+                pattern = (rf"(?<!\d){int(v)}(?!\d)" if isinstance(v, int) and not isinstance(v, bool)
+                           else re.escape(str(v)))
+                spans = [m.span() for m in re.finditer(pattern, prompt)]
+                free = [(a, b) for a, b in spans if not any(a < y and b > x for x, y in taken)]
+                if not spans:
+                    raise ArgumentError(f"prompts {label}: {lines[i]}: column {c}: {v!r} does not occur in the prompt "
+                                        f"(a column besides prompt and answer holds a value the prompt was made of)")
+                a, b = (free or spans)[0]  # the first occurrence an earlier slot has not claimed
+                taken.append((a, b))
+                hit = [k for k, (s, e) in enumerate(offs) if s < b and e > a]
+                key.append((hit[0], hit[-1]) if hit else (-1, -1))
+            keys.append(tuple(key))
+        for key in dict.fromkeys(keys):
+            idx = [j for j, k in enumerate(keys) if k == key]
+            out.append(Layout(tokens=lay.tokens[idx], answers=lay.answers[idx], prompts=[lay.prompts[j] for j in idx],
+                              answer_values=[lay.answer_values[j] for j in idx], indices=[lay.indices[j] for j in idx],
+                              answer_texts=None if lay.answer_texts is None else [lay.answer_texts[j] for j in idx],
+                              bos=lay.bos, key=(lay.key, key)))
+    return sorted(out, key=lambda x: (-len(x), x.n_pos))
 
 
 def _chat(ds: Any, model: Any) -> Any:

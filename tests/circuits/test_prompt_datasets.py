@@ -155,3 +155,24 @@ def test_text_answers_run_through_search_and_lens(tmp_path):
     assert len(records) == 8 and all(truth[r["prompt"]] == r["answer"] for r in records)
     lens = json.loads((tmp_path / "l" / "lens.json").read_text())
     assert lens["n_prompts"] == 8
+
+
+def test_slot_columns_line_prompts_up_slot_by_slot(gpt2, tmp_path):
+    """Rows of one token length whose slot values sit at other positions fall into separate layouts; a slot value
+    missing from its prompt is one line naming the line and the column."""
+    from datasets import Dataset
+
+    from circuits.prompt_data import slot_layouts
+
+    rows = [{"prompt": "The sum of 12 is", "answer": "5", "x": "The sum", "y": 12},
+            {"prompt": "sum of 12 13 is", "answer": "5", "x": "sum", "y": "12 13"},
+            {"prompt": "The sum of 7 is", "answer": "5", "x": "The sum", "y": 7}]
+    ds = read_prompts(_jsonl(tmp_path / "s.jsonl", rows))
+    (one,) = tasks.to_layouts(gpt2, ds)  # five tokens each (and BOS)
+    split = slot_layouts([one], ds, gpt2, "s")
+    assert [lay.prompts for lay in split] == [["The sum of 12 is", "The sum of 7 is"], ["sum of 12 13 is"]]
+    bad = read_prompts(_jsonl(tmp_path / "b.jsonl", rows[:2] + [{**rows[2], "y": 71}]))
+    with pytest.raises(ArgumentError, match=r"prompts b: line 3: column y: '71' does not occur in the prompt"):
+        slot_layouts(tasks.to_layouts(gpt2, bad), bad, gpt2, "b")
+    plain = Dataset.from_list([{k: r[k] for k in ("prompt", "answer")} for r in rows])
+    assert slot_layouts(tasks.to_layouts(gpt2, plain), read_prompts(plain), gpt2, "p")[0].n_pos == 6

@@ -264,3 +264,16 @@ def test_af1_search_on_a_task_file(tmp_path):
         r = json.loads(line)
         a, b = (int(x) for x in r["prompt"].rstrip("=").split("*"))
         assert r["answer"] == a * b
+
+
+def test_the_capital_example_and_its_prompt_file_agree():
+    spec = tasks.get_task("examples/capital.toml")
+    ds = tasks.build_task(spec)
+    assert len(ds) == 342 == tasks.operand_space_size(spec) == 9 * 38
+    rows = [json.loads(x) for x in (tasks.datasets_dir() / "examples" / "capital.jsonl").read_text().splitlines()]
+    assert {(r["prompt"], r["answer"]) for r in rows} == set(zip(ds["prompt"], ds["answer_text"]))
+    table = dict(spec.lookup[1])
+    assert table["France"] == "Paris" and table["Japan"] == "Tokyo"
+    for r in rows:
+        assert r["prompt"] == f"{r['name']} lives in {r['country']}. The capital of {r['country']} is"
+        assert r["answer"] == " " + table[r["country"]]
