@@ -132,6 +132,7 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
     from circuits.prompts import Prompts, filter_numbers
 
     label = prompts_label(source)
+    where = f"prompts file {label}" if isinstance(source, (str, Path)) else f"prompts {label}"
     ds = read_prompts(source)
     n_rows = len(ds)
     if fmt is not None and fmt.shots:
@@ -143,9 +144,9 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
     kept, n_dropped = filter_numbers(ds, model, numbers)
     if not len(kept):
         what = "one token" if numbers == "single" else "a clean continuation of its prompt"
-        raise PromptError(f"prompts {label}: no row's answer is {what} for this tokenizer (column answer)"
+        raise PromptError(f"{where}: no row's answer is {what} for this tokenizer (column answer)"
                           + ("; answers of several tokens need --numbers multi" if numbers == "single" else ""))
-    layouts = slot_layouts(tasks.to_layouts(model, kept, prepend_bos=prepend_bos), kept, model, label)
+    layouts = slot_layouts(tasks.to_layouts(model, kept, prepend_bos=prepend_bos), kept, model, where)
     budget = max_checked if max_checked is not None else n_rows
     correct_by: dict[Any, torch.Tensor] = {}
     n_checked = n_correct = 0
@@ -158,7 +159,7 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
         n_checked += take
         n_correct += int(ok.sum())
     if n_correct == 0:
-        raise PromptError(f"prompts {label}: the model answers none of the {n_checked} checked rows correctly "
+        raise PromptError(f"{where}: the model answers none of the {n_checked} checked rows correctly "
                           f"(base accuracy 0%)")
     lay = max(layouts, key=lambda x: (int(correct_by[x.key].sum()), -x.n_pos))
     ok = correct_by[lay.key]
@@ -172,7 +173,7 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
         why = (f"; {set_aside} more read a (position, token) entry that fewer than {spec.min_count} other rows "
                f"hold (CAMA needs each varying token in several rows: add rows, or lower --fit-min-count)"
                if set_aside else "")
-        raise PromptError(f"prompts {label}: {len(scored)} usable correct rows in the largest layout "
+        raise PromptError(f"{where}: {len(scored)} usable correct rows in the largest layout "
                           f"({lay.n_pos} tokens) of {int(ok.sum())} correct, {n_prompts} needed{why}; lower "
                           f"--n-prompts to {len(scored)} or less")
     idx = torch.tensor(scored, dtype=torch.long)
@@ -197,11 +198,12 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
         numbers=numbers, layout=lay.key, fmt=fmt)
 
 
-def slot_layouts(layouts: list[Any], ds: Any, model: Any, label: str) -> list[Any]:
+def slot_layouts(layouts: list[Any], ds: Any, model: Any, where: str) -> list[Any]:
     """``layouts`` (of ``ds``'s rows) split so that every slot column's value (a column besides :data:`NOT_SLOTS`)
     sits at the same token positions in all rows of one layout, largest first; ``layouts`` itself without slot
     columns. A value is found in its prompt as text (an integer as a whole number); one that does not occur is a
-    one-line :class:`~circuits.errors.ArgumentError` naming the row and the column."""
+    one-line :class:`~circuits.errors.ArgumentError` naming the row and the column (after ``where``, e.g.
+    ``"prompts file my.jsonl"``)."""
     import re
 
     from circuits.task_tokens import Layout, encode_texts, tokenizer_of
@@ -225,7 +227,7 @@ def slot_layouts(layouts: list[Any], ds: Any, model: Any, label: str) -> list[An
                 spans = [m.span() for m in re.finditer(pattern, prompt)]
                 free = [(a, b) for a, b in spans if not any(a < y and b > x for x, y in taken)]
                 if not spans:
-                    raise ArgumentError(f"prompts {label}: {lines[i]}: column {c}: {v!r} does not occur in the prompt "
+                    raise ArgumentError(f"{where}: {lines[i]}: column {c}: {v!r} does not occur in the prompt "
                                         f"(a column besides prompt and answer holds a value the prompt was made of)")
                 a, b = (free or spans)[0]  # the first occurrence an earlier slot has not claimed
                 taken.append((a, b))

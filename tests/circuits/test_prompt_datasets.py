@@ -173,6 +173,6 @@ def test_slot_columns_line_prompts_up_slot_by_slot(gpt2, tmp_path):
     assert [lay.prompts for lay in split] == [["The sum of 12 is", "The sum of 7 is"], ["sum of 12 13 is"]]
     bad = read_prompts(_jsonl(tmp_path / "b.jsonl", rows[:2] + [{**rows[2], "y": 71}]))
     with pytest.raises(ArgumentError, match=r"prompts b: line 3: column y: '71' does not occur in the prompt"):
-        slot_layouts(tasks.to_layouts(gpt2, bad), bad, gpt2, "b")
+        slot_layouts(tasks.to_layouts(gpt2, bad), bad, gpt2, "prompts b")
     plain = Dataset.from_list([{k: r[k] for k in ("prompt", "answer")} for r in rows])
     assert slot_layouts(tasks.to_layouts(gpt2, plain), read_prompts(plain), gpt2, "p")[0].n_pos == 6
