@@ -207,7 +207,8 @@ def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batc
         print(f"{name}: {estimate.describe()}")
     from circuits import tasks
 
-    if fit is not None and task is not None:
+    known = isinstance(task, tasks.TaskSpec) or tasks.task_path(str(task)) is not None or task in tasks.list_tasks()
+    if fit is not None and task is not None and known:
         print(f"{name}: {fit_cost(task, fit.size, batch_size, estimate)}")
 
 

@@ -227,8 +227,8 @@ def prepare_prompts(
         raise ValueError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
     spec, label = tasks.get_task(task), tasks.task_label(task)
     check_slot_tokens(spec, model)
-    frozen = tasks.frozen_set(spec) if source == "frozen" else None
-    space = len(frozen) if frozen is not None else tasks.operand_space_size(spec)
+    frozen = tasks.frozen_set(task) if source == "frozen" else None
+    space = len(frozen) if frozen is not None else tasks.operand_space_size(task)
     if n_prompts > space:
         what = "its frozen set has" if frozen is not None else "its operand space has"
         raise ValueError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} prompts): "
@@ -245,10 +245,10 @@ def prepare_prompts(
             if frozen is not None:
                 ds = _frozen_window(frozen, n_drawn, size)
             else:
-                ds = tasks.build_task(spec, n=size, seed=seed, start=n_drawn)
+                ds = tasks.build_task(task, n=size, seed=seed, start=n_drawn)
             n_drawn += size
             if fmt is not None:
-                ds = fmt.apply(ds, spec, model)
+                ds = fmt.apply(ds, task, model)
             ds, dropped = filter_numbers(ds, model, numbers)
             n_dropped += int(dropped)
             if len(ds) > max_checked - n_checked:

@@ -133,8 +133,7 @@ class PromptSpec:
             options["max_checked"] = self.max_checked
         from circuits import tasks
 
-        want = self.n_prompts
-        space = len(tasks.frozen_set(self.task)) if self.source == "frozen" else tasks.operand_space_size(self.task)
+        want, space = self.n_prompts, None
         for _ in range(MAX_REDRAWS + 1):
             drawn = loading.prepare_prompts(model, self.task, want, self.seed, min_prompts=self.n_prompts, **options)
             if means is None:
@@ -150,6 +149,9 @@ class PromptSpec:
             n_kept = int(keep.sum())
             if n_kept >= self.n_prompts or len(drawn) < want:
                 break
+            if space is None:  # prompts to draw from: more than that cannot be asked for
+                space = (len(tasks.frozen_set(self.task)) if self.source == "frozen"
+                         else tasks.operand_space_size(self.task))
             if want >= space:
                 break
             want = min(space, want + self.n_prompts - n_kept + max(5, self.n_prompts // 20))  # replace those set aside
