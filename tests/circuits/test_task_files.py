@@ -277,3 +277,19 @@ def test_the_capital_example_and_its_prompt_file_agree():
     for r in rows:
         assert r["prompt"] == f"{r['name']} lives in {r['country']}. The capital of {r['country']} is"
         assert r["answer"] == " " + table[r["country"]]
+
+
+def test_solved_examples_of_a_task_file_follow_its_prefix_and_answer_format(tmp_path):
+    from circuits.formats import PromptFormat
+    from circuits.zoo.tokenizer import build_tokenizer
+
+    path = str(_write(tmp_path, MUL.replace('answer = "A*B"', 'answer = "A*B"\nprefix = "Go: "\nanswer_format = " {}"')))
+    fmt = PromptFormat(shots=2)
+    shown = fmt.examples(path)
+    assert [e["answer_text"] for e in shown] == [f" {e['answer']}" for e in shown]
+    ds = tasks.build_task(path, n=20, seed=1)
+    out = fmt.apply(ds, path, build_tokenizer())
+    head = "Go: " + "".join(f"{e['prompt']} {e['answer']}\n" for e in shown)
+    kept = [r for r in ds if tuple(r["operands"]) not in {tuple(e["operands"]) for e in shown}]
+    assert out["prompt"] == [head + r["prompt"][len("Go: "):] for r in kept]
+    assert all(not e["prompt"].startswith("Go: ") for e in shown)
