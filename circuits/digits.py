@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from circuits.task_tokens import answer_forms, encode_texts, tokenizer_of
+from circuits.task_tokens import answer_forms, answer_texts_of, encode_texts, tokenizer_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -61,7 +61,7 @@ def filter_multi_token(ds: "Dataset", model_or_tokenizer: Any) -> "tuple[Dataset
     tok = tokenizer_of(model_or_tokenizer)
     rows = ds.to_dict() if hasattr(ds, "to_dict") else {c: list(ds[c]) for c in ds.column_names}
     prompts = list(rows["prompt"])
-    forms = answer_forms(tok, prompts, [int(a) for a in rows["answer"]])
+    forms = answer_forms(tok, prompts, answer_texts_of(rows))
     new_prompts = [p for p, _, _ in forms]
     enc = encode_texts(tok, new_prompts, offsets=True)
     full = encode_texts(tok, [p + t for p, t, _ in forms])["input_ids"]

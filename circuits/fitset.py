@@ -34,7 +34,8 @@ from circuits.errors import ArgumentError
 from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE, POPULATIONS
 from interventions.coverage import row_digests
 
-__all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSet", "FitSpec", "draw_fit_set", "fit_passes", "fit_set_of"]
+__all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSet", "FitSpec", "draw_fit_set", "fit_passes", "fit_set_of",
+           "pick_covered", "split_whole"]
 
 DEFAULT_SIZE = FIT_SIZE
 """Default :attr:`FitSpec.size` (:data:`circuits.vocab.FIT_SIZE`)."""
@@ -179,7 +180,47 @@ def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], 
             if top_up > TOP_UP_ROUNDS:
                 break
     tokens = torch.stack(rows) if rows else torch.zeros(0, n_pos, dtype=torch.long)
-    return FitSet(tokens=tokens, spec=spec, task=task, whole=n_drawn >= space and n_skipped == 0, n_drawn=n_drawn)
+    return FitSet(tokens=tokens, spec=spec, task=tasks.task_label(task), whole=n_drawn >= space and n_skipped == 0, n_drawn=n_drawn)
+
+
+def pick_covered(candidates: Int[torch.Tensor, "n pos"], pool: Int[torch.Tensor, "m pos"], n: int,
+                 min_count: int) -> tuple[list[int], int]:
+    """``(picked, set aside)``: the first ``n`` rows of ``candidates`` (in order; each also a row of ``pool``) such
+    that every ``(position, token)`` entry (positions ``>= 1``) of each picked row keeps at least ``min_count`` rows
+    of ``pool`` that are not picked; ``set aside``: candidates passed over before the ``n``-th was found. A row is
+    picked only when, after taking it, every entry it reads still has ``min_count`` unpicked pool rows, so the
+    guarantee holds for all picked rows at the end."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+    for row in pool[:, 1:].tolist():
+        counts.update(enumerate(row))
+    picked: list[int] = []
+    aside = 0
+    for i, row in enumerate(candidates[:, 1:].tolist()):
+        if len(picked) == n:
+            break
+        entries = list(enumerate(row))
+        if min_count and any(counts[e] - 1 < min_count for e in entries):
+            aside += 1
+            continue
+        counts.subtract(entries)
+        picked.append(i)
+    return picked, aside
+
+
+def split_whole(fit: FitSet, scored: Int[torch.Tensor, "batch pos"], n: int) -> tuple[torch.Tensor, FitSet]:
+    """For a fit set that holds the layout's whole prompt space apart from the drawn ``scored`` prompts: ``(keep,
+    fit)``, ``keep`` (``[batch]`` bool) marking the first ``n`` scored prompts that :func:`pick_covered` can back
+    from the rest of the space, and the fit set that is the space without them (the prompts set aside go back into
+    it). A small task (a few hundred prompts) has no prompts to spare: every scored prompt is one fewer fit prompt
+    for the entries it reads."""
+    pool = torch.cat([fit.tokens, scored.to(fit.tokens.device)]) if len(fit) else scored
+    picked, _ = pick_covered(scored, pool, n, fit.spec.min_count)
+    keep = torch.zeros(len(scored), dtype=torch.bool)
+    keep[picked] = True
+    rest = pool[~torch.isin(row_digests(pool), row_digests(scored[keep]))]
+    return keep, FitSet(rest, fit.spec, fit.task, fit.whole, fit.n_drawn)
 
 
 def _needed(scored: Int[torch.Tensor, "batch pos"]) -> set[tuple[int, int]]:

@@ -64,19 +64,26 @@ class PromptFormat:
         """``"zero-shot"``, ``"2-shot"``, ``"2-shot, chat template"``."""
         return ("zero-shot" if self.shots == 0 else f"{self.shots}-shot") + (", chat template" if self.chat else "")
 
-    def examples(self, task: str) -> list[dict[str, Any]]:
-        """The solved examples: ``{"prompt", "answer", "operands"}`` rows of ``task``."""
+    def examples(self, task: Any) -> list[dict[str, Any]]:
+        """The solved examples: ``{"prompt", "answer", "answer_text", "operands"}`` rows of ``task`` (a name, task
+        file or spec); ``prompt`` without the task's own ``prefix``, ``answer_text`` as written after it."""
         from circuits import tasks
+        from circuits.task_tokens import answer_string, answer_value, answer_texts_of
 
         if not self.shots:
             return []
-        ds = tasks.build_task(task, n=self.shots, seed=self.examples_seed)
-        return [{"prompt": p, "answer": int(a), "operands": list(o)}
-                for p, a, o in zip(ds["prompt"], ds["answer"], ds["operands"])]
+        spec = tasks.get_task(task)
+        ds = tasks.build_task(spec, n=self.shots, seed=self.examples_seed)
+        return [{"prompt": p[len(spec.prefix):], "answer": answer_value(a), "answer_text": answer_string(t),
+                 "operands": list(o)}
+                for p, a, t, o in zip(ds["prompt"], ds["answer"], answer_texts_of(ds), ds["operands"])]
 
-    def prefix(self, task: str) -> str:
-        """The text before every query (``""`` without shots)."""
-        return "".join(f"{e['prompt']}{e['answer']}{self.separator}" for e in self.examples(task))
+    def prefix(self, task: Any) -> str:
+        """The text before every query (``""`` without shots): the task's own prefix, then the solved examples."""
+        from circuits import tasks
+
+        own = tasks.get_task(task).prefix
+        return own + "".join(f"{e['prompt']}{e['answer_text']}{self.separator}" for e in self.examples(task))
 
     def prepend_bos(self, prepend_bos: bool | None) -> bool | None:
         """BOS for prompts of this format: none with the chat template (it brings its own start token)."""
@@ -91,11 +98,13 @@ class PromptFormat:
 
         from circuits.task_tokens import tokenizer_of
 
+        from circuits import tasks
+
         shown = {tuple(e["operands"]) for e in self.examples(task)}
         rows = ds.to_dict()
         keep = [i for i, ops in enumerate(rows["operands"]) if tuple(ops) not in shown]
-        prefix = self.prefix(task)
-        prompts = [prefix + rows["prompt"][i] for i in keep]
+        prefix, own = self.prefix(task), len(tasks.get_task(task).prefix)
+        prompts = [prefix + rows["prompt"][i][own:] for i in keep]
         if self.chat:
             tok = tokenizer_of(model_or_tokenizer)
             if getattr(tok, "chat_template", None) is None:

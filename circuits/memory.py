@@ -215,7 +215,7 @@ def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batc
         log.info("%s: %s", name, estimate.describe())
     from circuits import tasks
 
-    if fit is not None and task in tasks.list_tasks():
+    if fit is not None and task is not None and tasks.known_task(task):
         log.info("%s: %s", name, fit_cost(task, fit.size, batch_size, estimate))
 
 

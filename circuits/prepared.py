@@ -8,7 +8,8 @@ it to ``prepared.safetensors`` (:data:`circuits.files.PREPARED`): the scored pro
 the sampling counts), the fit set's tokens, which prompts the runner kept (the unmodified model's answer is
 the argmax) and the **key** they were prepared under: the model's identity (shapes, fingerprint, the SHA-256
 of every weight), its tokenizer, the whole prompt spec (task, count, seed, source, budget, BOS, fit spec,
-numbers, format), the task's definition (and its frozen set's hash), which means the analysis needs and the
+numbers, format), the task's definition (and the hashes of its task file and frozen set) or the prompt dataset's
+content hash, which means the analysis needs and the
 package version.
 
 :func:`prepare` reloads the file instead of preparing when its content hash is the one ``artifacts.json``
@@ -31,8 +32,10 @@ import torch
 
 from circuits import files
 from circuits.errors import CorruptRunError
+from circuits.task_tokens import answer_value
 
-__all__ = ["FORMAT", "Prepared", "keep_prepared", "load", "prepare", "prepared_of", "spec_key"]
+__all__ = ["FORMAT", "Prepared", "dataset_key", "keep_prepared", "load", "prepare", "prepared_of", "spec_key",
+           "task_key"]
 
 FORMAT = 1
 """Version of the file's layout (part of the key)."""
@@ -71,16 +74,9 @@ def spec_key(model: Any, spec: Any, means: str | None) -> dict[str, Any]:
     docstring), as a JSON object."""
     import interventions as iv
     from circuits import __version__, tasks
+    from circuits.prompt_data import prompts_label
 
     tok = getattr(model, "tokenizer", None)
-    task: dict[str, Any] = {"name": spec.task}
-    if spec.task in tasks.list_tasks():
-        task["spec"] = _plain(dataclasses.asdict(tasks.get_task(spec.task)))
-    frozen = tasks.frozen_path(spec.task)
-    if spec.source == "frozen" and frozen.is_file():
-        from circuits.runs import file_sha256
-
-        task["frozen_sha256"] = file_sha256(frozen)
     return _plain({
         "format": FORMAT,
         "version": __version__,
@@ -88,10 +84,45 @@ def spec_key(model: Any, spec: Any, means: str | None) -> dict[str, Any]:
         "tokenizer": None if tok is None else {"class": type(tok).__name__, "size": len(tok),
                                                "name": str(getattr(tok, "name_or_path", "")),
                                                "bos": getattr(tok, "bos_token_id", None)},
-        "spec": dataclasses.asdict(spec),
-        "task": task,
+        "spec": dataclasses.asdict(replace(spec, task=None if spec.task is None else tasks.task_label(spec.task),
+                                           prompts=None if spec.prompts is None else prompts_label(spec.prompts))),
+        "task": task_key(spec.task, spec.source) if spec.prompts is None else {"prompts": dataset_key(spec.prompts)},
         "means": means,
     })
+
+
+def task_key(task: Any, source: str) -> dict[str, Any]:
+    """What the prompts of ``task`` (a catalogue name, a task file or a :class:`~circuits.tasks.TaskSpec`) are
+    a function of: its name, its definition, the SHA-256 of its task file (a file changed under the same path
+    gives another key) and, for ``source="frozen"``, of its frozen set."""
+    from circuits import tasks
+    from circuits.runs import file_sha256
+
+    out: dict[str, Any] = {"name": tasks.task_label(task)}
+    if not tasks.known_task(task):  # a caller's own prompt loader may name tasks the catalogue does not hold
+        return out
+    spec = tasks.get_task(task)
+    out["spec"] = _plain(dataclasses.asdict(spec))
+    if spec.path is not None and Path(spec.path).is_file():
+        out["file_sha256"] = file_sha256(spec.path)
+    frozen = tasks.frozen_path(spec)
+    if source == "frozen" and frozen.is_file():
+        out["frozen_sha256"] = file_sha256(frozen)
+    return out
+
+
+def dataset_key(source: Any) -> dict[str, Any]:
+    """What prompts drawn from the prompt dataset ``source`` are a function of: its name and the SHA-256 of its
+    content (the file's bytes; a ``datasets.Dataset``'s rows), so that a file changed under the same path
+    gives another key."""
+    from circuits.prompt_data import prompts_label
+    from circuits.runs import file_sha256
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        return {"name": prompts_label(source), "sha256": file_sha256(path) if path.is_file() else None}
+    rows = json.dumps(source.to_dict(), sort_keys=True, default=str).encode()
+    return {"name": prompts_label(source), "sha256": hashlib.sha256(rows).hexdigest()}
 
 
 def prepare(spec: Any, model: Any, *, means: str | None, out: str | Path | Sequence[Path] | None,
@@ -160,7 +191,7 @@ def keep_prepared(run_dir: Any, prepared: Prepared, keep: torch.Tensor) -> None:
                "keep": keep.to(torch.uint8).contiguous()}
     if p.fit is not None:
         tensors["fit_tokens"] = p.fit.tokens.long().contiguous()
-    meta = {"key": prepared.key, "prompts": list(p.prompts), "answer_values": [int(v) for v in p.answer_values],
+    meta = {"key": prepared.key, "prompts": list(p.prompts), "answer_values": [answer_value(v) for v in p.answer_values],
             "answer_texts": None if p.answer_texts is None else list(p.answer_texts), "layout": _plain(p.layout),
             "counts": _plain({k: getattr(p, k) for k in _COUNTS}),
             "fit": None if p.fit is None else {"spec": p.fit.spec.identity(), "task": p.fit.task,
@@ -186,6 +217,8 @@ def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     if answers.shape[0] != n or keep.shape != (n,) or not isinstance(texts, list) or len(texts) != n or \
             not isinstance(values, list) or len(values) != n:
         raise bad(f"its parts disagree on the number of prompts ({n})")
+    if any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in values):
+        raise bad("answer_values must be integers or strings (the answers of a task of text answers)")
     counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
     spec = meta["key"]["spec"]
     fit = None
@@ -198,7 +231,7 @@ def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any])
                      whole=bool(f.get("whole")), n_drawn=int(f.get("n_drawn", 0)))
     fmt = spec.get("format")
     return Prompts(tokens=tokens.long(), answers=answers.long(), prompts=[str(t) for t in texts],
-                   answer_values=[int(v) for v in values], answer_texts=meta.get("answer_texts"),
+                   answer_values=list(values), answer_texts=meta.get("answer_texts"),
                    layout=_tuples(meta.get("layout")), fit=fit,
                    fmt=PromptFormat(**fmt) if isinstance(fmt, dict) else None,
                    **{k: counts[k] for k in _COUNTS if k in counts})

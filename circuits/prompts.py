@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
+from circuits.task_checks import check_slot_tokens
+from circuits.task_tokens import answer_value
 from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.loading.SOURCES
 
 MAX_CHECKED = 20_000
@@ -33,7 +35,7 @@ class Prompts:
         tokens: ``[batch, pos]`` token ids, one token length; BOS at position 0 when ``prepend_bos``.
         answers: ``[batch]`` answer token ids (the expected argmax at the last position).
         prompts: prompt texts (without BOS), aligned with ``tokens``.
-        answer_values: the integer answers, aligned with ``tokens``.
+        answer_values: the answers, aligned with ``tokens`` (integers; strings for a task whose answers are text).
         base_accuracy: fraction of checked prompts (single-token numbers) the model answers correctly.
         n_checked: number of prompts whose correctness was checked.
         n_correct: number of those answered correctly (all layouts).
@@ -56,7 +58,7 @@ class Prompts:
     tokens: Int[torch.Tensor, "batch pos"]
     answers: Int[torch.Tensor, "batch"]
     prompts: list[str]
-    answer_values: list[int]
+    answer_values: list[int | str]
     base_accuracy: float
     n_checked: int
     n_correct: int = 0
@@ -97,7 +99,7 @@ class Prompts:
         """One ``{"prompt", "answer", "answer_token"}`` dict per prompt (for ``prompts.jsonl``), plus
         ``"answer_text"`` (the answer as written after the prompt, e.g. ``" 112"``) when known."""
         out = [
-            {"prompt": p, "answer": int(a), "answer_token": t}
+            {"prompt": p, "answer": answer_value(a), "answer_token": t}
             for p, a, t in zip(self.prompts, self.answer_values, self.answers.tolist())
         ]
         if self.answer_texts is not None:
@@ -157,7 +159,7 @@ def _merge(pieces: list[Any]) -> dict[str, Any]:
         "tokens": torch.cat([p.tokens for p in pieces]).long(),
         "answers": torch.cat([torch.as_tensor(p.answers, dtype=torch.long) for p in pieces]),
         "prompts": [x for p in pieces for x in p.prompts],
-        "answer_values": [int(v) for p in pieces for v in p.answer_values],
+        "answer_values": [answer_value(v) for p in pieces for v in p.answer_values],
         "answer_texts": None if any(t is None for t in texts) else [x for t in texts for x in t],
     }
 
@@ -223,18 +225,20 @@ def prepare_prompts(
     need = n_prompts if min_prompts is None else int(min_prompts)
     if not 1 <= need <= n_prompts:
         raise ValueError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
+    spec, label = tasks.get_task(task), tasks.task_label(task)
+    check_slot_tokens(spec, model)
     frozen = tasks.frozen_set(task) if source == "frozen" else None
     space = len(frozen) if frozen is not None else tasks.operand_space_size(task)
     if n_prompts > space:
         what = "its frozen set has" if frozen is not None else "its operand space has"
-        raise ValueError(f"n_prompts={n_prompts} is more than task {task!r} can give ({what} {space} prompts): "
+        raise ValueError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} prompts): "
                          f"lower --n-prompts to {space} or less")
 
     by_len: dict[int, list[Any]] = {}
     n_drawn = n_dropped = n_checked = n_correct = 0
     size = max(1, int(oversample)) * n_prompts
     stop = "found"
-    bar = tqdm(total=n_prompts, desc=f"prompts of {task}", unit="prompt", disable=not progress, leave=False)
+    bar = tqdm(total=n_prompts, desc=f"prompts of {spec.name}", unit="prompt", disable=not progress, leave=False)
     try:
         while True:
             size = min(size, space - n_drawn)
@@ -279,16 +283,21 @@ def prepare_prompts(
             size = min(size, 100_000)
     finally:
         bar.close()
-    return replace(_result(task, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
+    return replace(_result(spec, label, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
                            n_drawn=n_drawn, n_dropped=n_dropped, n_checked=n_checked, n_correct=n_correct),
                    numbers=numbers, fmt=fmt)
 
 
-def _result(task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
+def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
             need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
             n_checked: int, n_correct: int) -> Prompts:
     """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""
     if n_checked == 0:
+        if not spec.numeric:
+            where = f"task file {spec.path}: answer" if spec.path else f"task {task!r}"
+            raise ValueError(f"{where}: none of the {n_drawn} drawn prompts has an answer of one token for this "
+                             f"model's tokenizer (answer_format {spec.answer_format!r}); allow answers of several "
+                             f"tokens (--numbers multi) or choose one-token answers")
         raise ValueError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
                          f"model's tokenizer; choose a task with smaller numbers, or allow numbers of several "
                          f"tokens (--numbers multi, for tokenizers that write digits one by one)")

@@ -379,7 +379,7 @@ def prepare_prompts(spec: Any, model: Any, name: str | None, *, means: str | Non
     kept = prepared.prepared_of(prompts)
     lines = [f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)"] \
         if kept is not None and kept.source is not None else []
-    lines.append(f"{name} on {spec.task}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
+    lines.append(f"{name} on {spec.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
                  f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of {prompts.tokens.shape[1]} "
                  f"tokens ({prompts.n_layouts} layout(s))")
     if prompts.fit is not None:
@@ -387,7 +387,7 @@ def prepare_prompts(spec: Any, model: Any, name: str | None, *, means: str | Non
         how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
         dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
                    f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
-        lines.append(f"means: fitted on {len(fit)} prompts of {spec.task} ({how}, population "
+        lines.append(f"means: fitted on {len(fit)} prompts of {spec.label} ({how}, population "
                      f"{fit.spec.population}), none of them scored{dropped}")
     get_logger("runner").info("\n".join(lines))
     return prompts

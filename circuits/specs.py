@@ -9,6 +9,10 @@ set they are fitted on (:mod:`circuits.fitset`)::
     model = ModelSpec("arith-gpt2").load()
     prompts = PromptSpec("add_sub", n_prompts=200).prepare(model, means="cama")
     search_af1(model, prompts.tokens, prompts.answers, fit=prompts.fit)
+
+The task is a catalogue name, a task file (``PromptSpec("my_task.toml")``, :mod:`circuits.task_files`) or a
+:class:`~circuits.tasks.TaskSpec`; ``PromptSpec(prompts="my.jsonl")`` (or a ``datasets.Dataset``) takes the
+prompts from a dataset instead (:mod:`circuits.prompt_data`).
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from typing import Any
 import torch
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.fitset import FitSet, FitSpec
+from circuits.fitset import FitSet, FitSpec, split_whole
 from circuits.formats import PromptFormat
 from circuits.vocab import NUMBERS, SOURCES
 
 __all__ = ["MAX_REDRAWS", "ModelSpec", "PromptSpec", "fit_covered"]
+
+ONE_SOURCE = ("give exactly one of a task (task=, --task NAME or FILE.toml) and a prompt dataset (prompts=, "
+              "--prompts FILE.jsonl|csv)")
+"""The error when both or neither are given."""
 
 MAX_REDRAWS = 3
 """Times :meth:`PromptSpec.prepare` draws more prompts to replace those set aside for thin means."""
@@ -53,7 +61,7 @@ class ModelSpec:
         if self.remote:  # a remote model needs no memory here
             return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype,
                                       remote=True)
-        if estimate is not None:
+        if estimate is not None and estimate.task is not None:
             memory.print_estimate(self.name, self.dtype, estimate.task, estimate.n_prompts, batch_size,
                                   fit=estimate.fit if means else None, fmt=estimate.format)
         spread = {k: v for k, v in (("device_map", self.device_map), ("max_memory", self.max_memory)) if v is not None}
@@ -62,14 +70,16 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PromptSpec:
-    """The evaluation prompts of a run: ``n_prompts`` prompts of ``task`` the model answers correctly, drawn
+    """The evaluation prompts of a run: ``n_prompts`` prompts of ``task`` (a catalogue name, a task file path or a
+    :class:`~circuits.tasks.TaskSpec`) or of the dataset ``prompts`` (a ``.jsonl`` / ``.csv`` path or a
+    ``datasets.Dataset``, :mod:`circuits.prompt_data`; exactly one of the two) the model answers correctly, drawn
     with ``seed`` (``source="build"``) or from the task's frozen set, checking at most ``max_checked``
     (``None``: :data:`circuits.prompts.MAX_CHECKED`), BOS per ``prepend_bos`` (``None``: the model's default),
     the fit set of their means (``fit``) and whether numbers may span several tokens (``numbers``:
     ``"single"`` or ``"multi"``, :mod:`circuits.digits`) and the prompt ``format`` (solved examples, the chat
     template; :mod:`circuits.formats`)."""
 
-    task: str
+    task: Any = None
     n_prompts: int = 200
     seed: int = 0
     source: str = "build"
@@ -78,9 +88,22 @@ class PromptSpec:
     fit: FitSpec = field(default_factory=FitSpec)
     numbers: str = "single"
     format: PromptFormat = field(default_factory=PromptFormat)
+    prompts: Any = None
+
+    @property
+    def label(self) -> str:
+        """How runs name the prompts: the task (:func:`circuits.tasks.task_label`) or the dataset."""
+        from circuits import tasks
+        from circuits.prompt_data import prompts_label
+
+        return prompts_label(self.prompts) if self.prompts is not None else tasks.task_label(self.task)
 
     def validate(self) -> "PromptSpec":
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
+        if (self.task is None) == (self.prompts is None):
+            raise ArgumentError(ONE_SOURCE)
+        if self.prompts is not None and self.format.shots:
+            raise ArgumentError("--shots draws solved examples from a task: with --prompts write them into the prompts")
         if self.source not in SOURCES:
             raise ArgumentError(f"source={self.source!r} is not valid: choose one of {', '.join(SOURCES)}")
         if self.numbers not in NUMBERS:
@@ -98,25 +121,44 @@ class PromptSpec:
         from circuits import loading  # loading.prepare_prompts: the one place prompts are drawn
         from circuits.fitset import draw_fit_set
 
+        if self.prompts is not None:
+            from circuits.prompt_data import prepare_dataset_prompts
+
+            return prepare_dataset_prompts(model, self.prompts, self.n_prompts, self.seed, means=means, fit=self.fit,
+                                           prepend_bos=self.prepend_bos, numbers=self.numbers, fmt=self.format,
+                                           max_checked=self.max_checked, batch_size=batch_size)
+
         options: dict[str, Any] = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source,
                                    "numbers": self.numbers, "fmt": self.format}
         if self.max_checked is not None:
             options["max_checked"] = self.max_checked
-        want = self.n_prompts
+        from circuits import tasks
+
+        want, space = self.n_prompts, None
         for _ in range(MAX_REDRAWS + 1):
             drawn = loading.prepare_prompts(model, self.task, want, self.seed, min_prompts=self.n_prompts, **options)
             if means is None:
                 return drawn  # drawn with want == n_prompts
             fit = draw_fit_set(model, self.task, drawn.tokens, self.fit, prepend_bos=self.prepend_bos,
                                batch_size=batch_size, numbers=self.numbers, layout=drawn.layout, fmt=self.format)
-            keep = fit_covered(fit, drawn.tokens) if means == "cama" else torch.ones(len(drawn), dtype=torch.bool)
+            if means == "cama" and fit.whole:  # a small task: score what the rest of its space can back
+                keep, fit = split_whole(fit, drawn.tokens, self.n_prompts)
+            elif means == "cama":
+                keep = fit_covered(fit, drawn.tokens)
+            else:
+                keep = torch.ones(len(drawn), dtype=torch.bool)
             n_kept = int(keep.sum())
             if n_kept >= self.n_prompts or len(drawn) < want:
                 break
-            want += self.n_prompts - n_kept + max(5, self.n_prompts // 20)  # replace the prompts set aside
+            if space is None:  # prompts to draw from: more than that cannot be asked for
+                space = (len(tasks.frozen_set(self.task)) if self.source == "frozen"
+                         else tasks.operand_space_size(self.task))
+            if want >= space:
+                break
+            want = min(space, want + self.n_prompts - n_kept + max(5, self.n_prompts // 20))  # replace those set aside
         if n_kept < self.n_prompts:
             raise PromptError(
-                f"task {self.task!r}: only {n_kept} of the {len(drawn)} correct prompts read means that the fit "
+                f"task {self.label!r}: only {n_kept} of the {len(drawn)} correct prompts read means that the fit "
                 f"set ({len(fit)} prompts) backs with >= {self.fit.min_count} fit prompts each, "
                 f"{self.n_prompts} needed: lower --n-prompts, raise --fit-size or lower --fit-min-count"
             )
@@ -128,7 +170,7 @@ class PromptSpec:
     def meta(self) -> dict[str, Any]:
         """The prompts' part of a run's description (``run.json`` / ``summary.json``): the task, the source, and
         how numbers are tokenised and prompts formatted where that is not the papers' default."""
-        out: dict[str, Any] = {"task": self.task, "source": self.source}
+        out: dict[str, Any] = {"task": self.label, "source": "prompts" if self.prompts is not None else self.source}
         if self.numbers != "single":
             out["numbers"] = self.numbers
         if not self.format.zero_shot:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from datasets import Dataset
 
-__all__ = ["Layout", "answer_form", "answer_forms", "answer_token_ids", "filter_correct", "filter_single_token",
+__all__ = ["Layout", "answer_form", "answer_forms", "answer_value", "answer_token_ids", "filter_correct", "filter_single_token",
            "number_tokens", "resolve_bos", "single_token_ranges", "to_layouts"]
 
 _NUMBER = re.compile(r"\d+")
@@ -96,18 +96,41 @@ def single_token_ranges(
     return out
 
 
-def answer_form(model_or_tokenizer: Any, prompt: str, answer: int) -> tuple[str, str, list[int]]:
+def answer_string(answer: Any) -> str:
+    """An answer as text: a string as it is, a number as ``str(int(answer))``."""
+    return answer if isinstance(answer, str) else str(int(answer))
+
+
+def answer_value(answer: Any) -> int | str:
+    """An answer as JSON keeps it: an integer, or the string of a task whose answers are text."""
+    return answer if isinstance(answer, str) else int(answer)
+
+
+def is_number(text: str) -> bool:
+    """Whether an answer text is an integer (``"112"``, ``" 112"``, ``"-3"``)."""
+    return text.strip().lstrip("-").isdigit()
+
+
+def answer_texts_of(rows: Any) -> list[Any]:
+    """The answers a dataset's rows write after their prompts: the ``answer_text`` column where there is one
+    (task files with an answer format or string answers, :func:`circuits.tasks.build_task`), else ``answer``."""
+    columns = rows.keys() if isinstance(rows, dict) else getattr(rows, "column_names", ())
+    return list(rows["answer_text"] if "answer_text" in columns else rows["answer"])
+
+
+def answer_form(model_or_tokenizer: Any, prompt: str, answer: int | str) -> tuple[str, str, list[int]]:
     """``(prompt, answer_text, answer_ids)``: the answer as the tokenizer writes it after the prompt.
 
     ``answer_ids`` are the tokens that ``tokenizer(prompt + str(answer))`` adds to ``tokenizer(prompt)``
-    (single-token answer: one id). If they are not a clean continuation and ``prompt`` ends in a space,
+    (single-token answer: one id); a string answer (e.g. ``" Paris"``) is that text itself. If they are not a clean continuation and ``prompt`` ends in a space,
     the space moves into the answer: ``(prompt[:-1], " " + str(answer), ...)`` (GPT-2 style ``'Ġ112'``).
     Multi-token answers return their pieces, the caller decides."""
     return answer_forms(model_or_tokenizer, [prompt], [answer])[0]
 
 
 def answer_forms(
-    model_or_tokenizer: Any, prompts: Sequence[str], answers: Sequence[int], base: Sequence[list[int]] | None = None
+    model_or_tokenizer: Any, prompts: Sequence[str], answers: Sequence[int | str],
+    base: Sequence[list[int]] | None = None
 ) -> list[tuple[str, str, list[int]]]:
     """:func:`answer_form` of many prompts with batched tokenizer calls; ``base``: the prompts' token ids
     (without special tokens) when already known."""
@@ -116,7 +139,7 @@ def answer_forms(
     def encode(texts: list[str]) -> list[list[int]]:
         return list(encode_texts(tok, texts)["input_ids"])
 
-    texts = [str(int(a)) for a in answers]
+    texts = [answer_string(a) for a in answers]
     base = list(base) if base is not None else encode(list(prompts))
     full = encode([p + t for p, t in zip(prompts, texts)])
     out: list[tuple[str, str, list[int]]] = []
@@ -126,7 +149,7 @@ def answer_forms(
         ids = f[len(b):] if f[: len(b)] == b else None
         clean.append(ids is not None)
         out.append((p, t, ids if ids is not None else encode([t])[0]))
-        if (ids is None or len(ids) != 1) and p.endswith(" "):
+        if (ids is None or len(ids) != 1) and p.endswith(" ") and not t.startswith(" "):
             retry.append(i)
     if retry:
         stripped = [prompts[i][:-1] for i in retry]
@@ -143,13 +166,15 @@ def filter_single_token(
     ds: "Dataset", model_or_tokenizer: Any, strict: bool = False, verbose: bool = True
 ) -> "tuple[Dataset, int]":
     """Keep the rows whose numbers (every operand in the prompt, and the answer as it follows the
-    prompt, see :func:`answer_form`) are each a single token, not ``<unk>``.
+    prompt, see :func:`answer_form`) are each a single token, not ``<unk>``. A string answer (a lookup column,
+    e.g. ``" Paris"``) must be one token; the prompt's digits are then not checked.
 
     The kept rows gain an ``answer_text`` column (the answer as written after the prompt, e.g. ``"112"``
     or ``" 112"``); when the answer takes the prompt's trailing space, ``prompt`` loses it.
 
     Args:
-        ds: dataset with ``prompt``, ``operands`` and ``answer`` columns (see ``tasks.build_task``).
+        ds: dataset with ``prompt`` and ``answer`` columns (``answer_text`` where the task writes its answer in its
+            own format; see ``tasks.build_task``).
         model_or_tokenizer: a TransformerLens model (its ``.tokenizer`` is used) or a Hugging Face tokenizer.
         strict: if True, raise instead of dropping (for tasks that demand single-token numbers).
         verbose: print how many rows were dropped.
@@ -173,21 +198,22 @@ def filter_single_token(
     rows = ds.to_dict() if hasattr(ds, "to_dict") else {c: list(ds[c]) for c in ds.column_names}
     all_prompts = list(rows["prompt"])
     enc = encode_texts(tok, all_prompts, offsets=fast) if all_prompts else None
-    forms = answer_forms(tok, all_prompts, [int(a) for a in rows["answer"]],
-                         base=enc["input_ids"] if enc is not None else [])
-    for i, (prompt, ops) in enumerate(zip(all_prompts, rows["operands"])):
-        checks: list[tuple[int, list[int]]] = []
-        if fast:
+    forms = answer_forms(tok, all_prompts, answer_texts_of(rows), base=enc["input_ids"] if enc is not None else [])
+    for i, prompt in enumerate(all_prompts):
+        new_prompt, text, ans_ids = forms[i]
+        checks: list[tuple[Any, list[int]]] = []
+        if not is_number(text):
+            pass  # a string answer (a lookup): the prompt's digits are text, not operands
+        elif fast:
             spans = list(zip(enc["input_ids"][i], enc["offset_mapping"][i]))
             for m in _NUMBER.finditer(prompt):
                 a, b = m.span()
                 checks.append((int(m.group()), [t for t, (s, e) in spans if s < b and e > a]))
-        else:  # slow tokenizers have no offsets: judge each operand on its own
-            for v in ops:
+        else:  # slow tokenizers have no offsets: judge each number on its own
+            for v in _NUMBER.findall(prompt):
                 cache.setdefault(int(v), tok.encode(str(int(v)), add_special_tokens=False))
                 checks.append((int(v), cache[int(v)]))
-        new_prompt, text, ans_ids = forms[i]
-        checks.append((int(text), ans_ids))
+        checks.append((int(text) if is_number(text) else text, ans_ids))
         bad = next(((v, ids) for v, ids in checks if len(ids) != 1 or ids[0] == unk), None)
         if bad is None:
             keep.append(i)
@@ -198,8 +224,9 @@ def filter_single_token(
             pieces = tok.convert_ids_to_tokens(ids)
             what = (f"is an unknown token ({pieces[0]})" if len(ids) == 1 else
                     f"is split into {len(ids)} tokens {pieces}")
-            raise ValueError(f"number {v} {what} for this tokenizer, but the task demands single-token "
-                             f"numbers (row {i}: {prompt!r})")
+            kind = "number" if isinstance(v, int) else "answer"
+            raise ValueError(f"{kind} {v!r} {what} for this tokenizer, but the task demands single-token "
+                             f"{kind}s (row {i}: {prompt!r})")
     dropped = len(ds) - len(keep)
     if verbose:
         from circuits.logs import get_logger
@@ -263,7 +290,7 @@ class Layout:
         answers: ``[batch]`` long tensor, answer token ids (see :func:`answer_token_ids`); ``[batch, k]`` for
             answers of ``k`` tokens.
         prompts: prompt strings (without BOS), one per row.
-        answer_values: integer answers, one per row.
+        answer_values: the answers, one per row (integers; strings for a task whose answers are text).
         indices: row indices into the source dataset, one per row.
         answer_texts: the answer as written after the prompt (``"112"`` / ``" 112"``), when known.
         bos: the token id at position 0, or ``None`` when no BOS was prepended.
@@ -273,7 +300,7 @@ class Layout:
     tokens: "torch.Tensor"
     answers: "torch.Tensor"
     prompts: list[str]
-    answer_values: list[int]
+    answer_values: list[int | str]
     indices: list[int]
     answer_texts: list[str] | None = None
     bos: int | None = None
@@ -302,13 +329,14 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
     import torch
 
     prompts = list(ds["prompt"])
-    answers = [int(a) for a in ds["answer"]]
+    answers = [a if isinstance(a, str) else int(a) for a in ds["answer"]]
     if not prompts:
         return []
     bos = resolve_bos(model, prepend_bos)
     columns = getattr(ds, "column_names", ())
     texts = list(ds["answer_text"]) if "answer_text" in columns else None
     multi = list(ds["answer_ids"]) if "answer_ids" in columns else None  # numbers of several tokens (circuits.digits)
+    keys = list(ds["layout"]) if multi is not None else None
     tok = tokenizer_of(model)
     # One batched call without special tokens, then BOS in front: what model.to_tokens(p) gives; answers of k
     # tokens add their first k-1 (teacher forcing).
@@ -319,7 +347,7 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
         forced = [] if multi is None else list(multi[i][:-1])
         t = torch.tensor(([bos] if bos is not None else []) + list(ids) + forced, dtype=torch.long)
         rows.append(t)
-        groups.setdefault(len(t) if multi is None else ds["layout"][i], []).append(i)
+        groups.setdefault(len(t) if keys is None else keys[i], []).append(i)
     ans_ids = answer_token_ids(model, texts if texts is not None else answers) if multi is None else None
     layouts = []
     for key, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), len(rows[kv[1][0]]), str(kv[0]))):

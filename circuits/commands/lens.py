@@ -7,14 +7,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, batch_size_argument,
-                                      set_prompt_defaults)
+from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, add_task_arguments,
+                                      batch_size_argument, set_prompt_defaults)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model name (a zoo model such as arith-gpt2, or a "
                         "TransformerLens pretrained name)")
-    parser.add_argument("--task", required=True, help="task name (see circuits.tasks.list_tasks())")
+    add_task_arguments(parser)
     parser.add_argument("--n-prompts", type=int, default=200, help="prompts to decode (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="prompt sampling seed (default: 0)")
     parser.add_argument("--out", required=True, help="output directory (lens.json, report.html)")

@@ -45,11 +45,14 @@ def config_of(args: argparse.Namespace):
 
 def read_config(args: argparse.Namespace):
     """:func:`config_of`, read."""
-    import tomllib
     from pathlib import Path
 
     from circuits.errors import ArgumentError
     from circuits.sweep import SweepConfig
+    from circuits.sweep.config import config_tasks
+    from circuits.task_files import toml_module
+
+    tomllib = toml_module()
 
     raw: dict = {}
     if args.config is not None:
@@ -68,7 +71,7 @@ def read_config(args: argparse.Namespace):
         sweep = table.get("sweep")
         if sweep is not None and not isinstance(sweep, dict):
             raise ArgumentError(f"--config {args.config}: sweep must be a [sweep] table")
-        raw = dict(sweep or {})
+        raw = config_tasks(dict(sweep or {}), path)
     for key in ("models", "tasks", "ablations"):
         if getattr(args, key) is not None:
             raw[key] = [x.strip() for x in getattr(args, key).split(",") if x.strip()]

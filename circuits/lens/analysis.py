@@ -14,14 +14,19 @@ from circuits.analyses import Analysis, RunContext
 from circuits.lens.result import LensResult
 
 
-def interchange_sets(model: Any, task: str, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
-    """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template."""
+def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
+    """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template (a name, task
+    file or spec). A task of string slots or answers (a lookup) has none: the checks swap integer operands."""
     from circuits import lens, tasks
 
     spec = tasks.get_task(task)
+    if not spec.numeric or spec.slot_values:
+        get_logger("lens").info("lens: no interchange checks for %s: they swap integer operands", spec.name)
+        return []
     rows = []
     for p, a in zip(prompts, answers):
-        ops = lens.parse_operands(spec.template, spec.operand_names, p)
+        ops = lens.parse_operands(spec.template, spec.operand_names, p[len(spec.prefix):] if
+                                  p.startswith(spec.prefix) else p)
         if ops is not None:
             rows.append({"prompt": p, "answer": int(a), "operands": ops, "task": task})
     changes = [("operand", i, f"operand {name}") for i, name in enumerate(spec.operand_names)]
@@ -68,14 +73,18 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
     Answers of ``k > 1`` tokens (``[n, k]``, digit-level tokenizers): the lens decodes the position that
     predicts the *first* answer token (the last prompt token; the teacher-forced answer tokens are left out)
     and scores that token, whose numeric value is its own (e.g. the leading digit); the interchange checks,
-    which swap whole operands, need single-token answers and are skipped."""
+    which swap whole operands, need single-token answers and are skipped. Answers that are not integers (a
+    lookup task, a prompt dataset of text answers): the numeric metrics (``abs_error``, the numeric value of the
+    decoded top-1 token) are NaN, and the interchange checks are skipped."""
     import torch
 
     from circuits import lens
+    from circuits.task_tokens import is_number
 
     records = ctx.kept_prompts or []
     prompts = [r["prompt"] for r in records]
-    values = [int(r["answer"]) for r in records] if records else None
+    numeric = bool(records) and all(not isinstance(r["answer"], str) or is_number(r["answer"]) for r in records)
+    values = [int(r["answer"]) for r in records] if numeric else None
     tokens, answers = ctx.tokens, torch.as_tensor(ctx.answers)
     if answers.ndim == 2:  # the first answer token, predicted at the last prompt position
         tokens, answers, values = tokens[:, : tokens.shape[1] - answers.shape[1] + 1], answers[:, 0], None
@@ -83,7 +92,8 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
                                prompts=prompts or None, decode=config.decode, top_k=config.top_k,
                                batch_size=config.batch_size)
     inter = []
-    if config.interchange and values is not None and ctx.meta.get("task") is not None:
+    if config.interchange and values is not None and ctx.meta.get("task") is not None \
+            and ctx.meta.get("source") != "prompts":
         for cf in interchange_sets(model, ctx.meta["task"], prompts, values, config.seed):
             inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
                                           counter_answers=cf.counter_answers, batch_size=config.batch_size,

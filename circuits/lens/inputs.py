@@ -138,7 +138,7 @@ def _dataset_groups(model: Any, ds: Any) -> list[PromptGroup]:
         for a in sorted(set(ds["answer"]), key=str):
             answer_token_id(model, a)  # clear multi-token error before grouping
         return [PromptGroup(lay.tokens, torch.as_tensor(lay.answers).long(), list(lay.prompts),
-                            [float(x) for x in lay.answer_values], list(lay.indices))
+                            [_as_value(x) for x in lay.answer_values], list(lay.indices))
                 for lay in tasks.to_layouts(model, ds)]
     by_len: dict[int, list[tuple[int, torch.Tensor, int, Mapping[str, Any]]]] = {}
     for i, r in enumerate(ds):

@@ -4,7 +4,8 @@ A sweep config is a TOML file with one ``[sweep]`` table::
 
     [sweep]
     models = ["arith-styles"]          # zoo names or pretrained names
-    tasks = ["add", "sub", "style"]    # task names, or a group: "original", "style", "early_decoding", "digits"
+    tasks = ["add", "sub", "style"]    # task names, a group ("original", "style", "early_decoding", "digits")
+                                       # or task files ("mul.toml": relative to the config's folder)
     ablations = ["cama"]               # cama, mean, zero
     seeds = [42, 123, 999]
     n_prompts = 200
@@ -62,12 +63,29 @@ class Cell:
 
     def folder(self) -> Path:
         """The cell's run directory below the sweep's ``cells/``."""
-        return Path(slug(self.model)) / self.task / f"{self.ablation}-seed{self.seed}"
+        return Path(slug(self.model)) / task_slug(self.task) / f"{self.ablation}-seed{self.seed}"
 
 
 def slug(name: str) -> str:
     """A model name as one folder name (``meta-llama/Meta-Llama-3-8B`` -> ``meta-llama__Meta-Llama-3-8B``)."""
     return name.replace("/", "__")
+
+
+def config_tasks(sweep: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The ``[sweep]`` table of the config file ``path`` with its task files relative to the file's folder
+    (``tasks = ["mul.toml"]`` beside the config) made paths from here; other tasks as they are."""
+    if isinstance(sweep.get("tasks"), list):
+        here = path.parent
+        sweep["tasks"] = [str(here / t) if isinstance(t, str) and t.lower().endswith((".toml", ".json"))
+                          and not Path(t).is_absolute() and (here / t).exists() else t for t in sweep["tasks"]]
+    return sweep
+
+
+def task_slug(task: str) -> str:
+    """A task as one folder name: a catalogue name as it is, a task file by its stem (``tasks/mul.toml`` -> ``mul``)."""
+    from circuits import tasks
+
+    return Path(task).stem if tasks.task_path(task) is not None else task
 
 
 @dataclass(frozen=True)
@@ -135,15 +153,16 @@ class SweepConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> "SweepConfig":
         """Read ``path`` (a TOML file with a ``[sweep]`` table)."""
-        import tomllib
+        from circuits.task_files import toml_module
 
+        tomllib = toml_module()
         try:
             raw = tomllib.loads(Path(path).read_text())
         except tomllib.TOMLDecodeError as err:
             raise ArgumentError(f"--config {path} is not valid TOML: {err}") from None
         if "sweep" not in raw or not isinstance(raw["sweep"], dict):
             raise ArgumentError(f"--config {path} has no [sweep] table")
-        return cls.from_mapping(raw["sweep"])
+        return cls.from_mapping(config_tasks(dict(raw["sweep"]), Path(path)))
 
     def validate(self) -> "SweepConfig":
         """Raise :class:`ArgumentError` naming the first bad field (checks that need no model)."""
@@ -156,9 +175,15 @@ class SweepConfig:
         if self.mode == "search" and (self.wait is not None or self.transfer is not None):
             raise ArgumentError("wait/transfer apply to mode='fixed' only; mode='search' selects them per cell")
         for task in self.tasks:
-            if task not in catalogue.list_tasks():
-                raise ArgumentError(f"task {task!r} is unknown; known: {', '.join(catalogue.list_tasks())} "
-                                    f"or a group ({', '.join(GROUPS)})")
+            if catalogue.task_path(task) is not None:
+                catalogue.load_task(task)  # one line naming the file and the field
+            elif task not in catalogue.list_tasks():
+                raise ArgumentError(f"task {task!r} is unknown; known: {', '.join(catalogue.list_tasks())}, a group "
+                                    f"({', '.join(GROUPS)}) or a task file (.toml / .json)")
+        folders = [task_slug(t) for t in self.tasks]
+        if len(set(folders)) != len(folders):
+            twice = next(f for f in folders if folders.count(f) > 1)
+            raise ArgumentError(f"tasks: two tasks would share the cell folder {twice!r}: rename one task file")
         for ablation in self.ablations:
             if ablation not in ("cama", "mean", "zero"):
                 raise ArgumentError(f"ablation {ablation!r} is not valid: choose cama, mean or zero")

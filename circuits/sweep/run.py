@@ -155,9 +155,9 @@ def cell_folder(out: Path, cell: Cell) -> Path:
     folder name (a task or model name holding ``/`` or ``..`` is refused, so no cell lies outside ``out``)."""
     from circuits.atomic import inside, safe_name
 
-    from circuits.sweep.config import slug
+    from circuits.sweep.config import slug, task_slug
 
-    parts = (safe_name(slug(cell.model), "model"), safe_name(cell.task, "task"),
+    parts = (safe_name(slug(cell.model), "model"), safe_name(task_slug(cell.task), "task"),
              safe_name(f"{cell.ablation}-seed{cell.seed}", "ablation"))
     return inside(out / CELLS_DIR, Path(*parts), "cell folder")
 

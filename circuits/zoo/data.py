@@ -53,6 +53,15 @@ def held_out_tuples() -> dict[str, set[tuple[int, ...]]]:
     return out
 
 
+def own_frozen(spec: "_tasks.TaskSpec") -> set[tuple[int, ...]]:
+    """Operand tuples of a task file's own frozen set (empty for catalogue tasks, whose sets
+    :func:`held_out_tuples` already holds, and for a task without one)."""
+    path = _tasks.frozen_path(spec)
+    if spec.path is None or not path.exists():
+        return set()
+    return {tuple(int(x) for x in json.loads(line)["operands"]) for line in path.read_text().splitlines() if line.strip()}
+
+
 def template_ids(spec: "_tasks.TaskSpec", tokenizer) -> list[int]:
     """Token ids of ``spec.template`` (without BOS) with operand slots as ``-1 - operand_index``."""
     probe = {k: 900 + i for i, k in enumerate(spec.operand_names)}  # numbers outside the vocab range
@@ -98,7 +107,7 @@ def build_splits(cfg: Any, tokenizer) -> tuple[list[TaskData], list[TaskData]]:
     for name in cfg.tasks:
         spec = _tasks.get_task(name)
         ops = _tasks.task_operands(spec)
-        bad = held.get(spec.expression, set())
+        bad = held.get(spec.expression, set()) | own_frozen(spec)
         frozen = np.zeros(len(ops), bool)
         if bad:
             bad_arr = np.array(sorted(t for t in bad if len(t) == ops.shape[1]), dtype=np.int64)

@@ -47,7 +47,9 @@ class TrainConfig:
     grouped-query attention with ``n_key_value_heads``, gated SiLU MLP). ``steps`` is the maximum; training
     stops earlier once every task's held-out accuracy reaches ``stop_at`` at ``stop_after`` evaluations in
     a row, or once ``max_wall_s`` seconds (``None``: no limit) are spent.
-    ``task_weights`` weighs how often each task is sampled (see :class:`Phase`).
+    ``task_weights`` weighs how often each task is sampled (see :class:`Phase`). ``tasks`` are catalogue names
+    or task files (``examples/mul.toml``); ``extra_tokens`` are appended to the zoo vocabulary (ids of the
+    others unchanged), e.g. ``("*",)`` for multiplication.
     The fields describe phase 1; ``phases`` lists the continuation phases run after it (see
     :func:`phase_configs`). ``phase`` is the 1-indexed phase a config describes (set by
     :func:`phase_configs`, not in the registry).
@@ -80,6 +82,7 @@ class TrainConfig:
     stop_after: int = 2
     max_wall_s: float | None = None
     init_from: str | None = None
+    extra_tokens: tuple[str, ...] = ()
     number_features: str = "fourier"
     description: str = ""
     task_weights: dict[str, float] | None = None
@@ -134,6 +137,14 @@ REGISTRY: dict[str, TrainConfig] = {
         phases=[Phase(steps=600, batch_size=256, lr=1.5e-4, warmup=20, task_weights={"add_add": 3.0})],
         description="Llama-like, fine-tuned from arith-llama on the Original tasks plus the ten input-style "
                     "templates (same architecture and tokenizer).",
+    ),
+    "arith-mul": TrainConfig(
+        name="arith-mul", arch="llama", n_key_value_heads=2, tasks=["examples/mul.toml"],
+        bars={"examples/mul.toml": 0.95}, seed=4, steps=8000, warmup=100, lr=1e-3, weight_decay=1.0,
+        init_from="arith-llama", extra_tokens=("*",), eval_every=200, ckpt_every=200, stop_at=0.99,
+        description="Llama-like (arith-llama's architecture), fine-tuned from arith-llama on multiplication "
+                    "(examples/mul.toml: A*B with A, B in 0..99, product <= 520); its vocabulary adds the "
+                    "token '*' (id 566) to the zoo's 566.",
     ),
 }
 

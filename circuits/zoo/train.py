@@ -27,7 +27,7 @@ from circuits.zoo.data import (TaskData, accuracy, build_splits, evaluate_frozen
 from circuits.zoo.export import export
 from circuits.zoo.recipes import (ORIGINAL_TASKS, PHASE2_STEPS, REGISTRY, STYLE_TASKS, Phase, TrainConfig,
                                   get_config, phase_configs)
-from circuits.zoo.tokenizer import build_tokenizer
+from circuits.zoo.tokenizer import WORDS, build_tokenizer
 from circuits.zoo.trainer import lr_at, optimizer_step
 
 log = get_logger("zoo")
@@ -70,7 +70,7 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
     ckpt_root = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
     from circuits.zoo.trainer import held
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(words=[*WORDS, *cfg.extra_tokens]) if cfg.extra_tokens else build_tokenizer()
     with held(*([out_dir] if export_model else []), ckpt_root):  # locked like every command's directory
         model = new_model(cfg, tokenizer, model_class)
         states = [run_phase(model, pcfg, ckpt_root / f"phase{pcfg.phase}", resume, progress) for pcfg in phases]

@@ -51,7 +51,14 @@ def fake_tasks(monkeypatch):
         n = len(ds)
         return [FakeLayout(n - n // 3, 7, 0), FakeLayout(n // 3, 9, 1000)]
 
-    for fn in (build_task, operand_space_size, frozen_set, filter_single_token, filter_correct, to_layouts):
+    def get_task(name):
+        return types.SimpleNamespace(name=name, slot_values=(), numeric=True, path=None)
+
+    def task_label(name):
+        return str(name)
+
+    for fn in (build_task, operand_space_size, frozen_set, filter_single_token, filter_correct, to_layouts, get_task,
+               task_label):
         setattr(mod, fn.__name__, fn)
     monkeypatch.setitem(sys.modules, "circuits.tasks", mod)
     import circuits

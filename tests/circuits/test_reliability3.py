@@ -238,6 +238,44 @@ def test_prepared_prompts_are_reused_only_when_they_are_this_runs(tmp_path, coun
     one_line_error(capsys, cli.main([*SEARCH, str(out)]), "prompts_sha256")
 
 
+def test_a_task_or_prompts_file_changed_under_its_path_is_prepared_again(tmp_path, counted, capsys):
+    """The prepared prompts' key holds the SHA-256 of the task file and of the prompt dataset: a file edited under
+    the same path (here a comment only, which changes no field of the task) is not taken for the one the
+    prompts were prepared from; an unchanged one is reloaded."""
+    from datasets import Dataset
+
+    from circuits import package_data, prepared, zoo
+    from circuits.specs import PromptSpec
+
+    task = tmp_path / "mine.toml"
+    task.write_text((package_data.package_path("data") / "tasks" / "add.toml").read_text())
+    argv = [*SEARCH[:4], str(task), *SEARCH[5:], str(tmp_path / "s")]
+    assert cli.main(argv) == 0
+    for edit in ("", "# the same task, edited\n"):
+        task.write_text(task.read_text() + edit)
+        for k in counted:
+            counted[k] = 0
+        capsys.readouterr()
+        assert cli.main(argv) == 0
+        reloaded = "reloaded from" in capsys.readouterr().out
+        assert reloaded == (edit == ""), edit
+        assert (counted["filter_correct"] > 0) == (edit != "")
+
+    model = zoo.load("arith-gpt2")
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "1+2=", "answer": 3}\n{"prompt": "2+2=", "answer": 4}\n')
+    spec = PromptSpec(prompts=str(rows), n_prompts=2)
+    before = prepared.spec_key(model, spec, None)
+    assert prepared.spec_key(model, spec, None) == before
+    rows.write_text('{"prompt": "1+2=", "answer": 3}\n{"prompt": "2+3=", "answer": 5}\n')
+    after = prepared.spec_key(model, spec, None)
+    assert after != before and after["spec"] == before["spec"]
+    assert after["task"]["prompts"]["sha256"] != before["task"]["prompts"]["sha256"]
+    one, two = (Dataset.from_dict({"prompt": ["1+2="], "answer": [a]}) for a in (3, 4))
+    assert prepared.spec_key(model, PromptSpec(prompts=one, n_prompts=1), None) != \
+        prepared.spec_key(model, PromptSpec(prompts=two, n_prompts=1), None)
+
+
 def test_hooked_from_pretrained_chatter_is_silenced(monkeypatch, capfd, caplog):
     """TransformerLens 3.x's `from_pretrained` prints "Loaded pretrained model ..." and "Moving model to device"
     on stdout: the loader sends them to the circuits logger at DEBUG instead."""
@@ -267,15 +305,19 @@ def test_hooked_from_pretrained_chatter_is_silenced(monkeypatch, capfd, caplog):
 
 # --- crafted inputs through the command line -------------------------------------------------------------------
 def test_a_task_name_from_a_data_folder_that_would_leave_out_is_refused_by_af1_sweep(tmp_path, capsys, monkeypatch):
-    """A `tasks.json` under AF1_DATASETS_DIR naming a task `../escape`: `af1 sweep` refuses it in one line before
-    anything is written, and no folder appears outside --out."""
-    from circuits import package_data, tasks
+    """A `tasks.json` (the earlier one-file catalogue, which still loads) under AF1_DATASETS_DIR naming a task
+    `../escape`: `af1 sweep` refuses it in one line before anything is written, and no folder appears outside
+    --out."""
+    from circuits import tasks
 
     data = tmp_path / "data"
     data.mkdir()
-    shipped = json.loads((package_data.package_path("data") / "tasks.json").read_text())
-    add = next(t for t in shipped["tasks"] if t["name"] == "add")
-    (data / "tasks.json").write_text(json.dumps({**shipped, "tasks": [{**add, "name": "../escape"}]}))
+    add = tasks.get_task("add")
+    escape = {"name": "../escape", "template": add.template, "expression": add.expression,
+              "operand_names": list(add.operand_names), "operand_ranges": [list(r) for r in add.operand_ranges],
+              "answer_min": add.answer_min, "answer_max": add.answer_max, "default_n": add.default_n,
+              "group": add.group, "style": add.style, "card": add.card}
+    (data / "tasks.json").write_text(json.dumps({"version": 1, "tasks": [escape]}))
     monkeypatch.setenv("AF1_DATASETS_DIR", str(data))
     tasks._load_specs.cache_clear()
     try:

@@ -97,7 +97,9 @@ def test_empty_operand_range_is_a_clear_error():
 
 
 def test_frozen_sets_are_fixed_and_correct():
-    cat = json.loads((tasks.datasets_dir() / "tasks.json").read_text())
+    from circuits.task_files import toml_module
+
+    cat = toml_module().loads((tasks.datasets_dir() / "tasks" / "catalogue.toml").read_text())
     for name in tasks.list_tasks():
         fz = tasks.frozen_set(name)
         assert len(fz) == cat["frozen_n"] == 300
@@ -110,7 +112,7 @@ def test_frozen_sets_are_fixed_and_correct():
             assert tasks.build_task(name, n=300, seed=cat["frozen_seed"])["prompt"] == fz["prompt"]
 
 
-def test_datasets_dir_is_overridable(tmp_path, monkeypatch):
+def test_datasets_dir_of_the_earlier_one_file_format_still_loads(tmp_path, monkeypatch):
     (tmp_path / "tasks.json").write_text(json.dumps({"version": 1, "frozen_seed": 1, "frozen_n": 2, "tasks": [
         {"name": "tiny", "template": "{A}+{B}=", "expression": "A+B", "operand_names": ["A", "B"],
          "operand_ranges": [[1, 2], [1, 2]], "answer_min": 0, "answer_max": 9, "default_n": 10,
@@ -120,13 +122,25 @@ def test_datasets_dir_is_overridable(tmp_path, monkeypatch):
     assert sorted(tasks.build_task("tiny")["answer"]) == [2, 3, 3, 4]
 
 
+def test_datasets_dir_of_task_files_is_overridable(tmp_path, monkeypatch):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "catalogue.toml").write_text('tasks = ["tiny"]\nfrozen_n = 2\n')
+    (tmp_path / "tasks" / "tiny.toml").write_text(
+        'name = "tiny"\ntemplate = "{A}*{B}="\nanswer = "A*B"\n[slots]\nA = { range = [1, 2] }\nB = { range = [2, 3] }\n')
+    monkeypatch.setenv("AF1_DATASETS_DIR", str(tmp_path))
+    assert tasks.list_tasks() == ["tiny"]
+    assert sorted(tasks.build_task("tiny")["answer"]) == [2, 3, 4, 6]
+    assert tasks.get_task("tiny").frozen_n == 2
+
+
 def test_datasets_dir_is_the_package_data_folder(monkeypatch):
     monkeypatch.delenv("AF1_DATASETS_DIR", raising=False)
     import circuits
 
     data = tasks.datasets_dir()
     assert data.resolve() == Path(circuits.__file__).resolve().parent / "data"
-    assert (data / "tasks.json").is_file() and (data / "frozen" / "add.jsonl").is_file()
+    assert (data / "tasks" / "catalogue.toml").is_file() and (data / "tasks" / "add.toml").is_file()
+    assert (data / "frozen" / "add.jsonl").is_file()
     assert not (data / "__init__.py").exists()  # a data folder, not a package
     import datasets
 

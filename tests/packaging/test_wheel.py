@@ -104,7 +104,9 @@ def test_wheel_carries_task_data_and_zoo_models(installed):
     shipped = [p for folder in ("circuits/data", "circuits/zoo/models") for p in (ROOT / folder).rglob("*")
                if p.is_file() and "__pycache__" not in p.parts]
     expected = {p.relative_to(ROOT).as_posix() for p in shipped}
-    assert "circuits/data/tasks.json" in expected and "circuits/zoo/models/arith-gpt2/model.safetensors" in expected
+    assert "circuits/data/tasks/catalogue.toml" in expected and "circuits/data/tasks/add.toml" in expected
+    assert "circuits/data/examples/mul.toml" in expected and "circuits/data/examples/capital.toml" in expected
+    assert "circuits/zoo/models/arith-gpt2/model.safetensors" in expected
     assert any(n.startswith("circuits/data/frozen/") and n.endswith(".jsonl") for n in expected)
     assert expected - names == set(), "files of the checkout missing from the wheel"
     assert not any(n.startswith(("datasets/", "tests/")) for n in names)
@@ -118,6 +120,7 @@ def test_installed_package_reads_its_data_from_site_packages(installed):
         "print(json.dumps({'data': str(tasks.datasets_dir().resolve()), 'package': circuits.__file__,\n"
         "  'purelib': sysconfig.get_paths()['purelib'], 'n_tasks': len(tasks.list_tasks()),\n"
         "  'n_frozen': len(tasks.frozen_set('add')), 'torch': torch.__version__,\n"
+        "  'n_mul': len(tasks.frozen_set('examples/mul.toml')),\n"
         "  'tl': version('transformer-lens')}))\n"
     )
     out = _run([str(installed["python"]), "-c", probe], COMMAND_TIMEOUT_S, cwd=installed["work"], env=_clean_env())
@@ -127,8 +130,11 @@ def test_installed_package_reads_its_data_from_site_packages(installed):
     assert data == purelib / "circuits" / "data"
     assert Path(info["package"]).resolve().is_relative_to(purelib)
     assert not data.is_relative_to(ROOT)
-    catalogue = json.loads((ROOT / "circuits" / "data" / "tasks.json").read_text())
+    from circuits.task_files import toml_module
+
+    catalogue = toml_module().loads((ROOT / "circuits" / "data" / "tasks" / "catalogue.toml").read_text())
     assert info["n_tasks"] == len(catalogue["tasks"]) and info["n_frozen"] == catalogue["frozen_n"]
+    assert info["n_mul"] == 300  # a shipped example task file, found in the installed data folder
     assert info["torch"].startswith("2.13.0")
     assert info["tl"].split(".")[0] == "4", f"a plain install resolved transformer-lens {info['tl']}, not 4.x"
 
