@@ -92,3 +92,34 @@ def test_a_model_without_a_bias_is_left_as_it_is():
     W = model.unembed.W_U.clone()
     assert refit_unembed(model, cfg) == {"method": "none"}
     assert torch.equal(model.unembed.W_U, W)
+
+
+def test_a_folder_of_the_former_transformer_lens_format_converts_without_a_bias(tmp_path):
+    """``convert_folder`` on a folder of the zoo's first format (TransformerLens names and config, a nonzero
+    ``b_U``): the result is a plain Hugging Face checkpoint whose logits, in plain transformers and through
+    ``zoo.load_dir``, are the biased original's (a LayerNorm model: the fold is exact)."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from circuits import zoo
+    from circuits.zoo.export import convert_folder
+    from circuits.zoo.tokenizer import save_tokenizer
+
+    model, cfg = _tiny("arith-gpt2", seed=1)
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg.model_config(model.cfg.d_vocab)))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()
+               if not k.endswith(("IGNORE", "mask"))}, str(folder / "model.safetensors"))
+    save_tokenizer(model.tokenizer, folder / "tokenizer.json")
+    tokens = model.to_tokens(["12+30=", "5+6-7="])
+    expected = _logits(model, tokens)
+    report = convert_folder(folder, tasks=("add", "sub"))
+    assert report["refit"]["method"] == "fold" and max(report["hooked"], report["transformers"]) <= 1e-4
+    assert not (folder / "unembed_bias.safetensors").exists()
+    plain = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(tokens).logits[:, -1].double(), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(_logits(zoo.load_dir(folder), tokens), expected, atol=1e-4, rtol=0)
