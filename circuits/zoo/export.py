@@ -135,8 +135,9 @@ def refit_markdown(refit: dict) -> str:
     fit, val = refit["fit"], refit["val"]
     how = ("folded exactly: after the final LayerNorm the logits change by at most "
            f"{fit['max_logit_change']:.1e} (float32 rounding)" if refit["method"] == "fold" else
-           f"distilled: KL divergence from the biased model plus {refit['ce_weight']} x the answer's cross-entropy, "
-           f"minimised over W_U alone with L-BFGS ({refit['lbfgs_evaluations']} evaluations)")
+           f"distilled: the mean KL divergence from the biased model"
+           + (f" plus {refit['ce_weight']} x the answer's cross-entropy" if refit["ce_weight"] else "")
+           + f", minimised over W_U alone with L-BFGS ({refit['lbfgs_evaluations']} evaluations)")
     return (f"Last step ({refit.get('wall_time_s', '?')} s): the unembedding bias b_U the HookedTransformer was trained "
             f"with is removed and W_U refitted (every other weight as trained) on {fit['n']} training prompts "
             f"({refit['per_task']} per task, seed {refit['seed']}), {how}. On the validation split ({val['n']} prompts): "
