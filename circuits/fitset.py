@@ -119,12 +119,21 @@ class FitSet:
                 "sha256": self.sha256}
 
 
-def fit_set_of(fit: FitSet | None, fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
-               min_count: int | None = None) -> FitSet | None:
-    """The API's two spellings of a fit set as one: ``fit`` itself, else ``fit_tokens`` wrapped with
-    :meth:`FitSet.given` (``None`` when neither is given); both at once are refused."""
+def fit_set_of(fit: "FitSet | FitSpec | None", fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
+               min_count: int | None = None, *, model: Any = None,
+               tokens: Int[torch.Tensor, "batch pos"] | None = None, meta: Any = None) -> FitSet | None:
+    """The API's spellings of a fit set as one: a :class:`FitSet` itself; a :class:`FitSpec`, drawn now for
+    the task named in ``meta["task"]`` (:func:`draw_fit_set` on ``model`` with the scored ``tokens``); else
+    ``fit_tokens`` wrapped with :meth:`FitSet.given` (``None`` when nothing is given). Two at once, or a
+    ``FitSpec`` without a task, are refused in one line."""
     if fit is not None and fit_tokens is not None:
         raise ArgumentError("give the fit set once: fit= or fit_tokens=, not both")
+    if isinstance(fit, FitSpec):
+        task = (meta or {}).get("task")
+        if not task or model is None or tokens is None:
+            raise ArgumentError("fit=FitSpec(...) is drawn from a task's prompts: name the task with "
+                                "meta={'task': NAME}, or pass fit=circuits.fitset.draw_fit_set(model, NAME, tokens, spec)")
+        return draw_fit_set(model, str(task), tokens, fit)
     if fit_tokens is None:
         return fit
     return FitSet.given(fit_tokens, DEFAULT_MIN_COUNT if min_count is None else min_count)

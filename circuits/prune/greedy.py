@@ -14,7 +14,7 @@ import interventions as iv
 from circuits import files
 from circuits.attribution import head_attribution
 from circuits.errors import ArgumentError
-from circuits.fitset import FitSet, fit_set_of
+from circuits.fitset import FitSet, FitSpec, fit_set_of
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
@@ -44,7 +44,7 @@ def prune_heads(
     cache: iv.MeanCache | None = None,
     fit_tokens: Tokens | None = None,
     min_count: int | None = None,
-    fit: FitSet | None = None,
+    fit: FitSet | FitSpec | None = None,
     ablation: Literal["cama", "mean", "zero"] | None = None,
     method: Literal["zero", "mean"] | None = None,
     target: float | None = None,
@@ -64,7 +64,7 @@ def prune_heads(
     ``tokens``: ``[batch, pos]`` prompts of one layout (BOS at 0); ``answers``: answer token ids.
     Prompts the unmodified model gets wrong are dropped first (``n_dropped``). The means for
     ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``) come from ``cache``,
-    ``fit_tokens`` or ``fit``, never from the scored prompts (as in :func:`circuits.search.search_af1`).
+    ``fit_tokens`` or ``fit`` (a ``FitSet``, or a ``FitSpec`` drawn for ``meta["task"]``), never from the scored prompts (as in :func:`circuits.search.search_af1`).
     ``meta`` (e.g. ``model``, ``task``, ``source``) is part of the run's identity (except the keys
     ``command``, ``base_accuracy`` and ``n_checked``, which describe it) and is copied into
     ``summary.json``. ``prompts``: records aligned with ``tokens`` (e.g. ``{"prompt", "answer"}``)
@@ -81,7 +81,8 @@ def prune_heads(
                      target=None if target is None else float(target), rank=rank, confirm_top=confirm_top,
                      batch_size=batch_size, n_boot=n_boot, seed=seed)
     return execute(PRUNE, model, tokens, answers, cfg, out_dir=out_dir, cache=cache,
-                   fit=fit_set_of(fit, fit_tokens, min_count), min_count=min_count, meta=meta, prompts=prompts,
+                   fit=fit_set_of(fit, fit_tokens, min_count, model=model, tokens=tokens, meta=meta),
+                   min_count=min_count, meta=meta, prompts=prompts,
                    progress=progress)
 
 

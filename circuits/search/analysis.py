@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits import files
 from circuits.faithfulness import answer_width, bootstrap_ci, summarize
-from circuits.fitset import FitSet, fit_set_of
+from circuits.fitset import FitSet, FitSpec, fit_set_of
 from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.logs import get_logger
@@ -43,7 +43,7 @@ def search_af1(
     cache: iv.MeanCache | None = None,
     fit_tokens: Tokens | None = None,
     min_count: int | None = None,
-    fit: FitSet | None = None,
+    fit: FitSet | FitSpec | None = None,
     threshold: float | None = None,
     grid: Literal["auto", "full"] | None = None,
     ablation: Literal["cama", "mean", "zero"] | None = None,
@@ -73,7 +73,8 @@ def search_af1(
         fit_tokens: ``[n_fit, pos]`` prompts of the same layout to fit the means on instead (the scored
             prompts are removed from them; e.g. ``circuits.fitset.draw_fit_set(model, task, tokens).tokens``);
             the cache is reloaded from ``out_dir/means.safetensors`` on resume. ``fit``: a
-            :class:`~circuits.fitset.FitSet` (records how it was drawn) instead of ``fit_tokens``.
+            :class:`~circuits.fitset.FitSet` (records how it was drawn) instead of ``fit_tokens``, or a
+            :class:`~circuits.fitset.FitSpec`, drawn for the task ``meta["task"]``.
         min_count: fit prompts each mean the scored prompts read needs (default
             :data:`circuits.fitset.DEFAULT_MIN_COUNT`); fewer raise :class:`~circuits.errors.FitSetError`.
         threshold: faithfulness (fraction in [0, 1]) a configuration needs to be sufficient (default 0.9).
@@ -99,7 +100,8 @@ def search_af1(
     config = configured(SearchConfig, config, threshold=threshold, grid=grid, ablation=ablation, method=method,
                         seed=seed, batch_size=batch_size, n_boot=n_boot, configs_per_pass=configs_per_pass)
     result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache,
-                     fit=fit_set_of(fit, fit_tokens, min_count), min_count=min_count, meta=meta, prompts=prompts,
+                     fit=fit_set_of(fit, fit_tokens, min_count, model=model, tokens=tokens, meta=meta),
+                     min_count=min_count, meta=meta, prompts=prompts,
                      progress=progress)
     result.out_dir = Path(out_dir) if out_dir is not None else None
     return result

@@ -7,9 +7,9 @@
 Each model lives in ``circuits/zoo/models/<name>/`` (:func:`path`), a standard Hugging Face checkpoint:
 ``config.json`` (``GPT2LMHeadModel`` or ``LlamaForCausalLM``), ``model.safetensors`` (fp32 weights),
 ``tokenizer.json`` + ``tokenizer_config.json`` (a :mod:`tokenizers` WordLevel tokenizer, every integer
-0..520 one token), plus ``unembed_bias.safetensors`` (the unembedding bias a standard ``lm_head`` lacks),
-``zoo.json`` (the planted mask, if any) and ``card.json`` / ``card.md`` (training data, steps, wall
-time, seed, frozen-set accuracies); see :mod:`circuits.zoo.hf`.
+0..520 one token), plus ``zoo.json`` (the planted structure, if any) and ``card.json`` / ``card.md``
+(training data, steps, wall time, seed, frozen-set accuracies); see :mod:`circuits.zoo.hf`. Plain
+``transformers.AutoModelForCausalLM.from_pretrained(path(name))`` gives the logits of :func:`load`.
 Retrain with ``af1 zoo train NAME`` (see :mod:`circuits.zoo.train`).
 """
 
@@ -99,9 +99,10 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
 
     ``"hooked"`` converts the Hugging Face weights with TransformerLens' own converters
     (:func:`circuits.zoo.hf.hooked_state`); ``"bridge"`` wraps the Hugging Face model in a
-    ``TransformerBridge`` (with the unembedding bias on its ``lm_head``). A planted attention mask
-    recorded in ``zoo.json`` is attached either way. ``"nnsight"`` wraps the same Hugging Face model (with
-    the unembedding bias) in nnsight (:func:`interventions.backends.nnsight.wrap`)."""
+    ``TransformerBridge``. A planted attention mask recorded in ``zoo.json`` is attached either way.
+    ``"nnsight"`` wraps the same Hugging Face model in nnsight (:func:`interventions.backends.nnsight.wrap`).
+    A folder of the former format, with ``unembed_bias.safetensors`` beside the checkpoint, loads with that
+    bias on every backend and a ``FutureWarning`` (:func:`circuits.zoo.hf.load_hf`)."""
     import torch
 
     from circuits.zoo import hf as _hf
@@ -111,21 +112,20 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
 
     backend = resolve_backend(backend)
     folder = Path(folder)
-    hf_model, b_U = _hf.load_hf(folder)
+    hf_model, b_U = _hf.load_hf(folder)  # b_U: only in a folder of the former format
     tokenizer = load_tokenizer(folder / "tokenizer.json")
-    if backend == "bridge":
-        from interventions.bridge import boot, with_unembed_bias
+    if b_U is not None and backend != "hooked":
+        from interventions.convert import with_unembed_bias
 
-        if b_U is not None:
-            with_unembed_bias(hf_model, b_U)
+        with_unembed_bias(hf_model, b_U)
+    if backend == "bridge":
+        from interventions.bridge import boot
+
         model = boot(hf_model, hf_model.config.model_type, tokenizer)
         model.cfg.default_prepend_bos = True
     elif backend == "nnsight":
         from interventions.backends.nnsight import wrap
-        from interventions.convert import with_unembed_bias
 
-        if b_U is not None:
-            with_unembed_bias(hf_model, b_U)
         model = wrap(hf_model, tokenizer, folder.name)
         model.cfg.default_prepend_bos = True
     else:

@@ -84,8 +84,8 @@ def new_model(cfg, tokenizer, model_class: str | None = None):
 def init_from_folder(model, folder) -> None:
     """Start ``model`` from the weights of the zoo model folder ``folder`` (e.g. ``arith-styles`` from
     ``arith-llama``): Hugging Face weights as they are, or converted for a ``HookedTransformer``
-    (:func:`circuits.zoo.hf.hooked_state`, with the unembedding bias). A Hugging Face model has no
-    unembedding bias, so it starts without the folder's ``b_U``."""
+    (:func:`circuits.zoo.hf.hooked_state`; a folder of the former format gives it its unembedding bias, which
+    a Hugging Face model has no place for)."""
     from pathlib import Path
 
     from safetensors.torch import load_file

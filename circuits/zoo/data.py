@@ -20,7 +20,12 @@ from circuits import tasks as _tasks
 from circuits.zoo.tokenizer import MAX_NUMBER
 
 __all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch", "layout_batches",
-           "logits", "accuracy", "evaluate_frozen"]
+           "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh", "FRESH_SEEDS", "FRESH_N"]
+
+FRESH_SEEDS = (1, 7, 123)
+"""Seeds of the fresh draws on the cards (the frozen sets use the catalogue's ``frozen_seed``, 1234)."""
+FRESH_N = 300
+"""Prompts per task and seed of a fresh draw (as many as a frozen set)."""
 
 
 def _is_val(ops: np.ndarray) -> np.ndarray:
@@ -208,3 +213,26 @@ def evaluate_frozen(model, task_names: list[str], n: int | None = None, tokenize
         ops = np.array(ds["operands"][: n or len(ds)], dtype=np.int64)
         out[name] = accuracy(model, TaskData(name, ops, tok))
     return out
+
+
+def fresh_operands(name: str, n: int = FRESH_N, seed: int = 1) -> np.ndarray:
+    """Operand tuples ``[n, n_operands]`` of a fresh draw of task ``name``: exactly the prompts of
+    ``tasks.build_task(name, n, seed, exclude=<the task's frozen operand tuples>)``, in that order (the
+    operand space without the frozen set, shuffled with ``default_rng(seed)``), computed with array set
+    operations instead of a Python set."""
+    spec = _tasks.get_task(name)
+    ops = _tasks.task_operands(spec)
+    frozen = np.array(_tasks.frozen_set(name)["operands"], dtype=np.int64)
+    if len(frozen):
+        ops = ops[~np.isin(_tuple_keys(ops), _tuple_keys(frozen))]
+    return ops[np.random.default_rng(seed).permutation(len(ops))[: int(n)]]
+
+
+def evaluate_fresh(model, task_names: list[str], seeds=FRESH_SEEDS, n: int = FRESH_N,
+                   tokenizer=None) -> dict[str, list[float]]:
+    """Accuracy (as :func:`evaluate_frozen`) on fresh draws of each task (:func:`fresh_operands`, one draw
+    of ``n`` prompts per seed): ``{task: [accuracy per seed]}``. Fresh prompts are outside the frozen sets
+    but may be training prompts: this measures how stable an accuracy near the bar is, not generalisation."""
+    tok = tokenizer if tokenizer is not None else model.tokenizer
+    return {name: [accuracy(model, TaskData(name, fresh_operands(name, n, s), tok)) for s in seeds]
+            for name in task_names}

@@ -3,13 +3,14 @@
 A model folder holds ``config.json`` (a ``GPT2Config`` / ``LlamaConfig`` with ``architectures``),
 ``model.safetensors`` (Hugging Face parameter names), ``tokenizer.json`` + ``tokenizer_config.json``, so
 ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` and ``AutoTokenizer.from_pretrained(folder)``
-load it as it is. What a standard checkpoint cannot hold is kept beside it:
+load it as it is and computes the logits ``zoo.load`` computes. Beside it, ``zoo.json`` holds zoo
+metadata (the planted structure of a ground truth, a former planted attention mask ``"planted"``).
 
-* ``unembed_bias.safetensors`` (``lm_head.bias``): the unembedding bias ``b_U`` that the zoo's
-  ``HookedTransformer`` models were trained with; ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` have no
-  bias on ``lm_head``, so a plain ``from_pretrained`` gives logits that differ from the zoo model by
-  exactly this vector (the same argmax on nearly every prompt; ``zoo.load`` adds it back);
-* ``zoo.json``: zoo metadata read when loading (e.g. the planted attention mask ``"planted"``).
+The zoo's ``HookedTransformer`` models are trained with an unembedding bias ``b_U``, which a standard
+``lm_head`` lacks: every recipe ends by refitting the unembedding without it
+(:mod:`circuits.zoo.refit`), so no folder has one. A folder of the former format, with the bias kept
+beside the checkpoint in ``unembed_bias.safetensors``, still loads (:func:`load_hf` returns the bias, with
+a ``FutureWarning``); plain ``transformers`` ignores that file.
 
 Conversions: :func:`hf_from_hooked` (TransformerLens state dict -> Hugging Face model, through
 :func:`interventions.bridge.hooked_state_to_hf`), :func:`hooked_config` (Hugging Face config ->
@@ -236,7 +237,8 @@ def check_size(folder: str | Path) -> None:
 
 def load_hf(folder: str | Path) -> tuple[Any, Any]:
     """``(hf_model, b_U)``: the folder's Hugging Face model (``from_pretrained``, offline, eager attention,
-    eval mode) and its unembedding bias (``None`` without ``unembed_bias.safetensors``)."""
+    eval mode) and the unembedding bias of a folder of the former format (``unembed_bias.safetensors``,
+    with a ``FutureWarning``), else ``None``."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -250,19 +252,32 @@ def load_hf(folder: str | Path) -> tuple[Any, Any]:
     with torch.random.fork_rng(devices=[]):  # the throw-away initialisation must not move the caller's RNG
         hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     hf.load_state_dict(load_file(str(folder / WEIGHTS)), strict=True)  # same tensors as from_pretrained, quietly
-    b_U = load_file(str(folder / BIAS))["lm_head.bias"] if (folder / BIAS).exists() else None
+    b_U = None
+    if (folder / BIAS).exists():
+        import warnings
+
+        warnings.warn(f"{folder} keeps an unembedding bias beside the checkpoint ({BIAS}, the zoo's former "
+                      f"format): added to the zoo model, but plain transformers ignores it; re-export the model "
+                      f"without it (circuits.zoo.refit.refit_unembed, then circuits.zoo.export.export)",
+                      FutureWarning, stacklevel=3)
+        b_U = load_file(str(folder / BIAS))["lm_head.bias"]
     return hf.float().eval(), b_U
 
 
-def save_hf(folder: str | Path, hf_model, tokenizer, b_U=None, meta: dict | None = None) -> None:
+def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -> None:
     """Write ``hf_model`` (config + ``model.safetensors``), ``tokenizer`` (``tokenizer.json`` +
-    ``tokenizer_config.json``), the unembedding bias ``b_U`` (if any) and ``meta`` (``zoo.json``, if any)
-    into ``folder``; files of a previous format in the folder are replaced."""
+    ``tokenizer_config.json``) and ``meta`` (``zoo.json``, if any) into ``folder``; files of a previous
+    format in the folder are replaced (a former ``unembed_bias.safetensors`` is removed).
+    ``ValueError`` if the model's ``lm_head`` has a bias: refit it away first (:mod:`circuits.zoo.refit`)."""
     from safetensors.torch import save_file
 
     from circuits.atomic import write_files, write_text, write_with
     from circuits.zoo.tokenizer import save_tokenizer
 
+    head = hf_model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("a zoo folder is a plain Hugging Face checkpoint, whose lm_head has no bias: remove the "
+                         "unembedding bias first (circuits.zoo.refit.refit_unembed)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # every file through the atomic writer (circuits.atomic): a killed export leaves whole files only
@@ -270,10 +285,7 @@ def save_hf(folder: str | Path, hf_model, tokenizer, b_U=None, meta: dict | None
     write_with(folder / WEIGHTS, lambda p: save_file({k: v.detach().float().contiguous()
                                                       for k, v in hf_model.state_dict().items()},
                                                      str(p), metadata={"format": "pt"}))
-    if b_U is not None:
-        write_with(folder / BIAS, lambda p: save_file({"lm_head.bias": b_U.detach().float().contiguous()}, str(p),
-                                                      metadata={"format": "pt"}))
-    elif (folder / BIAS).exists():
+    if (folder / BIAS).exists():
         (folder / BIAS).unlink()
     written = write_files(folder, lambda d: tokenizer.save_pretrained(str(d)))
     # without the truncation/padding save_pretrained keeps

@@ -221,3 +221,23 @@ def test_cama_on_a_prompt_the_cache_lacks_names_its_token_and_extends(zoo_model)
     both = iv.MeanCache.fit(zoo_model, torch.cat([some, rest]), progress=False)
     torch.testing.assert_close(iv.run(zoo_model, prompt, [iv.CAMA(grown, layer=2)]),
                                iv.run(zoo_model, prompt, [iv.CAMA(both, layer=2)]), atol=1e-4, rtol=1e-4)
+
+
+def test_the_api_draws_a_fit_spec_for_the_named_task(zoo_model, tmp_path):
+    """``search_af1(..., fit=FitSpec(size=...))`` as docs/fitset.md shows it: the spec is drawn for
+    ``meta["task"]`` exactly as :func:`draw_fit_set` draws it by hand (same fit set, same results); without
+    a task it is refused in one line."""
+    from circuits.errors import ArgumentError
+
+    p = PromptSpec("add_sub", n_prompts=40).prepare(zoo_model, means="cama", progress=False)
+    spec = FitSpec(size=500)
+    drawn = search_af1(zoo_model, p.tokens, p.answers, fit=spec, meta={"task": "add_sub"}, progress=False,
+                       n_boot=10, out_dir=tmp_path / "a")
+    by_hand = search_af1(zoo_model, p.tokens, p.answers, fit=draw_fit_set(zoo_model, "add_sub", p.tokens, spec),
+                         progress=False, n_boot=10, out_dir=tmp_path / "b")
+    fit_a = json.loads((tmp_path / "a" / "run.json").read_text())["means"]["fit"]
+    fit_b = json.loads((tmp_path / "b" / "run.json").read_text())["means"]["fit"]
+    assert fit_a == fit_b and fit_a["size"] == 500 and fit_a["task"] == "add_sub"
+    assert [(r.config, r.n_faithful) for r in drawn.results] == [(r.config, r.n_faithful) for r in by_hand.results]
+    with pytest.raises(ArgumentError, match=r"fit=FitSpec\(\.\.\.\) is drawn from a task's prompts: name the task"):
+        search_af1(zoo_model, p.tokens, p.answers, fit=spec, progress=False)

@@ -231,6 +231,22 @@ def test_ground_truth_is_accurate_and_its_structure_holds_without_hooks(planted)
     assert mass["max_key"] == pytest.approx(zoo.card(name)["forbidden_mass"]["max_key"], rel=1e-3, abs=1e-7)
 
 
+def test_the_card_records_the_recipe(planted):
+    """The card's ``groundtruth_train`` is the registered recipe (every phase, the margin phase included), and
+    the last step, the unembedding refit, is recorded: the folder has no bias beside it."""
+    import dataclasses
+    import json
+
+    from circuits.zoo.groundtruth import GROUND_TRUTHS
+
+    name, model, _ = planted
+    card = zoo.card(name)
+    assert card["groundtruth_train"] == json.loads(json.dumps(dataclasses.asdict(GROUND_TRUTHS[name])))
+    assert len(card["phases"]) == 1 + len(GROUND_TRUTHS[name].phases)
+    assert card["unembed_refit"]["method"] in ("fold", "distil") and card["unembed_refit"]["val"]["argmax_same"] > 0.99
+    assert not (zoo.path(name) / "unembed_bias.safetensors").exists() and float(model.unembed.b_U.abs().max()) == 0.0
+
+
 def test_search_and_pruning_recover_the_planted_structure(planted):
     """The AF1 search (200 prompts, full grid, CAMA) selects exactly the planted (wait, transfer), and
     greedy pruning at 0.9 keeps exactly the planted heads. (With disjoint windows every designated head is

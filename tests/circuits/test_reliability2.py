@@ -4,7 +4,6 @@ that this run did not write, and crafted inputs answered in one line with exit c
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from dataclasses import replace
@@ -87,7 +86,7 @@ def test_the_record_functions_never_follow_a_link(tmp_path):
     assert victim.read_bytes() == b'{"a": 1}\n{"torn"'
 
 
-@pytest.mark.parametrize("planted", [".report.html.tmp", f".summary.json.tmp{os.getpid()}", "figures"])
+@pytest.mark.parametrize("planted", [".report.html.tmp", ".summary.json.tmp12345", "figures"])
 def test_a_run_directory_holding_links_is_refused(finished, tiny, tmp_path, planted):
     """The fixed temporary names of earlier versions, planted as links to a file elsewhere: refused, the file
     elsewhere untouched."""

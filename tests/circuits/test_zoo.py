@@ -197,6 +197,7 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
                                                        eval_every=1, ckpt_every=1)])
     monkeypatch.setitem(zoo_train.REGISTRY, "tiny", tiny)
     monkeypatch.setattr(zoo_export, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
+    monkeypatch.setattr(zoo_export, "evaluate_fresh", lambda m, names, **kw: {t: [0.0] for t in names})
     p1 = zoo_train.phase_configs(tiny)
     assert [(c.phase, c.steps, c.batch_size, c.lr) for c in p1] == [(1, 3, 16, tiny.lr), (2, 2, 24, 1e-3)]
     out, ck = tmp_path / "models" / "tiny", tmp_path / "ck"
@@ -232,15 +233,24 @@ def test_train_phases_checkpoint_resume_and_load(tmp_path, monkeypatch, base):
     opt = load_file(str(ck / "phase2" / "optimizer.safetensors"))
     assert any(k.endswith("::exp_avg_sq") for k in opt)
     # the exported folder is a loadable zoo model
+    # the exported folder is a loadable zoo model: the last checkpoint with its unembedding refitted without
+    # a bias (recorded on the card), and no bias file beside it
+    from circuits.zoo.refit import refit_unembed
+
     monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path / "models")
     assert zoo.available() == ["tiny"]
     loaded = zoo.load("tiny")
     ref = zoo_train.new_model(tiny, loaded.tokenizer)
     ref.load_state_dict(load_file(str(ck / "phase2" / "checkpoint.safetensors")), strict=False)
     ref.eval()
+    assert float(ref.unembed.b_U.detach().abs().max()) > 0  # trained with a bias
+    report = refit_unembed(ref, tiny)  # the refit export ran, redone on the checkpoint
+    assert report["method"] == card["unembed_refit"]["method"] == ("distil" if base == "arith-llama" else "fold")
+    assert report["val"]["kl_mean"] == pytest.approx(card["unembed_refit"]["val"]["kl_mean"], rel=1e-4, abs=1e-12)
     toks = loaded.to_tokens(["12+30=", "99-7="])
     with torch.no_grad():
         assert torch.allclose(loaded(toks), ref(toks), atol=1e-5)
+    assert not (out / "unembed_bias.safetensors").exists()
     assert loaded.cfg.n_key_value_heads == (2 if base == "arith-llama" else None)
 
 
@@ -292,3 +302,33 @@ def test_export_refuses_a_bridge(tmp_path):
     with pytest.raises(RuntimeError, match="exporting a zoo model needs a HookedTransformer"):
         zoo_train.export(bridge, zoo_train.get_config("arith-gpt2"), tmp_path, [{"step": 1, "wall_s": 0.0}])
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_fresh_operands_are_build_task_without_the_frozen_set():
+    from circuits.zoo.data import fresh_operands
+
+    frozen = {tuple(o) for o in tasks.frozen_set("sub")["operands"]}
+    expected = tasks.build_task("sub", 300, seed=7, exclude=frozen)["operands"]
+    assert fresh_operands("sub", 300, seed=7).tolist() == expected
+    assert not frozen & {tuple(o) for o in expected}
+
+
+@pytest.mark.parametrize("name", zoo.available())
+def test_fresh_draw_reproduces_the_card_and_clears_the_bar(name):
+    """Beyond the frozen sets: a fresh draw (seed 1, 300 prompts, frozen prompts excluded) of the two trained
+    tasks nearest the bar on the card is measured again and equals the card's record (which lists three
+    seeds for every trained task), and clears the bar. A model whose card records a fresh-draw miss is an
+    expected failure until it is retrained (see docs/groundtruth.md)."""
+    from circuits.zoo.data import FRESH_N, evaluate_fresh
+
+    card = zoo.card(name)
+    fresh = card["fresh_accuracy"]
+    assert fresh["seeds"][0] == 1 and fresh["n"] == FRESH_N and set(fresh["accuracy"]) == set(card["train"]["tasks"])
+    nearest = sorted(fresh["accuracy"], key=lambda t: min(fresh["accuracy"][t]) - card["bars"][t])[:2]
+    measured = evaluate_fresh(_model(name), nearest, seeds=(1,))
+    for task in nearest:
+        assert round(measured[task][0] * FRESH_N) == round(fresh["accuracy"][task][0] * FRESH_N), task
+    misses = {t: accs for t, accs in fresh["accuracy"].items() if min(accs) < card["bars"][t]}
+    assert card["meets_bar_fresh"] == {t: t not in misses for t in fresh["accuracy"]}
+    if misses:
+        pytest.xfail(f"{name} is below its bar on fresh draws (recorded on its card): {misses}")

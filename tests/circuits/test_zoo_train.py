@@ -29,6 +29,7 @@ def _tiny(base: str, monkeypatch, name: str = "tiny"):
                                                       ckpt_every=1)])
     monkeypatch.setitem(zoo_train.REGISTRY, name, cfg)
     monkeypatch.setattr(zoo_export, "evaluate_frozen", lambda m, names, n=None: {t: 0.0 for t in names})
+    monkeypatch.setattr(zoo_export, "evaluate_fresh", lambda m, names, **kw: {t: [0.0] for t in names})
     return cfg
 
 
@@ -119,9 +120,7 @@ def test_ground_truth_training_refuses_on_transformer_lens_4(tmp_path):
 @pytest.mark.parametrize("model_class", ["hooked", "transformers"])
 def test_init_from_a_zoo_folder_gives_its_logits(model_class):
     """``arith-styles`` starts from ``arith-llama``: a fresh model of either class loaded with
-    ``init_from_folder`` computes arith-llama's logits (the Hugging Face class without ``b_U``)."""
-    from safetensors.torch import load_file as _load
-
+    ``init_from_folder`` computes arith-llama's logits."""
     if model_class == "hooked" and not has_hooked_transformer():
         pytest.skip("needs HookedTransformer (transformer-lens 3.x)")
     cfg = zoo_train.get_config("arith-styles")
@@ -130,8 +129,7 @@ def test_init_from_a_zoo_folder_gives_its_logits(model_class):
     zoo_train.init_from_folder(model, zoo.path("arith-llama"))
     model.eval()
     ref = zoo.load("arith-llama")
-    b_U = _load(str(zoo.path("arith-llama") / "unembed_bias.safetensors"))["lm_head.bias"]
     tokens = ref.to_tokens(["42+20-15=", "7+8+9="])
     with torch.no_grad():
-        got = model(tokens) if model_class == "hooked" else model(tokens).logits + b_U
+        got = model(tokens) if model_class == "hooked" else model(tokens).logits
         torch.testing.assert_close(got, ref(tokens), atol=1e-4, rtol=0)

@@ -1,0 +1,137 @@
+"""The last step of every zoo recipe: the unembedding refitted without a bias, so that a model folder is a
+plain Hugging Face checkpoint.
+
+A ``HookedTransformer`` is trained with an unembedding bias ``b_U``; ``GPT2LMHeadModel`` and
+``LlamaForCausalLM`` have none on ``lm_head``. Every other weight stays as trained; the unembedding
+``W_U`` (``lm_head.weight``, untied from the embedding) is refitted so that the model without ``b_U``
+computes what the model with it computed, on the prompts it was trained on (the answer position of
+every training task of the recipe, as :func:`circuits.zoo.data.build_splits` gives them):
+
+1. **Fold.** ``W_U + beta b_U^T``, where ``beta`` is the least-squares solution of ``h . beta = 1`` over the
+   final-normed residuals ``h``, adds ``(h . beta) b_U`` to the logits: exactly ``b_U`` wherever
+   ``h . beta = 1``. After a LayerNorm that holds for every ``h`` (the normed vector sums to zero, so
+   ``h . (1 / w) = b . (1 / w)`` for norm weight ``w`` and bias ``b``): the GPT-2 models fold exactly, on
+   every input (float32 rounding aside), and the logit lens of their intermediate blocks is unchanged too.
+2. **Distil** (when the fold is not exact, as after an RMSNorm, which has no such constant direction):
+   from the fold, minimise over ``W_U`` the mean KL divergence from the biased model's next-token
+   distribution plus ``ce_weight`` times the cross-entropy of the answer (default 0: with 0.1 the KL
+   divergence of ``arith-llama`` rose a hundredfold for no accuracy), with L-BFGS on the fixed features (a
+   convex problem; one CPU thread, a few minutes).
+
+:func:`refit_unembed` changes the model in place (``W_U`` refitted, ``b_U`` zero) and returns what the
+card records: the method, the number of prompts, and on the fit prompts and on the validation split the
+mean and largest KL divergence and the share of prompts whose argmax did not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from circuits.zoo.data import TaskData, build_splits
+
+__all__ = ["FIT_PER_TASK", "FOLD_TOL", "MAX_ITER", "final_features", "refit_unembed"]
+
+FIT_PER_TASK = 2000
+"""Training prompts per task the unembedding is fitted on (all of a smaller task)."""
+MAX_ITER = 150
+"""L-BFGS evaluations of the distillation at most."""
+FOLD_TOL = 1e-4
+"""Largest change of a centred logit (over the fit prompts) at which the fold counts as exact."""
+
+
+def _sample(data: list[TaskData], per_task: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(tokens, answers)`` of at most ``per_task`` rows per task, drawn without replacement."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for d in data:
+        idx = np.sort(rng.choice(len(d.tokens), size=min(per_task, len(d.tokens)), replace=False))
+        out.append((d.tokens[idx], d.answers[idx]))
+    return out
+
+
+def final_features(model, batches: list[tuple[np.ndarray, np.ndarray]], chunk: int = 1024):
+    """``(h [N, d_model], answers [N])``: the final-normed residual at the last position of every row of
+    ``batches`` (one ``(tokens, answers)`` pair per task, rows of one length), a ``HookedTransformer``'s."""
+    import torch
+
+    hs, answers = [], []
+    with torch.no_grad():
+        for tokens, ans in batches:
+            for i in range(0, len(tokens), chunk):
+                resid = model(torch.from_numpy(tokens[i:i + chunk]), stop_at_layer=model.cfg.n_layers)[:, -1:]
+                hs.append(model.ln_final(resid)[:, 0].float())
+            answers.append(torch.from_numpy(ans))
+    return torch.cat(hs), torch.cat(answers)
+
+
+def _report(h, W, W0, b, answers) -> dict:
+    """KL from the biased model, argmax agreement, accuracies and the largest centred logit change."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        old, new = h @ W0 + b, h @ W
+        p, q = F.log_softmax(old, -1), F.log_softmax(new, -1)
+        kl = (p.exp() * (p - q)).sum(-1).clamp_min(0.0)  # >= 0; float rounding gives -1e-10 after a fold
+        change = new - old
+        change = change - change.mean(-1, keepdim=True)
+        return {"n": int(len(h)), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+                "argmax_same": float((old.argmax(-1) == new.argmax(-1)).double().mean()),
+                "accuracy_before": float((old.argmax(-1) == answers).double().mean()),
+                "accuracy_after": float((new.argmax(-1) == answers).double().mean()),
+                "max_logit_change": float(change.abs().max())}
+
+
+def refit_unembed(model, cfg: Any, per_task: int = FIT_PER_TASK, seed: int = 0, ce_weight: float = 0.0,
+                  max_iter: int = MAX_ITER) -> dict:
+    """Remove the unembedding bias of ``model`` (a ``HookedTransformer``), refitting ``W_U`` on the
+    training prompts of recipe ``cfg`` (a :class:`~circuits.zoo.recipes.TrainConfig`: its tasks, splits and
+    seed) as the module docstring describes; in place. ``per_task`` training prompts per task are drawn
+    with ``seed``; the report's ``"val"`` entry is measured on the validation split (``cfg.eval_n`` per
+    task, never fitted). Returns ``{"method": "none" | "fold" | "distil", "fit": {...}, "val": {...},
+    ...}`` (a model without a bias is left as it is: ``"none"``)."""
+    import torch
+    import torch.nn.functional as F
+
+    W0 = model.unembed.W_U.detach().clone().float()
+    b = model.unembed.b_U.detach().clone().float()
+    if not bool(b.abs().max() > 0):
+        return {"method": "none"}
+    train, val = build_splits(cfg, model.tokenizer)
+    was_training = model.training
+    model.eval()
+    h, answers = final_features(model, _sample(train, per_task, seed))
+    hv, answers_v = final_features(model, [(d.tokens, d.answers) for d in val])
+    h64 = h.double()
+    beta = torch.linalg.lstsq(h64, torch.ones(len(h64), 1, dtype=torch.float64)).solution[:, 0]
+    W = (W0.double() + beta[:, None] * b.double()[None]).float()
+    fold = _report(h, W, W0, b, answers)
+    method, iters = "fold", 0
+    if fold["max_logit_change"] > FOLD_TOL:
+        method = "distil"
+        target = F.log_softmax(h @ W0 + b, -1)
+        p = target.exp()
+        W = W.clone().requires_grad_(True)
+        opt = torch.optim.LBFGS([W], lr=1.0, max_iter=max_iter, history_size=20, tolerance_grad=1e-10,
+                                tolerance_change=1e-14, line_search_fn="strong_wolfe")
+
+        def closure():
+            nonlocal iters
+            iters += 1
+            opt.zero_grad()
+            logits = h @ W
+            loss = (p * (target - F.log_softmax(logits, -1))).sum(-1).mean() + ce_weight * F.cross_entropy(logits, answers)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        W = W.detach()
+    with torch.no_grad():
+        model.unembed.W_U.copy_(W.to(model.unembed.W_U.dtype))
+        model.unembed.b_U.zero_()
+    model.train(was_training)
+    return {"method": method, "per_task": per_task, "seed": seed, "ce_weight": ce_weight if method == "distil" else 0.0,
+            "lbfgs_evaluations": iters, "fold": fold, "fit": _report(h, W, W0, b, answers),
+            "val": _report(hv, W, W0, b, answers_v)}
