@@ -17,7 +17,8 @@ from jaxtyping import Bool, Float, Int
 
 import interventions as iv
 from interventions.types import InterventionError, Tokens
-from interventions.validation import check_answers, check_positive, check_tokens
+from circuits.validation import check_positive
+from interventions.validation import check_answers, check_tokens
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from circuits import files
+from circuits.vocab import ABLATIONS
 
-__all__ = ["ABLATIONS", "Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
+__all__ = ["Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
            "cpr_cmd", "recover", "run_recovery"]
 
-ABLATIONS = ("cama", "mean", "zero")
 
 
 @dataclass
@@ -214,7 +214,7 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
     from circuits.atomic import safe_name
     from circuits.runner import Run
     from circuits.runs import RunDir
-    from interventions.validation import check_choice
+    from circuits.validation import check_choice
 
     for a in ablations:
         check_choice("ablation", a, ABLATIONS)

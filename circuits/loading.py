@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from circuits import placement
+from circuits.validation import check_choice
+from circuits.vocab import DTYPES
 from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loading import prepare_prompts
     MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
 )
 
-__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "cached_spelling", "check_bos", "check_builtin_config",
+__all__ = ["MAX_CHECKED", "SOURCES", "Prompts", "cached_spelling", "check_bos", "check_builtin_config",
            "has_cached_weights", "load_model",
            "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
 
@@ -34,9 +36,6 @@ def zoo_names() -> list[str]:
     except ImportError:
         return []
     return list(zoo.available())
-
-
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None,
@@ -69,7 +68,7 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     (:func:`circuits.local_models.load_hooked`: GPT-2 and Llama; another architecture is refused naming
     the bridge). Its ``cfg.model_name`` is ``name``.
 
-    ``dtype`` (one of :data:`DTYPES`, ``None``: the loader's default, float32) applies to pretrained
+    ``dtype`` (one of :data:`circuits.vocab.DTYPES`, ``None``: the loader's default, float32) applies to pretrained
     models, e.g. ``"bfloat16"`` for Llama-3-8B on a GPU; zoo models ship in float32 only.
 
     ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or a device name; replaces ``device``) and
@@ -84,8 +83,8 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     from circuits.errors import AF1Error, ModelLoadError
 
     backend = iv.resolve_backend(backend)
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not valid: choose one of {', '.join(DTYPES)}")
+    if dtype is not None:
+        check_choice("dtype", dtype, DTYPES)
     if remote and backend != "nnsight":
         raise ValueError(f"remote={remote!r} needs backend='nnsight' (remote runs go through nnsight to NDIF)")
     if remote and device_map is not None:

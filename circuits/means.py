@@ -21,7 +21,7 @@ from circuits.errors import CorruptRunError, FitSetError, RunMismatchError
 from circuits.fitset import DEFAULT_MIN_COUNT, FitSet
 from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
 from interventions.coverage import Coverage, entry_counts, row_digests
-from interventions.validation import check_positive
+from circuits.validation import check_positive
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.analyses import RunContext

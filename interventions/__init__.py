@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "bridge_from_hooked": "convert", "bridge_from_hooked_state": "convert",
     "REGISTRY": "base", "Intervention": "base", "MeanCache": "cache", "HeadAblation": "heads",
     "Peek": "peek", "allowed_keys": "peek",
-    "CacheMismatchError": "types", "InterventionError": "types", "InterventionNotAppliedError": "types",
+    "CacheMismatchError": "errors", "InterventionError": "errors", "InterventionNotAppliedError": "errors",
     "UncoveredEntryError": "entries",
 }
 """Public name -> its module; names are imported on first use, so ``import interventions`` (and the

@@ -32,6 +32,8 @@ from .edits import edit_kind, edit_problems, refusing_edits
 from .hooks import (HookFn, attn_mask, attn_out, mlp_out, new_hook_level, pattern, resid_mid, resid_post,
                     resid_pre, z)
 from .types import InterventionError
+from .validation import check_choice
+from .vocab import BACKENDS
 
 __all__ = [
     "BACKENDS", "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_mask", "attn_out",
@@ -411,11 +413,6 @@ def weights_sha256(module: torch.nn.Module) -> str | None:
 
 _BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []
 
-BACKENDS = ("hooked", "bridge", "nnsight")
-"""Backend names: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"`` (``TransformerBridge``),
-``"nnsight"`` (a Hugging Face model in nnsight; needs the ``nnsight`` extra)."""
-
-
 def resolve_backend(backend: str | None) -> str:
     """``backend`` checked against :data:`BACKENDS`; ``None`` means ``"hooked"`` where this
     TransformerLens still has ``HookedTransformer`` (3.x) and ``"bridge"`` otherwise (4.x)."""
@@ -425,9 +422,7 @@ def resolve_backend(backend: str | None) -> str:
         except ImportError:  # TransformerLens 4.x
             return "bridge"
         return "hooked"
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not valid: choose one of {', '.join(map(repr, BACKENDS))}")
-    return backend
+    return check_choice("backend", backend, BACKENDS)
 
 
 def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAdapter]) -> None:

@@ -95,15 +95,14 @@ def check_fixed_range(config) -> None:
     """``--wait``/``--transfer`` against every model's number of blocks, read from its ``config.json``."""
     from circuits.errors import ArgumentError
     from circuits.model_names import n_layers_of
-    from circuits.search.rule import check_config
+    from circuits.vocab import config_problem
 
     for model in config.models:
         n = n_layers_of(model)
         if n is not None and config.wait is not None and config.transfer is not None:
-            try:
-                check_config(n, config.wait, config.transfer)
-            except ValueError as err:
-                raise ArgumentError(f"{model} has {n} blocks: {err}") from None
+            problem = config_problem(n, config.wait, config.transfer)
+            if problem is not None:
+                raise ArgumentError(f"{model} has {n} blocks: {problem}")
 
 
 def check(args: argparse.Namespace) -> None:

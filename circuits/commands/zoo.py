@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from circuits.errors import ArgumentError
+from circuits.vocab import MODEL_CLASSES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ACTION")
@@ -16,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints (rerun every phase)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--model-class", choices=["hooked", "transformers"], default=None,
+    p.add_argument("--model-class", choices=MODEL_CLASSES, default=None,
                    help="train a HookedTransformer (TransformerLens 3.x, reproduces the shipped models) or the "
                         "Hugging Face model with plain PyTorch (any TransformerLens); default: hooked where "
                         "TransformerLens 3.x is installed, else transformers")
@@ -70,7 +73,7 @@ def _train(args: argparse.Namespace) -> dict:
         args.name = ALIASES[args.name]
     if args.name in groundtruth.GROUND_TRUTHS:
         if args.model_class == "transformers":
-            raise ValueError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
+            raise ArgumentError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
                              f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
         cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS[args.name], threads=args.threads, **overrides)
         return groundtruth.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume)
@@ -117,4 +120,4 @@ def run(args: argparse.Namespace) -> int:
             ok &= bar is None or a >= bar
             print(f"{t:18s} {a:.3f}" + (f"  (bar {bar})" if bar is not None else ""))
         return 0 if ok else 1
-    raise ValueError(f"unknown zoo action {action!r}; known: list, train, eval")
+    raise ArgumentError(f"unknown zoo action {action!r}; known: list, train, eval")

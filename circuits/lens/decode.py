@@ -36,20 +36,19 @@ import torch
 from jaxtyping import Float, Int
 
 import interventions as iv
+from circuits.validation import check_choice
+from circuits.vocab import DECODES
 
 from .capture import block_list, lens_states, sublayers_of
 from .inputs import prompt_groups
 from .numeric import NumericTable, numeric_table
 from .result import LensResult
 
-__all__ = ["DECODES", "decode_states", "early_decode"]
-
-DECODES = ("final_norm", "raw")
+__all__ = ["decode_states", "early_decode"]
 
 
 def _check_decode(decode: str) -> None:
-    if decode not in DECODES:
-        raise ValueError(f"decode={decode!r} is not valid: choose one of {', '.join(map(repr, DECODES))}")
+    check_choice("decode", decode, DECODES)
 
 
 @torch.inference_mode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from jaxtyping import Int
@@ -22,7 +22,7 @@ from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, sum
 from circuits.records import Field, RecordSchema, faithfulness_fields
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.runner import execute
-from circuits.vocab import Means, means_kind
+from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
 from circuits.runs import RunDir, tokens_sha256
 from interventions.adapter import adapt
 from interventions.types import Head, Tokens
@@ -45,10 +45,10 @@ def prune_heads(
     fit_tokens: Tokens | None = None,
     min_count: int | None = None,
     fit: FitSet | None = None,
-    ablation: Literal["cama", "mean", "zero"] | None = None,
-    method: Literal["zero", "mean"] | None = None,
+    ablation: Ablation | None = None,
+    method: HeadMethod | None = None,
     target: float | None = None,
-    rank: Literal["attribution", "none"] | None = None,
+    rank: Rank | None = None,
     confirm_top: int | None = None,
     out_dir: str | Path | None = None,
     progress: bool = True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult, config_row
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
-from circuits.vocab import Means, means_kind
+from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
 from interventions.types import Tokens
 
 
@@ -45,13 +45,13 @@ def search_af1(
     min_count: int | None = None,
     fit: FitSet | None = None,
     threshold: float | None = None,
-    grid: Literal["auto", "full"] | None = None,
-    ablation: Literal["cama", "mean", "zero"] | None = None,
+    grid: Grid | None = None,
+    ablation: Ablation | None = None,
     out_dir: str | Path | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
     progress: bool = True,
-    method: Literal["fast", "naive"] | None = None,
+    method: SearchMethod | None = None,
     n_boot: int | None = None,
     configs_per_pass: int | None = None,
     meta: Mapping[str, Any] | None = None,

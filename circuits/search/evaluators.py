@@ -19,7 +19,7 @@ import interventions as iv
 from circuits.faithfulness import answer_width, last_token_metrics
 from interventions.readout import answer_positions, readout_metrics
 from interventions.types import Tokens
-from interventions.validation import check_choice
+from circuits.validation import check_choice
 
 
 PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer prob, logit diff

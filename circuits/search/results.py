@@ -160,7 +160,7 @@ class SearchResult:
         """The same results with the selection rule applied at ``threshold`` (nothing is evaluated). The
         selected subgraph's ``interventions`` are kept when the selection is unchanged, else left empty (they
         name the means cache, which needs the model)."""
-        from circuits.search.config import check_fraction
+        from circuits.validation import check_fraction
 
         threshold = check_fraction("threshold", threshold)
         faith = self.faithfulness_map()

@@ -37,6 +37,8 @@ from circuits import placement
 from circuits.errors import ArgumentError
 from circuits.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
+from circuits.validation import check_choice
+from circuits.vocab import ABLATIONS
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding", "digits")
@@ -160,8 +162,7 @@ class SweepConfig:
                 raise ArgumentError(f"task {task!r} is unknown; known: {', '.join(catalogue.list_tasks())} "
                                     f"or a group ({', '.join(GROUPS)})")
         for ablation in self.ablations:
-            if ablation not in ("cama", "mean", "zero"):
-                raise ArgumentError(f"ablation {ablation!r} is not valid: choose cama, mean or zero")
+            check_choice("ablation", ablation, ABLATIONS)
         if self.analyses:
             from circuits import analyses
 

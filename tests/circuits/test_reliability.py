@@ -108,7 +108,7 @@ CLI_CASES = [
     ("prune target", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--target", "1.5"], fresh,
      "--target 1.5 is out of range"),
     ("prune confirm 0", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--confirm-top", "0"], fresh,
-     "--confirm-top 0 must be >= 1"),
+     "--confirm-top 0 is out of range"),
     ("prune confirm+none", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--confirm-top", "2", "--rank", "none"],
      fresh, "--confirm-top needs --rank attribution"),
     ("prune device", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--device", "tpu"], fresh, "--device"),
