@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from circuits import files
+from circuits.errors import ArgumentError, ModelLoadError
 from circuits.vocab import ABLATIONS
 
 __all__ = ["Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
@@ -112,12 +113,12 @@ def planted_structure(name: str):
     if "planted" in meta:
         full = sorted(meta["planted"]["last_full"])
         if not full or full != list(range(full[0], full[-1] + 1)):
-            raise ValueError(f"{name}: planted mask {meta['planted']} is not an AF1 structure (last_full must be "
-                             f"consecutive blocks)")
+            raise ModelLoadError(f"{name}: planted mask {meta['planted']} is not an AF1 structure (last_full must be "
+                                 f"consecutive blocks)")
         n_heads = int(json.loads((folder / "config.json").read_text()).get("n_head", 0))
         return Structure(full[0] - 1, len(full), tuple(tuple(range(n_heads)) for _ in full))
-    raise ValueError(f"model {name!r} has no planted structure; planted zoo models: "
-                     f"{', '.join(planted_models()) or '(none)'}")
+    raise ArgumentError(f"model {name!r} has no planted structure; planted zoo models: "
+                        f"{', '.join(planted_models()) or '(none)'}")
 
 
 def precision_recall(found: Sequence[tuple[int, int]] | None, planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
@@ -149,7 +150,7 @@ def cpr_cmd(curve: Sequence[tuple[int, float]]) -> tuple[float, float]:
     pts = sorted((int(k), float(f)) for k, f in curve)
     ks = [k for k, _ in pts]
     if len(pts) < 2 or ks[0] != 0 or len(set(ks)) != len(ks):
-        raise ValueError(f"a faithfulness curve needs distinct sizes from 0 up, got sizes {ks}")
+        raise ArgumentError(f"a faithfulness curve needs distinct sizes from 0 up, got sizes {ks}")
     total = ks[-1]
     cpr = cmd = 0.0
     for (k0, f0), (k1, f1) in zip(pts[:-1], pts[1:]):
@@ -220,7 +221,7 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
         check_choice("ablation", a, ABLATIONS)
     names = list(models) if models else planted_models()
     if not names:
-        raise ValueError("no planted zoo model is installed; give --models (zoo names or model folders)")
+        raise ArgumentError("no planted zoo model is installed; give --models (zoo names or model folders)")
     for name in names:
         safe_name(Path(name).name, "model")
     for task in tasks:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from circuits.atomic import safe_name
+from circuits.errors import ArgumentError, CorruptRunError
 from circuits.report import write_page, write_text
 
 __all__ = ["COLUMNS", "GroundTruthResult", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
@@ -145,7 +146,7 @@ class GroundTruthResult:
             raise FileNotFoundError(f"{out_dir} holds no summary.json: not a finished af1 groundtruth directory")
         doc = json.loads(path.read_text())
         if not isinstance(doc.get("rows"), list):
-            raise ValueError(f"{path} has no recovery rows: not written by af1 groundtruth")
+            raise CorruptRunError(f"{path} has no recovery rows: not written by af1 groundtruth")
         return cls([recovery_from_dict(r) for r in doc["rows"]], out_dir,
                    {k: v for k, v in doc.items() if k != "rows"})
 
@@ -175,7 +176,7 @@ class GroundTruthResult:
 
     def _run(self, model: str, task: str, ablation: str, which: str) -> Path:
         if self.out_dir is None:
-            raise ValueError("this result was not reopened from a directory: no run directories to open")
+            raise ArgumentError("this result was not reopened from a directory: no run directories to open")
         return self.out_dir / "runs" / model / task / ablation / which
 
     def search(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:

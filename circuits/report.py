@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from circuits.errors import ArgumentError
+
 
 PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("directory", "embed", "cdn")
@@ -31,7 +33,7 @@ def plotlyjs_mode() -> str:
 
     mode = os.environ.get("AF1_PLOTLYJS", PLOTLYJS).strip().lower()
     if mode not in PLOTLYJS_MODES:
-        raise ValueError(f"AF1_PLOTLYJS={mode!r} is not valid: choose one of {', '.join(PLOTLYJS_MODES)}")
+        raise ArgumentError(f"AF1_PLOTLYJS={mode!r} is not valid: choose one of {', '.join(PLOTLYJS_MODES)}")
     return mode
 
 

@@ -302,7 +302,7 @@ def scored_context(analysis: Analysis[Any, Any], model: Any, tokens: Any, answer
     analysis.validate(config, info_of(model))
     tokens, answers = check_inputs(model, tokens, answers)
     if prompts is not None and len(prompts) != tokens.shape[0]:
-        raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
+        raise ArgumentError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
     if analysis.base_correct_only and keep is not None and keep.shape == (tokens.shape[0],):
         keep = keep.bool().cpu()
     elif analysis.base_correct_only:

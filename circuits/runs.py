@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 if TYPE_CHECKING:
     import torch
 
-from circuits.errors import CorruptRunError, RunMismatchError
+from circuits.errors import CorruptRunError, RunMismatchError, one_line
 
 IDENTITY_FILE = "run.json"
 ARTIFACTS_FILE = "artifacts.json"
@@ -133,7 +133,7 @@ def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = Fal
                     ) from None
                 break
             except ValueError as err:  # valid JSON that Python refuses (an integer of more than 4300 digits)
-                raise CorruptRunError(f"{path}, line {line_no}: {one_line_text(err)}; the file was not written by "
+                raise CorruptRunError(f"{path}, line {line_no}: {one_line(err, 160)}; the file was not written by "
                                       f"af1: move it away or use a new --out directory") from None
             if not isinstance(record, dict):
                 raise CorruptRunError(
@@ -165,7 +165,7 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
             f"directory"
         ) from None
     except ValueError as err:  # an integer of more than 4300 digits
-        raise CorruptRunError(f"{path}: {one_line_text(err)}; it was not written by af1: use a new --out "
+        raise CorruptRunError(f"{path}: {one_line(err, 160)}; it was not written by af1: use a new --out "
                               f"directory") from None
     if not isinstance(obj, dict):
         raise CorruptRunError(
@@ -173,12 +173,6 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
             f"--out directory"
         )
     return obj
-
-
-def one_line_text(err: BaseException, limit: int = 160) -> str:
-    """``err`` as one short line (for messages that quote a parser's complaint)."""
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def file_sha256(path: str | Path) -> str:
@@ -371,9 +365,9 @@ def tokens_sha256(tokens: "torch.Tensor", answers: "torch.Tensor") -> str:
 
 def dist_version(name: str) -> str | None:
     """Installed version of distribution ``name`` (e.g. ``"transformer-lens"``), or None."""
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version(name)
-    except Exception:  # noqa: BLE001
+    except PackageNotFoundError:
         return None

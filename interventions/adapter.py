@@ -319,8 +319,8 @@ class ModelAdapter:
             if not self.capabilities.positions:
                 raise NotImplementedError(self.missing("run_from(positions=...)", "positions"))
             if positions.shape != (resid.shape[1],):
-                raise ValueError(f"positions has shape {tuple(positions.shape)}: give one position per row "
-                                 f"of resid, shape ({resid.shape[1]},)")
+                raise InterventionError(f"positions has shape {tuple(positions.shape)}: give one position per row "
+                                        f"of resid, shape ({resid.shape[1]},)")
         return self.forward_from(resid, start, stop, positions)
 
     def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
@@ -366,9 +366,9 @@ def counting(fn: HookFn, on_fire: Callable[[], None] | None) -> HookFn:
 def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
     """``ValueError`` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <= n_layers``)."""
     if not 0 <= start <= n_layers:
-        raise ValueError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
+        raise InterventionError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
     if stop is not None and not start < stop <= n_layers:
-        raise ValueError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
+        raise InterventionError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
 
 
 _WEIGHT_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()

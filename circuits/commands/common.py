@@ -219,12 +219,9 @@ def check_placement(batch_size: int | str, device_map: str | None, max_memory: s
 
     if batch_size != "auto":
         check_positive("--batch-size", int(batch_size))
-    try:
-        if device_map is not None:
-            placement.check_device_map(device_map)
-        placement.parse_max_memory(max_memory)
-    except ValueError as err:
-        raise ArgumentError(str(err)) from None
+    if device_map is not None:
+        placement.check_device_map(device_map)
+    placement.parse_max_memory(max_memory)
     if max_memory is not None and device_map is None:
         raise ArgumentError("--max-memory needs --device-map (auto, balanced or sequential)")
 

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 def failed_line(failed: list, n: int, limit: int = 3) -> str:
     """``"k of n cells failed: model/task/ablation/seed S (why); ..."``, the first ``limit`` named (the table
     holds every failed row with its error)."""
-    from circuits.cli import MAX_MESSAGE
+    from circuits.errors import MAX_MESSAGE
 
     named = "; ".join(f"{r.model}/{r.task}/{r.ablation}/seed {r.seed} ({r.error})" for r in failed[:limit])
     more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""

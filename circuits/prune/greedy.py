@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits import files
 from circuits.attribution import head_attribution
-from circuits.errors import ArgumentError
+from circuits.errors import ArgumentError, CorruptRunError
 from circuits.fitset import FitSet, fit_set_of
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
@@ -219,11 +219,11 @@ def write_prune_outputs(result: PruneResult, run_dir: RunDir, ctx: RunContext) -
 def check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoint:
     """A replayed ``curve.jsonl`` row must continue the path: consecutive step, a head still kept."""
     if point.step != index:
-        raise ValueError(f"curve.jsonl is inconsistent: row {index} has step {point.step}")
+        raise CorruptRunError(f"curve.jsonl is inconsistent: row {index} has step {point.step}")
     if index > 0 and point.removed not in all_heads:
-        raise ValueError(f"curve.jsonl row {index} removes {point.removed}, which is not a transfer head")
+        raise CorruptRunError(f"curve.jsonl row {index} removes {point.removed}, which is not a transfer head")
     if point.removed in point.heads_kept or len(point.heads_kept) != len(all_heads) - index:
-        raise ValueError(f"curve.jsonl row {index} is inconsistent: it keeps {len(point.heads_kept)} heads")
+        raise CorruptRunError(f"curve.jsonl row {index} is inconsistent: it keeps {len(point.heads_kept)} heads")
     return point
 
 

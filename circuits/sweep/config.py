@@ -183,7 +183,7 @@ class SweepConfig:
             if self.device_map is not None:
                 placement.check_device_map(self.device_map)
             placement.parse_max_memory(self.max_memory)
-        except ValueError as err:
+        except ArgumentError as err:
             raise ArgumentError(f"sweep key {str(err).lstrip('-').replace('-', '_', 1)}") from None
         if self.max_memory is not None and self.device_map is None:
             raise ArgumentError("sweep key max_memory needs device_map (auto, balanced or sequential)")

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from circuits.errors import ModelLoadError
 from circuits.validation import check_choice
 from circuits.vocab import MODEL_CLASSES
 from circuits.zoo.hf import is_hf
@@ -157,7 +158,7 @@ def load_weights(model, weights: dict, what: str) -> None:
     for k, v in weights.items():
         if k in own and own[k].shape != v.shape:
             if v.ndim != own[k].ndim or any(m > n for m, n in zip(v.shape, own[k].shape)):
-                raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
+                raise ModelLoadError(f"{what}: {k} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
             w = own[k].clone()
             w[tuple(slice(0, m) for m in v.shape)] = v
             v = w

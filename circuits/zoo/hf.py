@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from circuits.errors import ModelLoadError
+from circuits.errors import ArgumentError, ModelLoadError
 
 __all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
            "hooked_state", "load_hf", "read_meta", "save_hf"]
@@ -72,7 +72,7 @@ def hf_config(cfg, tokenizer) -> Any:
                                 hidden_act="silu", rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True,
                                 rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **ids)
     else:
-        raise ValueError(f"unknown arch {cfg.arch!r}; known: {', '.join(ARCHITECTURES)}")
+        raise ArgumentError(f"unknown arch {cfg.arch!r}; known: {', '.join(ARCHITECTURES)}")
     config.architectures = [ARCHITECTURES[cfg.arch]]
     config._attn_implementation = "eager"
     return config
@@ -213,9 +213,9 @@ def check_size(folder: str | Path) -> None:
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError, RecursionError):
-        raise ValueError(f"{folder / 'config.json'} is not valid JSON") from None
+        raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{folder / 'config.json'} is not a JSON object")
+        raise ModelLoadError(f"{folder / 'config.json'} is not a JSON object")
     need = 4 * parameter_floor(config)
     files = [p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()] if folder.is_dir() else []
     have = sum(p.stat().st_size for p in files) if files else None
@@ -227,11 +227,13 @@ def check_size(folder: str | Path) -> None:
         memory = None
     gb = lambda n: f"{n / 1e9:.3g} GB"  # noqa: E731
     if have is not None and need > 2 * have + (1 << 20):
-        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights ({fields}), but "
-                         f"{holds} {gb(have)}: the config does not describe these weights")
+        raise ModelLoadError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights "
+                             f"({fields}), but "
+                             f"{holds} {gb(have)}: the config does not describe these weights")
     if memory is not None and need > memory:
-        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights ({fields}), more "
-                         f"than this machine's {gb(memory)} of memory")
+        raise ModelLoadError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights "
+                             f"({fields}), more "
+                             f"than this machine's {gb(memory)} of memory")
 
 
 def load_hf(folder: str | Path) -> tuple[Any, Any]:
@@ -243,8 +245,8 @@ def load_hf(folder: str | Path) -> tuple[Any, Any]:
 
     folder = Path(folder)
     if not (folder / "config.json").exists() or "architectures" not in json.loads((folder / "config.json").read_text()):
-        raise ValueError(f"{folder} is not a Hugging Face model folder (config.json without 'architectures'): "
-                         f"convert it with circuits.zoo.export.convert_folder({str(folder)!r})")
+        raise ModelLoadError(f"{folder} is not a Hugging Face model folder (config.json without 'architectures'): "
+                             f"convert it with circuits.zoo.export.convert_folder({str(folder)!r})")
     check_size(folder)
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     with torch.random.fork_rng(devices=[]):  # the throw-away initialisation must not move the caller's RNG
