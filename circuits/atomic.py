@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from circuits import files
 from circuits.errors import RunDirError
 
 TMP_SUFFIX = ".af1tmp"
@@ -154,7 +155,7 @@ def clean_temporaries(directory: str | Path) -> list[Path]:
     Call it only while holding the directory's lock."""
     directory = Path(directory)
     removed = []
-    for folder in (directory, directory / "figures"):
+    for folder in (directory, directory / files.FIGURES_DIR):
         if folder.is_symlink() or not folder.is_dir():
             continue
         for p in folder.iterdir():

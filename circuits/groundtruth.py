@@ -31,7 +31,7 @@ from circuits import files
 from circuits.errors import ArgumentError, ModelLoadError
 from circuits.vocab import ABLATIONS
 
-__all__ = ["Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
+__all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
            "cpr_cmd", "recover", "run_recovery"]
 
 
@@ -267,7 +267,7 @@ def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablatio
             # One prompt set for every ablation, drawn as CAMA needs it (each mean backed by enough fit prompts).
             prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
             for a in ablations:
-                where = Path(out_dir) / "runs" / name / task / a if out_dir is not None else None
+                where = Path(out_dir) / files.RUNS_DIR / name / task / a if out_dir is not None else None
                 row = recover(model, name, structure, prompts, a, task=task, threshold=threshold, target=target,
                               out_dir=where, progress=progress)
                 if log is not None:
@@ -276,3 +276,22 @@ def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablatio
                         f"CPR {row.cpr:.3f} CMD {row.cmd:.3f}")
                 rows.append(row)
     return rows
+
+
+def af1_check(model_dir: str | Path, task: str = "add_sub", n_build: int = 4000, threshold: float = 0.9) -> dict:
+    """The full-grid AF1 search (CAMA) on the model saved in ``model_dir`` (loaded as ``zoo.load`` does,
+    mask attached), on every prompt of ``n_build`` generated ``task`` prompts (seed 0) it answers
+    correctly, in their largest layout. Returns the card entry of the planted model: task, grid,
+    ablation, threshold, n_prompts, base_accuracy, per-configuration faithfulness (``"wait,transfer"``
+    keys), summary line."""
+    from circuits import zoo
+    from circuits.prompts import prepare_prompts
+    from circuits.search import search_af1
+
+    model = zoo.load_dir(Path(model_dir))
+    p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)
+    res = search_af1(model, p.tokens, p.answers, threshold=threshold, grid="full", progress=False)
+    return {"task": task, "grid": "full", "ablation": "cama", "threshold": threshold, "n_prompts": len(p),
+            "base_accuracy": round(p.base_accuracy, 4),
+            "faithfulness": {f"{r.wait},{r.transfer}": round(r.faithfulness, 4) for r in res.results},
+            "summary": res.summary_line()}

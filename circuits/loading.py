@@ -22,13 +22,11 @@ from circuits import placement
 from circuits.errors import ArgumentError, ModelLoadError
 from circuits.validation import check_choice
 from circuits.vocab import DTYPES
-from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loading import prepare_prompts
-    MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
-)
+from circuits.prompts import check_bos, prepare_prompts  # noqa: F401 - documented here (docs/prompts.md);
+# circuits.specs draws every prompt set through loading.prepare_prompts, which tests replace with stand-ins
 
-__all__ = ["MAX_CHECKED", "SOURCES", "Prompts", "cached_spelling", "check_bos", "check_builtin_config",
-           "has_cached_weights", "load_model",
-           "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
+__all__ = ["cached_spelling", "check_bos", "check_builtin_config", "has_cached_weights", "load_model",
+           "match_parameter_dtype", "model_name", "prepare_prompts", "zoo_names"]
 
 def zoo_names() -> list[str]:
     """Names of the zoo models, or ``[]`` when the zoo is not installed."""

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from circuits import files
 from circuits.errors import ArgumentError
 
 
@@ -63,7 +64,7 @@ def shared_plotlyjs(report: Path) -> str:
         # Above its own folder only an af1 directory that holds others (a sweep, a ground-truth table): a
         # report must not depend on an unrelated file that happens to sit higher up.
         below = folder.relative_to(up).parts
-        ours = not below or (up / "run.json").is_file() or below[0] in ("cells", "runs")
+        ours = not below or (up / files.IDENTITY).is_file() or below[0] in (files.CELLS_DIR, files.RUNS_DIR)
         if ours and candidate.is_file() and candidate.stat().st_size == size:
             return Path(os.path.relpath(candidate, folder)).as_posix()
     ensure_plotlyjs(folder)

@@ -29,15 +29,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 if TYPE_CHECKING:
     import torch
 
+from circuits import files
 from circuits.errors import CorruptRunError, RunMismatchError, one_line
 
-IDENTITY_FILE = "run.json"
-ARTIFACTS_FILE = "artifacts.json"
-RUN_KEY = "run.json"
+RUN_KEY = files.IDENTITY
 """The entry of ``artifacts.json`` holding the SHA-256 of the run identity the artifacts belong to."""
 
 __all__ = [
-    "ARTIFACTS_FILE", "IDENTITY_FILE", "RunDir", "RunMismatchError", "append_line", "dist_version", "dumps_line",
+    "RunDir", "RunMismatchError", "append_line", "dist_version", "dumps_line",
     "file_sha256", "identity_diff", "read_json_object", "read_jsonl", "tokens_sha256", "write_json",
 ]
 
@@ -192,7 +191,7 @@ class RunDir:
     left out so that, e.g., a full-grid run can resume an auto-grid run.
     """
 
-    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = "results.jsonl",
+    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = files.SEARCH_RESULTS,
                  optional: Iterable[str] = ()):
         self.path = Path(path)
         self.identity = _jsonable(dict(identity))
@@ -207,7 +206,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise RunMismatchError(f"--out {self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        ident_path = self.path / IDENTITY_FILE
+        ident_path = self.path / files.IDENTITY
         if ident_path.exists():
             try:
                 theirs = read_json_object(ident_path)
@@ -254,12 +253,12 @@ class RunDir:
         recorded = self.artifacts()
         if recorded.get(RUN_KEY) != self.identity_sha256:
             recorded = {}
-        self.write_json(ARTIFACTS_FILE, {**recorded, RUN_KEY: self.identity_sha256, name: digest})
+        self.write_json(files.ARTIFACTS, {**recorded, RUN_KEY: self.identity_sha256, name: digest})
         return digest
 
     def artifacts(self) -> dict[str, str]:
         """``{file name: sha256}`` recorded so far (empty when there is no ``artifacts.json``)."""
-        path = self.path / ARTIFACTS_FILE
+        path = self.path / files.ARTIFACTS
         if not path.exists():
             return {}
         obj = read_json_object(path)
@@ -278,13 +277,13 @@ class RunDir:
         recorded = artifacts.get(name)
         if recorded is not None and artifacts.get(RUN_KEY) != self.identity_sha256:
             raise CorruptRunError(
-                f"{path} and {ARTIFACTS_FILE} were written by another run (its run identity hash "
+                f"{path} and {files.ARTIFACTS} were written by another run (its run identity hash "
                 f"{_short(artifacts.get(RUN_KEY))!s}, this run's {_short(self.identity_sha256)}): results resumed with "
                 f"it would mix two runs; move both away to recompute them, or use a new --out directory"
             )
         if recorded is None:
             raise CorruptRunError(
-                f"{path} was not written by this run (no content hash recorded in {ARTIFACTS_FILE}): move it "
+                f"{path} was not written by this run (no content hash recorded in {files.ARTIFACTS}): move it "
                 f"away to recompute it, or use a new --out directory"
             )
         actual = file_sha256(path)

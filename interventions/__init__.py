@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     try:
-        return importlib.import_module(f"interventions.{name}")  # submodules: iv.adapter, iv.bridge, ...
+        return importlib.import_module(f"interventions.{name}")  # submodules: iv.adapter, iv.backends, ...
     except ModuleNotFoundError:
         raise AttributeError(f"module 'interventions' has no attribute {name!r}") from None
 

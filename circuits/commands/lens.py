@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from circuits import files
 from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, batch_size_argument,
                                       set_prompt_defaults)
 from circuits.vocab import DECODES
@@ -59,8 +60,8 @@ def check(args: argparse.Namespace) -> None:
     # A finished run is not overwritten without --force; one killed between lens.json and report.html is
     # redone (run.json, checked by the runner, tells whether it is this run).
     out = Path(args.out)
-    if (out / "lens.json").exists() and (out / "report.html").exists() and not args.force:
-        raise FileExistsError(f"{Path(args.out) / 'lens.json'} exists: choose another --out or pass --force")
+    if (out / files.LENS).exists() and (out / files.REPORT).exists() and not args.force:
+        raise FileExistsError(f"{out / files.LENS} exists: choose another --out or pass --force")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from circuits import files
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from circuits.commands.common import add_backend_argument
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     rows = run_sweep(config, args.out, progress=not args.no_progress, command=command_line(args))
-    print(Path(args.out, "table.md").read_text())
+    print(Path(args.out, files.TABLE_MD).read_text())
     failed = [r for r in rows if r.status != "ok"]
     print(f"{len(rows)} cells, {len(failed)} failed; table: {args.out}/table.md, report: {args.out}/report.html")
     if failed:

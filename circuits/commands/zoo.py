@@ -36,22 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, threshold: float = 0.9) -> dict:
-    """The full-grid AF1 search (CAMA) on the model saved in ``model_dir`` (loaded as ``zoo.load`` does,
-    mask attached), on every prompt of ``n_build`` generated ``task`` prompts (seed 0) it answers
-    correctly, in their largest layout. Returns the card entry of the planted model: task, grid,
-    ablation, threshold, n_prompts, base_accuracy, per-configuration faithfulness (``"wait,transfer"``
-    keys), summary line."""
-    from circuits import zoo
-    from circuits.loading import prepare_prompts
-    from circuits.search import search_af1
+    """Deprecated: :func:`circuits.groundtruth.af1_check` (a ``DeprecationWarning`` says so)."""
+    import warnings
 
-    model = zoo.load_dir(model_dir)
-    p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)
-    res = search_af1(model, p.tokens, p.answers, threshold=threshold, grid="full", progress=False)
-    return {"task": task, "grid": "full", "ablation": "cama", "threshold": threshold, "n_prompts": len(p),
-            "base_accuracy": round(p.base_accuracy, 4),
-            "faithfulness": {f"{r.wait},{r.transfer}": round(r.faithfulness, 4) for r in res.results},
-            "summary": res.summary_line()}
+    from circuits.groundtruth import af1_check as check
+
+    warnings.warn("circuits.commands.zoo.af1_check is deprecated: use circuits.groundtruth.af1_check",
+                  DeprecationWarning, stacklevel=2)
+    return check(model_dir, task, n_build, threshold)
 
 
 def _train(args: argparse.Namespace) -> dict:

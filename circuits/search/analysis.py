@@ -329,19 +329,19 @@ def write_outputs(
         "command": list(meta.get("command") or sys.argv),
         "identity": dict(identity),
         "source": meta.get("source"),
-        "means": "means.safetensors" if (out_dir / "means.safetensors").exists() else None,
+        "means": files.MEANS if (out_dir / files.MEANS).exists() else None,
         "fit": means,
     }
-    write_json(out_dir / "summary.json", summary)
+    write_json(out_dir / files.SUMMARY, summary)
     title = f"AF1 search: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'} ({result.ablation})"
-    report.search_report(result, out_dir / "report.html", title=title, notes=notes)
+    report.search_report(result, out_dir / files.REPORT, title=title, notes=notes)
 
 
 def load_summary(out_dir: str | Path) -> dict[str, Any]:
     """``summary.json`` of a finished search directory."""
     import json
 
-    path = Path(out_dir) / "summary.json"
+    path = Path(out_dir) / files.SUMMARY
     if not path.exists():
         raise FileNotFoundError(f"no summary.json in {out_dir}: the search has not finished there")
     return json.loads(path.read_text())

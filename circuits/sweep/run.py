@@ -15,8 +15,6 @@ from circuits.errors import ArgumentError
 from circuits.logs import get_logger
 from circuits.sweep.config import Cell, SweepConfig
 
-CELLS_DIR = "cells"
-SWEEP_RESULTS = "cells.jsonl"
 
 
 @dataclass
@@ -161,7 +159,7 @@ def cell_folder(out: Path, cell: Cell) -> Path:
 
     parts = (safe_name(slug(cell.model), "model"), safe_name(cell.task, "task"),
              safe_name(f"{cell.ablation}-seed{cell.seed}", "ablation"))
-    return inside(out / CELLS_DIR, Path(*parts), "cell folder")
+    return inside(out / files.CELLS_DIR, Path(*parts), "cell folder")
 
 
 class _State:
@@ -221,7 +219,7 @@ class _State:
         self.means = cache
 
     def run(self, cell: Cell, folder: Path, progress: bool) -> CellResult:
-        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed, path=str(Path(CELLS_DIR) / cell.folder()))
+        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed, path=str(Path(files.CELLS_DIR) / cell.folder()))
         self.progress = progress
         self.load(cell)
         error = self.model_error or self.prompt_error

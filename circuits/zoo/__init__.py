@@ -116,7 +116,8 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     hf_model, b_U = _hf.load_hf(folder)
     tokenizer = load_tokenizer(folder / "tokenizer.json")
     if backend == "bridge":
-        from interventions.bridge import boot, with_unembed_bias
+        from interventions.backends.bridge import boot
+        from interventions.convert import with_unembed_bias
 
         if b_U is not None:
             with_unembed_bias(hf_model, b_U)

@@ -12,7 +12,7 @@ load it as it is. What a standard checkpoint cannot hold is kept beside it:
 * ``zoo.json``: zoo metadata read when loading (e.g. the planted attention mask ``"planted"``).
 
 Conversions: :func:`hf_from_hooked` (TransformerLens state dict -> Hugging Face model, through
-:func:`interventions.bridge.hooked_state_to_hf`), :func:`hooked_config` (Hugging Face config ->
+:func:`interventions.convert.hooked_state_to_hf`), :func:`hooked_config` (Hugging Face config ->
 ``HookedTransformerConfig`` keyword arguments) and :func:`hooked_state` (Hugging Face model ->
 TransformerLens state dict, through TransformerLens' own ``convert_gpt2_weights`` /
 ``convert_llama_weights``, completed with the attention and MLP biases the Llama converter leaves at 0).
@@ -84,7 +84,7 @@ def hf_from_hooked(cfg_dict: dict, state: dict, tokenizer=None) -> tuple[Any, An
     if it is zero). ``tokenizer`` sets the special token ids of the config."""
     import torch
 
-    from interventions.bridge import hooked_state_to_hf
+    from interventions.convert import hooked_state_to_hf
 
     arch, hf = hooked_state_to_hf(cfg_dict, state)
     b_U = state.get("unembed.b_U")

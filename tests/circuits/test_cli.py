@@ -9,6 +9,7 @@ import pytest
 from circuits import cli, fitset, loading
 from circuits.commands import common
 from circuits.fitset import FitSet
+from circuits.prompts import self_answer_prompts
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 
@@ -26,7 +27,7 @@ def tiny_loading(monkeypatch):
         if n_prompts > 24:
             raise ValueError(f"too few correct prompts for task {task!r}: 24 available, {n_prompts} needed; "
                              f"lower --n-prompts to 24 or less")
-        return loading.self_answer_prompts(model_, tokens[:n_prompts], task=task)
+        return self_answer_prompts(model_, tokens[:n_prompts], task=task)
 
     monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(loading, "prepare_prompts", prepare_prompts)

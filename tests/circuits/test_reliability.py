@@ -24,7 +24,7 @@ from circuits import cli, files
 from circuits.fitset import FitSet
 from circuits.errors import ArgumentError, CorruptRunError, RunLockedError, RunMismatchError
 from circuits.lock import DirLock
-from circuits.loading import self_answer_prompts
+from circuits.prompts import self_answer_prompts
 from circuits.necessity import necessity_sweep
 from circuits.faithfulness import faithfulness
 from circuits.prune import prune_heads
