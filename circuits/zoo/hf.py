@@ -142,6 +142,7 @@ def hooked_state(hf_model, cfg, b_U=None) -> dict:
     copied from the model (the MLP bias lives in ``down_proj``, so ``b_in`` is 0). ``ModelLoadError`` if the
     gate or up projection has a nonzero bias (a ``HookedTransformer`` gated MLP has no place for it)."""
     import torch
+    from einops import rearrange
 
     sd: dict = {}
     if _arch(hf_model.config) == "gpt2":
@@ -163,7 +164,7 @@ def hooked_state(hf_model, cfg, b_U=None) -> dict:
             for key, lin, heads in (("attn.b_Q", a.q_proj, n), (f"attn.{g}b_K", a.k_proj, kv),
                                     (f"attn.{g}b_V", a.v_proj, kv)):
                 if lin.bias is not None:
-                    sd[p + key] = lin.bias.reshape(heads, h)
+                    sd[p + key] = rearrange(lin.bias, "(n_heads d_head) -> n_heads d_head", n_heads=heads, d_head=h)
             for key, lin in (("attn.b_O", a.o_proj), ("mlp.b_out", m.down_proj)):
                 if lin.bias is not None:
                     sd[p + key] = lin.bias
