@@ -61,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     from circuits.logs import cli_handler
 
-    cli_handler(logging.DEBUG if debug else logging.INFO)  # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr
+    # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr; --debug: all
+    cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from circuits import placement
-from circuits.errors import ArgumentError, ModelLoadError
+from circuits.errors import AF1Error, ArgumentError, ModelLoadError
+# Documented here (docs/prompts.md); circuits.specs draws every prompt set through loading.prepare_prompts,
+# which tests replace with stand-ins.
+from circuits.prompts import check_bos, prepare_prompts  # noqa: F401
 from circuits.validation import check_choice
 from circuits.vocab import DTYPES
-from circuits.prompts import check_bos, prepare_prompts  # noqa: F401 - documented here (docs/prompts.md);
-# circuits.specs draws every prompt set through loading.prepare_prompts, which tests replace with stand-ins
 
 __all__ = ["cached_spelling", "check_bos", "check_builtin_config", "has_cached_weights", "load_model",
            "match_parameter_dtype", "model_name", "prepare_prompts", "zoo_names"]
@@ -79,7 +80,6 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
     import interventions as iv
     from circuits import gguf, local_models
-    from circuits.errors import AF1Error, ModelLoadError
 
     backend = iv.resolve_backend(backend)
     if dtype is not None:

@@ -350,7 +350,8 @@ class ModelAdapter:
 
 
 def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
-    """:class:`InterventionError` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <= n_layers``)."""
+    """:class:`InterventionError` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <=
+    n_layers``)."""
     if not 0 <= start <= n_layers:
         raise InterventionError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
     if stop is not None and not start < stop <= n_layers:

@@ -45,6 +45,7 @@ from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, tr
 from circuits.prune.result import CURVE_FIELDS, CurvePoint, PruneResult, area_under_curve, summary_dict
 
 __all__ = [
-    "CURVE_FIELDS", "CurvePoint", "NOT_IDENTITY", "PRUNE", "PruneConfig", "PruneResult", "area_under_curve", "head_attention", "key_labels", "prune_heads", "pruned_subgraph", "run_prune",
-    "summary_dict", "transfer_heads",
+    "CURVE_FIELDS", "CurvePoint", "NOT_IDENTITY", "PRUNE", "PruneConfig", "PruneResult", "area_under_curve",
+    "head_attention", "key_labels", "prune_heads", "pruned_subgraph", "run_prune", "summary_dict",
+    "transfer_heads",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.validation import check_choice, check_config, check_fraction, check_positive
-from circuits.vocab import ABLATIONS, HEAD_METHODS, MEANS_ABLATIONS, RANKS, Ablation, HeadMethod, Rank
+from circuits.vocab import ABLATIONS, HEAD_METHODS, RANKS, Ablation, HeadMethod, Rank
 
 NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """``meta`` keys that describe a run without changing its results (not part of its identity)."""
@@ -57,7 +57,3 @@ class PruneConfig:
         the summary)."""
         return {"wait": self.wait, "transfer": self.transfer, "ablation": self.ablation, "method": self.method,
                 "rank": self.rank, "confirm_top": self.confirm_top}
-
-    @property
-    def needs_means(self) -> bool:
-        return self.ablation in MEANS_ABLATIONS or self.method == "mean"

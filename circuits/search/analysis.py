@@ -189,7 +189,7 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
         "model_signature": ad.model_identity(),
         **config.identity(),
         # The fit set (how it was drawn, its hash) or a given cache's hash, and the minimum count.
-        "means": ctx.means_identity if config.needs_means else None,
+        "means": ctx.means_identity if means_kind(config.ablation) is not None else None,
     }
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuits.validation import check_choice, check_fraction, check_int, check_positive
-from circuits.vocab import ABLATIONS, GRIDS, MEANS_ABLATIONS, SEARCH_METHODS, Ablation, Grid, SearchMethod
+from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS, Ablation, Grid, SearchMethod
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,6 @@ class SearchConfig:
         check_positive("n_boot", self.n_boot)
         check_positive("configs_per_pass", self.configs_per_pass)
         return self
-
-    @property
-    def needs_means(self) -> bool:
-        return self.ablation in MEANS_ABLATIONS
 
     def identity(self) -> dict[str, Any]:
         """The fields that determine the per-configuration results. The threshold only changes the

@@ -16,7 +16,7 @@ from circuits.search.analysis import search_identity, search_schema
 from circuits.search.evaluators import FastEvaluator
 from circuits.search.results import ConfigResult, config_row
 from circuits.validation import check_choice, check_config, check_int, check_positive
-from circuits.vocab import ABLATIONS, MEANS_ABLATIONS, Ablation, Means, means_kind
+from circuits.vocab import ABLATIONS, Ablation, Means, means_kind
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,6 @@ class FixedConfig:
         if info is not None:
             check_config(info.n_layers, self.wait, self.transfer)
         return self
-
-    @property
-    def needs_means(self) -> bool:
-        return self.ablation in MEANS_ABLATIONS
 
     def identity(self) -> dict[str, Any]:
         return {"wait": int(self.wait), "transfer": int(self.transfer), "ablation": self.ablation,

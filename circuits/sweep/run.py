@@ -219,7 +219,8 @@ class _State:
         self.means = cache
 
     def run(self, cell: Cell, folder: Path, progress: bool) -> CellResult:
-        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed, path=str(Path(files.CELLS_DIR) / cell.folder()))
+        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed,
+                         path=str(Path(files.CELLS_DIR) / cell.folder()))
         self.progress = progress
         self.load(cell)
         error = self.model_error or self.prompt_error
