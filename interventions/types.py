@@ -1,4 +1,5 @@
-"""Shared types of the toolkit: tensor shapes, identifiers and the errors every module raises.
+"""Shared types of the toolkit: tensor shapes and identifiers (the errors, re-exported here, live in
+:mod:`interventions.errors`).
 
 Conventions used everywhere in ``interventions`` and ``circuits``:
 
