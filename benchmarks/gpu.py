@@ -449,8 +449,8 @@ def load(folder: Path, dtype: str, device: torch.device) -> tuple[dict, Any]:
 
 def self_answered(model: Any, n_prompts: int, seed: int) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
     """Phase ``prompts``: :func:`layout_tokens` answered by the model's own top-1 token
-    (``circuits.loading.self_answer_prompts``)."""
-    from circuits.loading import self_answer_prompts
+    (``circuits.prompts.self_answer_prompts``)."""
+    from circuits.prompts import self_answer_prompts
 
     tokens = layout_tokens(n_prompts, seed)
     prompts = self_answer_prompts(model, tokens)

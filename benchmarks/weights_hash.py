@@ -1,4 +1,4 @@
-"""Cost of the full-weights content hash (``interventions.adapter.weights_sha256``) on an 8B checkpoint.
+"""Cost of the full-weights content hash (``interventions.weights.weights_sha256``) on an 8B checkpoint.
 
 Builds a random-weight checkpoint of Llama-3-8B's shapes (32 blocks, width 4096, MLP 14336, 32 query and 8
 key/value heads, vocabulary 128256: 8.03B parameters, 16.06 GB of bfloat16 safetensors, one shard per block)
@@ -74,7 +74,7 @@ def mapped(folder: Path) -> dict[str, torch.Tensor]:
 def main() -> None:
     import warnings
 
-    from interventions.adapter import weights_sha256
+    from interventions.weights import weights_sha256
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, help="folder for the checkpoint (about 16 GB)")

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from circuits import files
 from circuits.errors import RunDirError
 
 TMP_SUFFIX = ".af1tmp"
@@ -74,6 +75,15 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
+def io_failure(err: BaseException) -> bool:
+    """Whether a library writer's non-``OSError`` exception reports a failed write: safetensors raises its own
+    type (or a ``RuntimeError``) saying ``Error while serializing: IoError(Os { code: 28, ... })`` for a full
+    disk. :func:`write_with` and :func:`write_files` report those as ``OSError``; any other exception of a writer
+    is a bug and surfaces as itself."""
+    text = str(err)
+    return "IoError" in text or "os error" in text.lower()
+
+
 def write_with(path: str | Path, writer: Callable[[Path], object]) -> Path:
     """Like :func:`write_bytes`, for a library that writes files itself: ``writer(tmp)`` writes the
     exclusively created temporary file beside ``path``, which is then fsynced and renamed over ``path``. A
@@ -88,7 +98,9 @@ def write_with(path: str | Path, writer: Callable[[Path], object]) -> Path:
             writer(Path(tmp))
         except OSError:
             raise
-        except Exception as err:  # noqa: BLE001 - e.g. safetensors' own error for a full disk
+        except Exception as err:  # noqa: BLE001 - re-raised unless a library's report of a failed write
+            if not io_failure(err):
+                raise
             raise OSError(f"cannot write {path}: {' '.join(str(err).split())}") from err
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -118,7 +130,9 @@ def write_files(folder: str | Path, writer: Callable[[Path], object]) -> list[Pa
             writer(tmp)
         except OSError:
             raise
-        except Exception as err:  # noqa: BLE001 - a library's own error for a full disk
+        except Exception as err:  # noqa: BLE001 - re-raised unless a library's report of a failed write
+            if not io_failure(err):
+                raise
             raise OSError(f"cannot write into {folder}: {' '.join(str(err).split())}") from err
         out = []
         for p in sorted(tmp.iterdir()):
@@ -141,7 +155,7 @@ def clean_temporaries(directory: str | Path) -> list[Path]:
     Call it only while holding the directory's lock."""
     directory = Path(directory)
     removed = []
-    for folder in (directory, directory / "figures"):
+    for folder in (directory, directory / files.FIGURES_DIR):
         if folder.is_symlink() or not folder.is_dir():
             continue
         for p in folder.iterdir():

@@ -28,13 +28,14 @@ import interventions as iv
 from interventions import adapter as hooks
 from interventions.adapter import adapt
 from interventions.types import Head, InterventionError, Tokens
-from interventions.validation import check_answers, check_choice
+from circuits.validation import check_choice
+from circuits.vocab import HEAD_METHODS
+from interventions.validation import check_answers
 
 from interventions.readout import answer_positions
 
 from .faithfulness import last_token_metrics
 
-METHODS = ("zero", "mean")
 
 
 @contextmanager
@@ -68,7 +69,7 @@ def head_attribution_per_prompt(
     One forward and one backward pass over ``tokens`` (in batches of ``batch_size``). Positive = the
     removal is predicted to *raise* the answer's margin. Units: logits.
     """
-    check_choice("attribution method", method, METHODS)
+    check_choice("attribution method", method, HEAD_METHODS)
     if method == "mean" and not isinstance(cache, iv.MeanCache):
         raise InterventionError("method='mean' needs cache=MeanCache.fit(model, tokens)")
     heads = [tuple(h) for h in heads]

@@ -4,18 +4,24 @@ Each sub-command lives in its own module which exposes ``add_arguments(parser)``
 ``check(args)`` (model-independent checks, run before anything is loaded) and ``run(args) -> int``;
 modules are imported only when their command runs, so ``af1 --help`` stays fast.
 
-Every expected failure (see :func:`describe`) ends as one line on stderr, ``af1 COMMAND: error: ...``, and
-exit code 2; anything else as one line naming the exception and exit code 1. ``--debug`` (anywhere on
-the command line) prints the traceback too.
+Every expected failure (the project's errors, OS errors, out of memory, Ctrl-C: see
+:func:`circuits.errors.describe`) ends as one line on stderr, ``af1 COMMAND: error: ...``, and exit code 2;
+anything else is a bug: one line ``af1 COMMAND: internal error: ...`` naming the exception and pointing to
+``--debug``, and exit code 1. ``--debug`` (anywhere on the command line) prints the traceback too.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import traceback
 from typing import Sequence
+
+from circuits.errors import describe, internal_error
+
+__all__ = ["COMMANDS", "build_parser", "describe", "main"]
 
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,11 +35,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "groundtruth": ("circuits.commands.groundtruth",
                     "search + pruning on the planted zoo models, scored against the planted structure"),
 }
-
-MAX_MESSAGE = 400
-"""Longest error message printed (characters); longer ones (e.g. a loader's list of every model name)
-are cut."""
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -51,46 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def describe(err: BaseException) -> tuple[str, int] | None:
-    """``(one-line message, exit code 2)`` for an expected failure, ``None`` for anything else.
-
-    Expected: the project's errors (:mod:`circuits.errors`, :mod:`interventions.types`; ``ValueError``
-    subclasses), bad arguments, OS errors on files (permission, missing, not a directory, disk full), a
-    corrupt or foreign file (safetensors, JSON), running out of device memory, and Ctrl-C.
-    """
-    import json
-
-    from circuits.errors import AF1Error
-
-    # interventions.types imports torch: an error of it can only come once it is imported.
-    types = sys.modules.get("interventions.types")
-    if isinstance(err, AF1Error) or types is not None and isinstance(err, types.InterventionNotAppliedError):
-        return one_line(err), 2
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted; finished results are saved: run the same command again to resume", 2
-    if isinstance(err, json.JSONDecodeError):
-        return f"a JSON file is malformed ({err}); move it away or use a new --out directory", 2
-    if isinstance(err, (ValueError, OSError, LookupError)) and not isinstance(err, (IndexError, KeyError)):
-        return one_line(err), 2
-    name = type(err).__name__
-    if name == "SafetensorError":
-        return f"a .safetensors file is corrupt or truncated ({err}); move it away or use a new --out directory", 2
-    if name == "RemoteError":  # nnsight: the NDIF job failed (not imported here)
-        return (f"the remote (NDIF) request failed: {one_line(err)}; finished results are saved: run the same "
-                f"command again to resume"), 2
-    if name == "OutOfMemoryError":
-        return ("out of device memory: lower --batch-size, use --batch-size auto (halves it and retries) or a "
-                "smaller --dtype"), 2
-    return None
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
-        text = f"{text}: {err.filename}"
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -100,21 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     from circuits.logs import cli_handler
 
-    cli_handler()  # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr
+    # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr; --debug: all
+    cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):
             module.check(args)
         return int(module.run(args) or 0)
-    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place errors become messages
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place every failure becomes one line
         if debug:
             traceback.print_exc()
         known = describe(err)
         if known is not None:
             print(f"af1 {args.command}: error: {known[0]}", file=sys.stderr)
             return known[1]
-        print(f"af1 {args.command}: internal error: {type(err).__name__}: {one_line(err)} (run with --debug for "
-              f"the traceback)", file=sys.stderr)
+        print(f"af1 {args.command}: {internal_error(err)}", file=sys.stderr)
         return 1
 
 

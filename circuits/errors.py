@@ -1,6 +1,7 @@
 """The project's error hierarchy: every expected failure of a command is one of these (or an error of
-the layer below, :mod:`interventions.types`), and the command line turns each into one line on stderr
-and exit code 2 (:mod:`circuits.cli`).
+the layer below, :mod:`interventions.errors`), and the command line turns each into one line on stderr
+and exit code 2 (:func:`describe`, used by :mod:`circuits.cli` and the sweep's failed cells); anything else
+is a bug (exit code 1).
 
 Every class keeps the builtin base that callers caught before it existed (``ValueError``,
 ``FileExistsError``), so ``except ValueError`` around the Python API keeps working.
@@ -48,3 +49,60 @@ class PromptError(AF1Error, ValueError):
 class FitSetError(AF1Error, ValueError):
     """The means cannot be fitted as the analysis needs: no fit set, a scored prompt inside it, or a
     ``(position, token)`` entry with fewer fit prompts than the minimum; the message says how to fix it."""
+
+
+MAX_MESSAGE = 400
+"""Longest error message printed (characters); longer ones (e.g. a loader's list of every model name) are cut."""
+
+
+def describe(err: BaseException) -> tuple[str, int] | None:
+    """``(one-line message, exit code 2)`` for an expected failure, ``None`` for anything else (a bug: the
+    command line prints it as an internal error with exit code 1 and a pointer to ``--debug``).
+
+    Expected: the project's errors (:class:`AF1Error`, and :mod:`interventions.errors` of the layer below),
+    OS errors (permission, missing file, not a directory, disk full), a malformed JSON file, a corrupt
+    safetensors file, a failed remote (NDIF) request, running out of device memory and Ctrl-C. A bare
+    ``ValueError``, ``TypeError`` or ``KeyError`` is not: user mistakes raise the project's errors.
+    """
+    import json
+
+    from interventions.errors import InterventionError, InterventionNotAppliedError
+
+    if isinstance(err, (AF1Error, InterventionError, InterventionNotAppliedError)):
+        return one_line(err), 2
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted; finished results are saved: run the same command again to resume", 2
+    if isinstance(err, json.JSONDecodeError):
+        return f"a JSON file is malformed ({err}); move it away or use a new --out directory", 2
+    if isinstance(err, OSError):
+        return one_line(err), 2
+    name = type(err).__name__
+    if name == "SafetensorError":  # safetensors (not imported here)
+        return f"a .safetensors file is corrupt or truncated ({err}); move it away or use a new --out directory", 2
+    if name == "RemoteError":  # nnsight: the NDIF job failed (not imported here)
+        return (f"the remote (NDIF) request failed: {one_line(err)}; finished results are saved: run the same "
+                f"command again to resume"), 2
+    if name == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError (torch is not imported here)
+        return ("out of device memory: lower --batch-size, use --batch-size auto (halves it and retries) or a "
+                "smaller --dtype"), 2
+    return None
+
+
+def one_line(err: BaseException, limit: int = MAX_MESSAGE) -> str:
+    """``err``'s message on one line of at most ``limit`` characters (an OS error names its file)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
+        text = f"{text}: {err.filename}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def internal_error(err: BaseException) -> str:
+    """The one line of an unexpected failure (a bug): its type and message, and the ``--debug`` pointer."""
+    return f"internal error: {type(err).__name__}: {one_line(err)} (run with --debug for the traceback)"
+
+
+def error_line(err: BaseException) -> str:
+    """The one line the command line prints for ``err``: :func:`describe`'s message, else
+    :func:`internal_error`."""
+    known = describe(err)
+    return known[0] if known is not None else internal_error(err)

@@ -17,7 +17,9 @@ from jaxtyping import Bool, Float, Int
 
 import interventions as iv
 from interventions.types import InterventionError, Tokens
-from interventions.validation import check_answers, check_positive, check_tokens
+from circuits.errors import ArgumentError
+from circuits.validation import check_positive
+from interventions.validation import check_answers, check_tokens
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def prompt_faithfulness(
     answers = check_answers(answers, int(tokens.shape[0]), d_vocab)
     check_positive("batch_size", batch_size)
     if prompts is not None and len(prompts) != len(tokens):
-        raise ValueError(f"prompts has {len(prompts)} texts for {len(tokens)} prompts")
+        raise ArgumentError(f"prompts has {len(prompts)} texts for {len(tokens)} prompts")
     index = torch.arange(len(tokens))
     if not assume_correct:
         keep = base_correct(model, tokens, answers, batch_size=batch_size)

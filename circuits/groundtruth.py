@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from circuits import files
+from circuits.errors import ArgumentError, ModelLoadError
+from circuits.vocab import ABLATIONS
 
-__all__ = ["ABLATIONS", "Recovery", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
+__all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
            "cpr_cmd", "recover", "run_recovery"]
 
-ABLATIONS = ("cama", "mean", "zero")
 
 
 @dataclass
@@ -112,12 +113,12 @@ def planted_structure(name: str):
     if "planted" in meta:
         full = sorted(meta["planted"]["last_full"])
         if not full or full != list(range(full[0], full[-1] + 1)):
-            raise ValueError(f"{name}: planted mask {meta['planted']} is not an AF1 structure (last_full must be "
-                             f"consecutive blocks)")
+            raise ModelLoadError(f"{name}: planted mask {meta['planted']} is not an AF1 structure (last_full must be "
+                                 f"consecutive blocks)")
         n_heads = int(json.loads((folder / "config.json").read_text()).get("n_head", 0))
         return Structure(full[0] - 1, len(full), tuple(tuple(range(n_heads)) for _ in full))
-    raise ValueError(f"model {name!r} has no planted structure; planted zoo models: "
-                     f"{', '.join(planted_models()) or '(none)'}")
+    raise ArgumentError(f"model {name!r} has no planted structure; planted zoo models: "
+                        f"{', '.join(planted_models()) or '(none)'}")
 
 
 def precision_recall(found: Sequence[tuple[int, int]] | None, planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
@@ -149,7 +150,7 @@ def cpr_cmd(curve: Sequence[tuple[int, float]]) -> tuple[float, float]:
     pts = sorted((int(k), float(f)) for k, f in curve)
     ks = [k for k, _ in pts]
     if len(pts) < 2 or ks[0] != 0 or len(set(ks)) != len(ks):
-        raise ValueError(f"a faithfulness curve needs distinct sizes from 0 up, got sizes {ks}")
+        raise ArgumentError(f"a faithfulness curve needs distinct sizes from 0 up, got sizes {ks}")
     total = ks[-1]
     cpr = cmd = 0.0
     for (k0, f0), (k1, f1) in zip(pts[:-1], pts[1:]):
@@ -214,13 +215,13 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
     from circuits.atomic import safe_name
     from circuits.runner import Run
     from circuits.runs import RunDir
-    from interventions.validation import check_choice
+    from circuits.validation import check_choice
 
     for a in ablations:
         check_choice("ablation", a, ABLATIONS)
     names = list(models) if models else planted_models()
     if not names:
-        raise ValueError("no planted zoo model is installed; give --models (zoo names or model folders)")
+        raise ArgumentError("no planted zoo model is installed; give --models (zoo names or model folders)")
     for name in names:
         safe_name(Path(name).name, "model")
     for task in tasks:
@@ -266,7 +267,7 @@ def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablatio
             # One prompt set for every ablation, drawn as CAMA needs it (each mean backed by enough fit prompts).
             prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
             for a in ablations:
-                where = Path(out_dir) / "runs" / name / task / a if out_dir is not None else None
+                where = Path(out_dir) / files.RUNS_DIR / name / task / a if out_dir is not None else None
                 row = recover(model, name, structure, prompts, a, task=task, threshold=threshold, target=target,
                               out_dir=where, progress=progress)
                 if log is not None:
@@ -275,3 +276,22 @@ def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablatio
                         f"CPR {row.cpr:.3f} CMD {row.cmd:.3f}")
                 rows.append(row)
     return rows
+
+
+def af1_check(model_dir: str | Path, task: str = "add_sub", n_build: int = 4000, threshold: float = 0.9) -> dict:
+    """The full-grid AF1 search (CAMA) on the model saved in ``model_dir`` (loaded as ``zoo.load`` does,
+    mask attached), on every prompt of ``n_build`` generated ``task`` prompts (seed 0) it answers
+    correctly, in their largest layout. Returns the card entry of the planted model: task, grid,
+    ablation, threshold, n_prompts, base_accuracy, per-configuration faithfulness (``"wait,transfer"``
+    keys), summary line."""
+    from circuits import zoo
+    from circuits.prompts import prepare_prompts
+    from circuits.search import search_af1
+
+    model = zoo.load_dir(Path(model_dir))
+    p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)
+    res = search_af1(model, p.tokens, p.answers, threshold=threshold, grid="full", progress=False)
+    return {"task": task, "grid": "full", "ablation": "cama", "threshold": threshold, "n_prompts": len(p),
+            "base_accuracy": round(p.base_accuracy, 4),
+            "faithfulness": {f"{r.wait},{r.transfer}": round(r.faithfulness, 4) for r in res.results},
+            "summary": res.summary_line()}

@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from circuits import files
 from circuits.atomic import safe_name
+from circuits.errors import ArgumentError, CorruptRunError
 from circuits.report import write_page, write_text
 
 __all__ = ["COLUMNS", "GroundTruthResult", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
@@ -140,12 +142,12 @@ class GroundTruthResult:
     @classmethod
     def load(cls, out_dir: str | Path) -> "GroundTruthResult":
         """The rows of ``out_dir/summary.json`` (``FileNotFoundError`` while the command has not finished)."""
-        path = Path(out_dir) / "summary.json"
+        path = Path(out_dir) / files.SUMMARY
         if not path.is_file():
             raise FileNotFoundError(f"{out_dir} holds no summary.json: not a finished af1 groundtruth directory")
         doc = json.loads(path.read_text())
         if not isinstance(doc.get("rows"), list):
-            raise ValueError(f"{path} has no recovery rows: not written by af1 groundtruth")
+            raise CorruptRunError(f"{path} has no recovery rows: not written by af1 groundtruth")
         return cls([recovery_from_dict(r) for r in doc["rows"]], out_dir,
                    {k: v for k, v in doc.items() if k != "rows"})
 
@@ -175,8 +177,8 @@ class GroundTruthResult:
 
     def _run(self, model: str, task: str, ablation: str, which: str) -> Path:
         if self.out_dir is None:
-            raise ValueError("this result was not reopened from a directory: no run directories to open")
-        return self.out_dir / "runs" / model / task / ablation / which
+            raise ArgumentError("this result was not reopened from a directory: no run directories to open")
+        return self.out_dir / files.RUNS_DIR / model / task / ablation / which
 
     def search(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:
         """The search of one row (:class:`~circuits.search.SearchResult`)."""
@@ -204,9 +206,9 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any]
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS))
     writer.writeheader()
     writer.writerows(flat)
-    paths = {"csv": write_text(out / "table.csv", buf.getvalue()),
-             "md": write_text(out / "table.md", table_markdown(rows)),
-             "summary": write_text(out / "summary.json", json.dumps(
+    paths = {"csv": write_text(out / files.TABLE_CSV, buf.getvalue()),
+             "md": write_text(out / files.TABLE_MD, table_markdown(rows)),
+             "summary": write_text(out / files.SUMMARY, json.dumps(
                  {**(meta or {}), "rows": [r.to_dict() for r in rows]}, indent=1) + "\n")}
     groups: dict[tuple[str, str], list[Any]] = {}
     for r in rows:
@@ -215,11 +217,11 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any]
     for (model, task), group in groups.items():
         title = f"{model}, {task}: faithfulness over circuit size"
         svg = safe_name(f"{model}-{task}.svg", "figure of model and task")
-        paths[f"svg:{model}:{task}"] = write_text(out / "figures" / svg, curve_svg(group, title))
+        paths[f"svg:{model}:{task}"] = write_text(out / files.FIGURES_DIR / svg, curve_svg(group, title))
         figures.append(_plotly_figure(group, title))
     notes = [f"{sum(r.config_recovered for r in rows)}/{len(rows)} rows recover the planted (wait, transfer); "
              f"{sum(r.heads_recovered for r in rows)}/{len(rows)} the planted head set exactly.",
              "CPR: area under faithfulness over circuit size (heads kept / transfer heads), higher is better; "
              "CMD: area between the curve and 1, lower is better."]
-    paths["html"] = write_page(out / "report.html", "Recovery of planted AF1 structures", figures, notes)
+    paths["html"] = write_page(out / files.REPORT, "Recovery of planted AF1 structures", figures, notes)
     return paths

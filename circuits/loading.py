@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from circuits import placement
-from circuits.prompts import (  # noqa: F401 - re-exported: from circuits.loading import prepare_prompts
-    MAX_CHECKED, SOURCES, Prompts, check_bos, prepare_prompts, self_answer_prompts,
-)
+from circuits.errors import AF1Error, ArgumentError, ModelLoadError
+# Documented here (docs/prompts.md); circuits.specs draws every prompt set through loading.prepare_prompts,
+# which tests replace with stand-ins.
+from circuits.prompts import check_bos, prepare_prompts  # noqa: F401
+from circuits.validation import check_choice
+from circuits.vocab import DTYPES
 
-__all__ = ["DTYPES", "MAX_CHECKED", "SOURCES", "Prompts", "cached_spelling", "check_bos", "check_builtin_config",
-           "has_cached_weights", "load_model",
-           "match_parameter_dtype", "model_name", "prepare_prompts", "self_answer_prompts", "zoo_names"]
+__all__ = ["cached_spelling", "check_bos", "check_builtin_config", "has_cached_weights", "load_model",
+           "match_parameter_dtype", "model_name", "prepare_prompts", "zoo_names"]
 
 def zoo_names() -> list[str]:
     """Names of the zoo models, or ``[]`` when the zoo is not installed."""
@@ -34,9 +36,6 @@ def zoo_names() -> list[str]:
     except ImportError:
         return []
     return list(zoo.available())
-
-
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None,
@@ -69,7 +68,7 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     (:func:`circuits.local_models.load_hooked`: GPT-2 and Llama; another architecture is refused naming
     the bridge). Its ``cfg.model_name`` is ``name``.
 
-    ``dtype`` (one of :data:`DTYPES`, ``None``: the loader's default, float32) applies to pretrained
+    ``dtype`` (one of :data:`circuits.vocab.DTYPES`, ``None``: the loader's default, float32) applies to pretrained
     models, e.g. ``"bfloat16"`` for Llama-3-8B on a GPU; zoo models ship in float32 only.
 
     ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or a device name; replaces ``device``) and
@@ -81,20 +80,19 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
     import interventions as iv
     from circuits import gguf, local_models
-    from circuits.errors import AF1Error, ModelLoadError
 
     backend = iv.resolve_backend(backend)
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not valid: choose one of {', '.join(DTYPES)}")
+    if dtype is not None:
+        check_choice("dtype", dtype, DTYPES)
     if remote and backend != "nnsight":
-        raise ValueError(f"remote={remote!r} needs backend='nnsight' (remote runs go through nnsight to NDIF)")
+        raise ArgumentError(f"remote={remote!r} needs backend='nnsight' (remote runs go through nnsight to NDIF)")
     if remote and device_map is not None:
-        raise ValueError("device_map places weights here; a remote model's weights stay on NDIF: drop device_map")
+        raise ArgumentError("device_map places weights here; a remote model's weights stay on NDIF: drop device_map")
     if device_map is not None:
         device_map = placement.check_device_map(device_map)
     max_memory = placement.parse_max_memory(max_memory)
     if max_memory is not None and device_map is None:
-        raise ValueError("max_memory (--max-memory) needs device_map (--device-map auto, balanced or sequential)")
+        raise ArgumentError("max_memory (--max-memory) needs device_map (--device-map auto, balanced or sequential)")
     names = zoo_names()
     if names and name not in names:
         from circuits import zoo
@@ -106,14 +104,14 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
 
         check_model_name(name, names)
     if name in names and remote:
-        raise ValueError(f"zoo model {name!r} is not hosted on NDIF: load it without remote")
+        raise ArgumentError(f"zoo model {name!r} is not hosted on NDIF: load it without remote")
     if name in names:
         from circuits import zoo
 
         if dtype not in (None, "float32"):
-            raise ValueError(f"zoo model {name!r} ships in float32; dtype={dtype!r} applies to pretrained models")
+            raise ArgumentError(f"zoo model {name!r} ships in float32; dtype={dtype!r} applies to pretrained models")
         if device_map is not None:
-            raise ValueError(f"zoo model {name!r} is small: device_map applies to pretrained models; use device")
+            raise ArgumentError(f"zoo model {name!r} is small: device_map applies to pretrained models; use device")
         # name and backend are resolved above: load the folder (zoo.load would resolve both again)
         return zoo.load_dir(zoo.MODELS_DIR / name, device=device, backend=backend).eval()
     if remote and (gguf.is_gguf(name) or local_models.is_model_folder(name)):
@@ -142,26 +140,43 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
             model = _load(backend, local, source, name, kwargs, dtype, remote, device)
     except AF1Error:
         raise
-    except ImportError as err:  # pragma: no cover - TransformerLens is a dependency
-        raise ModelLoadError(f"cannot load {name!r} on backend {backend!r}: {err}") from err
-    except Exception as err:  # noqa: BLE001 - any failure becomes one clear user error
+    except LOAD_FAILURES as err:  # the loaders' known causes; anything else is a bug and surfaces as itself
         zoo_hint = f"zoo models: {', '.join(names)}" if names else "the model zoo is not installed"
         first = str(err).splitlines()[0] if str(err) else ""
-        if device_map is not None:
-            need = ("with a device map the model must fit on the GPUs (or all on the CPU) within max_memory: "
-                    "TransformerLens refuses disk and CPU offload")
-        elif local:
-            need = f"{source} must be a Hugging Face model folder that transformers can load"
-        else:
-            need = "pretrained models need their weights in the local Hugging Face cache or network access"
         raise ModelLoadError(
             f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and {loader} failed "
-            f"({type(err).__name__}: {first}); {need}"
+            f"({type(err).__name__}: {first}); {load_fix(err, source, local, device_map)}"
         ) from err
     if local:
         model.cfg.model_name = name
     return model.eval()
 
+
+
+LOAD_FAILURES: tuple[type[Exception], ...] = (OSError, ImportError, ValueError, NotImplementedError)
+"""How the loaders (TransformerLens, transformers, huggingface_hub, accelerate, nnsight) report the causes a user
+can fix: missing files and offline cache misses (``OSError``; huggingface_hub's ``LocalEntryNotFoundError`` and
+``RepositoryNotFoundError`` are ones), a missing optional package (``ImportError``), an unknown name, model type
+or architecture, a device map that would offload (``ValueError``; :class:`~interventions.InterventionError` is
+one), an architecture a backend does not build (``NotImplementedError``). :func:`load_model` turns these into
+:class:`~circuits.errors.ModelLoadError` naming the fix; any other exception (``TypeError``, ``KeyError``,
+``AttributeError``, out of memory, ...) is not a loading problem of the user's and propagates unchanged."""
+
+
+def load_fix(err: BaseException, source: Any, local: bool, device_map: str | None) -> str:
+    """What to do about the loading failure ``err`` (one of :data:`LOAD_FAILURES`) of ``source``."""
+    if isinstance(err, ImportError):
+        return "install the package the error names (e.g. pip install 'af1-circuits[nnsight]')"
+    if device_map is not None:
+        return ("with a device map the model must fit on the GPUs (or all on the CPU) within max_memory: "
+                "TransformerLens refuses disk and CPU offload")
+    if local:
+        return f"{source} must be a Hugging Face model folder that transformers can load"
+    if isinstance(err, (ValueError, NotImplementedError)) and not isinstance(err, OSError):
+        return ("check the name (a zoo model, a Hugging Face repository or a local folder); an architecture this "
+                "backend does not build may load with another --backend; pretrained models need their weights in "
+                "the local Hugging Face cache or network access")
+    return "pretrained models need their weights in the local Hugging Face cache or network access"
 
 
 def _load(backend: str, local: bool, source: Any, name: str, kwargs: dict[str, Any], dtype: str | None,
@@ -225,7 +240,7 @@ def has_cached_weights(repo: str) -> bool:
         return False
     try:
         folder = Path(snapshot_download(repo, local_files_only=True))
-    except Exception:  # noqa: BLE001 - an incomplete snapshot counts as not cached
+    except (OSError, ValueError):  # LocalEntryNotFoundError: an incomplete snapshot counts as not cached
         return False
     return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
 
@@ -245,7 +260,7 @@ def cached_spelling(name: str) -> str | None:
         from transformer_lens import loading_from_pretrained as lp
 
         candidates.append(lp.get_official_model_name(name))
-    except Exception:  # noqa: BLE001 - TransformerLens 4.x has no name table; unknown names keep theirs
+    except (ImportError, AttributeError, ValueError):  # 4.x has no name table; unknown names keep theirs
         pass
     cache = Path(constants.HF_HUB_CACHE)
     folders = {p.name.lower(): p.name for p in cache.glob("models--*")} if cache.is_dir() else {}
@@ -271,12 +286,13 @@ def check_builtin_config(name: str) -> None:
         from transformer_lens import loading_from_pretrained as lp
 
         official = lp.get_official_model_name(name)
-    except Exception:  # noqa: BLE001 - unknown names fail later, in from_pretrained, with its message
+    except (ImportError, AttributeError, ValueError):  # 4.x, or an unknown name: from_pretrained says so later
         return
     if official != name and _cached(name) and not _cached(official):
-        raise ValueError(f"HookedTransformer.from_pretrained looks up {name!r} as {official!r}, which is not in the "
-                         f"local Hugging Face cache (only {name!r} is): download it under {official!r} or load it "
-                         f"with backend='bridge' (--backend bridge)")
+        raise ModelLoadError(f"HookedTransformer.from_pretrained looks up {name!r} as {official!r}, which is "
+                             "not in the "
+                             f"local Hugging Face cache (only {name!r} is): download it under {official!r} or load it "
+                             f"with backend='bridge' (--backend bridge)")
     if "llama" not in official.lower() and "gemma" not in official.lower():
         return
     path = try_to_load_from_cache(official, "config.json")
@@ -284,7 +300,7 @@ def check_builtin_config(name: str) -> None:
         return
     try:
         built = lp.convert_hf_model_config(official)
-    except Exception:  # noqa: BLE001 - needs the hub: nothing to compare
+    except (OSError, ValueError, KeyError, NotImplementedError):  # needs the hub (offline), or no such config
         return
     saved = json.loads(Path(path).read_text())
     saved = {**saved, **saved.get("text_config", {})}
@@ -292,9 +308,9 @@ def check_builtin_config(name: str) -> None:
     if diff:
         said = ", ".join(f"{a} {x}" for a, x, _ in diff)
         has = ", ".join(f"{a} {y}" for a, _, y in diff)
-        raise ValueError(f"HookedTransformer.from_pretrained builds {name!r} from TransformerLens's built-in "
-                         f"config ({said}), not from the checkpoint in the local cache ({has}): load it with "
-                         f"backend='bridge' (--backend bridge)")
+        raise ModelLoadError(f"HookedTransformer.from_pretrained builds {name!r} from TransformerLens's built-in "
+                             f"config ({said}), not from the checkpoint in the local cache ({has}): load it with "
+                             f"backend='bridge' (--backend bridge)")
 
 
 def model_name(model: Any, default: str = "model") -> str:

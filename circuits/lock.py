@@ -12,9 +12,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from circuits import files
 from circuits.errors import RunLockedError
-
-LOCK_FILE = ".lock"
 
 
 class DirLock:
@@ -43,7 +42,7 @@ class DirLock:
         try:
             from circuits.atomic import write_text
 
-            write_text(self.path / LOCK_FILE, f"{os.getpid()}\n")
+            write_text(self.path / files.LOCK, f"{os.getpid()}\n")
         except BaseException:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -54,7 +53,7 @@ class DirLock:
     def holder(self) -> str:
         """The process id recorded in ``.lock`` (``"unknown"`` if it cannot be read)."""
         try:
-            return (self.path / LOCK_FILE).read_text().strip() or "unknown"
+            return (self.path / files.LOCK).read_text().strip() or "unknown"
         except OSError:
             return "unknown"
 
@@ -62,7 +61,7 @@ class DirLock:
         if self.fd is None:
             return
         try:
-            (self.path / LOCK_FILE).unlink(missing_ok=True)
+            (self.path / files.LOCK).unlink(missing_ok=True)
         except OSError:  # e.g. the file system turned read-only: the flock below is what holds the directory
             pass
         finally:

@@ -52,7 +52,7 @@ def cli_handler(level: int = logging.INFO) -> None:
     if any(getattr(h, "_af1", False) for h in root.handlers):
         return
     info, problems = _Console(stderr=False), _Console(stderr=True)
-    info.setLevel(logging.INFO)
+    info.setLevel(min(level, logging.INFO))  # --debug: DEBUG records too (a failed sweep cell's traceback)
     info.addFilter(lambda record: record.levelno < logging.WARNING)
     info.setFormatter(logging.Formatter("%(message)s"))
     problems.setLevel(logging.WARNING)

@@ -19,9 +19,9 @@ import interventions as iv
 from circuits import files
 from circuits.errors import CorruptRunError, FitSetError, RunMismatchError
 from circuits.fitset import DEFAULT_MIN_COUNT, FitSet
-from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
+from circuits.runs import RunDir, read_json_object
 from interventions.coverage import Coverage, entry_counts, row_digests
-from interventions.validation import check_positive
+from circuits.validation import check_positive
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.analyses import RunContext
@@ -36,7 +36,7 @@ OUTDATED_MEANS = "fitted on the prompts"
 def check_current(path: Path) -> None:
     """Refuse a run directory written before the means were fitted on a fit set separate from the scored
     prompts (its CAMA means included each scored prompt's own activation): its results cannot be resumed."""
-    ident = path / IDENTITY_FILE
+    ident = path / files.IDENTITY
     if not ident.exists():
         return
     try:

@@ -23,6 +23,8 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from circuits.errors import ArgumentError
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per parameter / activation of each ``--dtype`` (``None``: float32)."""
 AUTO_CPU_BATCH = 64
@@ -154,7 +156,7 @@ def estimate_memory(shape: ModelShape, dtype: str | None, *, n_pos: int, n_promp
     (distinct ``(position, token)`` pairs of the means' fit set) defaults to its upper bound
     ``n_prompts * n_pos``."""
     if shape.n_params is None:
-        raise ValueError("the model shape has no parameter count: read it with shape_of_hf_config or shape_of_model")
+        raise ArgumentError("the model shape has no parameter count: read it with shape_of_hf_config or shape_of_model")
     dtype = dtype or "float32"
     entries = n_prompts * n_pos if n_entries is None else n_entries
     return MemoryEstimate(n_params=shape.n_params, dtype=dtype, weights=shape.n_params * DTYPE_BYTES[dtype],
@@ -185,7 +187,8 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
         config = AutoConfig.from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)
         shape = shape_of_hf_config(config)
-    except Exception:  # noqa: BLE001 - not cached and offline, not a Hugging Face name, custom code: no estimate
+    except (OSError, ValueError, KeyError, ImportError):  # not cached and offline, not a Hugging Face name, an
+        # unknown model type, custom code: no estimate (loading says what is wrong)
         return None
     sample = tasks.build_task(task, n=min(50, n_prompts), seed=0)
     if fmt is not None:

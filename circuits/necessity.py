@@ -27,7 +27,7 @@ from circuits.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.runner import execute
 from circuits.runs import RunDir, tokens_sha256
-from circuits.search.config import check_int
+from circuits.validation import check_int, check_positive
 from interventions.types import Tokens
 
 
@@ -115,8 +115,8 @@ class NecessityConfig:
     def validate(self, info: Any = None) -> "NecessityConfig":
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
         check_int("seed", self.seed, -(2**63))
-        check_int("batch_size", self.batch_size, 1)
-        check_int("n_boot", self.n_boot, 1)
+        check_positive("batch_size", self.batch_size)
+        check_positive("n_boot", self.n_boot)
         if info is not None:
             for layer in self.layers or ():
                 info.check_layer(layer, "necessity layer")

@@ -15,6 +15,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from circuits.errors import CorruptRunError
+
 __all__ = ["FIELDS", "PromptOutcomes", "decode_mask", "encode_mask", "record_problem"]
 
 FIELDS = ("prompt_faithful", "prompt_answer_prob", "prompt_logit_diff")
@@ -33,7 +35,7 @@ def decode_mask(text: str, n: int) -> np.ndarray:
     (:func:`mask_problem` says what is wrong)."""
     problem = mask_problem(text, n)
     if problem is not None:
-        raise ValueError(f"prompt mask {problem}")
+        raise CorruptRunError(f"prompt mask {problem}")
     raw = np.frombuffer(bytes.fromhex(text), dtype=np.uint8)
     return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from circuits.errors import ArgumentError
+
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 """Dispatch strategies of ``--device-map`` (besides a device name such as ``cpu`` or ``cuda:1``)."""
 SIZE = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$", re.IGNORECASE)
@@ -30,8 +32,8 @@ def check_device_map(value: str) -> str:
     try:
         torch.device(value)
     except (RuntimeError, ValueError, TypeError):
-        raise ValueError(f"--device-map {value!r} is not valid: use {', '.join(DEVICE_MAPS)} or a device such as "
-                         f"cpu or cuda:0") from None
+        raise ArgumentError(f"--device-map {value!r} is not valid: use {', '.join(DEVICE_MAPS)} or a device such as "
+                            f"cpu or cuda:0") from None
     return value
 
 
@@ -47,11 +49,11 @@ def parse_max_memory(text: str | dict | None) -> dict[int | str, str] | None:
     for key, size in items:
         key, size = str(key).strip(), str(size).strip()
         if not SIZE.match(size) or not (key.isdigit() or key in ("cpu", "mps")):
-            raise ValueError(f"--max-memory entry {key}={size!r} is not valid: give DEVICE=SIZE pairs separated by "
-                             f"commas, DEVICE a GPU index or cpu, e.g. 0=70GiB,1=70GiB,cpu=100GiB")
+            raise ArgumentError(f"--max-memory entry {key}={size!r} is not valid: give DEVICE=SIZE pairs separated by "
+                                f"commas, DEVICE a GPU index or cpu, e.g. 0=70GiB,1=70GiB,cpu=100GiB")
         out[int(key) if key.isdigit() else key] = size
     if not out:
-        raise ValueError("--max-memory is empty: give DEVICE=SIZE pairs, e.g. 0=70GiB,1=70GiB")
+        raise ArgumentError("--max-memory is empty: give DEVICE=SIZE pairs, e.g. 0=70GiB,1=70GiB")
     return out
 
 

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from circuits import files
-from circuits.errors import CorruptRunError
+from circuits.errors import CorruptRunError, PromptError
 from circuits.task_tokens import answer_value
 
 __all__ = ["FORMAT", "Prepared", "dataset_key", "keep_prepared", "load", "prepare", "prepared_of", "spec_key",
@@ -135,7 +135,15 @@ def prepare(spec: Any, model: Any, *, means: str | None, out: str | Path | Seque
     folders = [out] if isinstance(out, (str, Path)) else list(out or [])
     found = next((p for p in (load(f, key) for f in folders) if p is not None), None)
     if found is None:
-        prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
+        try:
+            prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
+        except ValueError as err:
+            if type(err) is not ValueError:  # the project's errors (ValueError subclasses) pass unchanged
+                raise
+            # circuits.prompts, circuits.tasks and circuits.task_tokens still raise the prompts' problems (too
+            # few correct prompts, numbers of several tokens, a missing BOS) as bare ValueErrors: until they
+            # raise PromptError themselves, a bare one from preparing prompts is read as one.
+            raise PromptError(str(err)) from err
         if not isinstance(getattr(prompts, "extra", None), dict) or not dataclasses.is_dataclass(prompts):
             return prompts  # not a Prompts (a caller's own loader): nothing to keep
         found = Prepared(key, prompts)
@@ -147,6 +155,7 @@ def load(folder: str | Path, key: Mapping[str, Any]) -> Prepared | None:
     """The prepared prompts in ``folder`` when its ``prepared.safetensors`` is the file a run recorded in
     ``artifacts.json`` (by its SHA-256) and was written under ``key``; ``None`` otherwise. A recorded file whose
     content does not hold together raises :class:`~circuits.errors.CorruptRunError` naming it."""
+    from safetensors import SafetensorError
     from safetensors.torch import load as load_bytes
 
     from circuits.runs import read_json_object
@@ -165,7 +174,7 @@ def load(folder: str | Path, key: Mapping[str, Any]) -> Prepared | None:
     try:
         tensors = load_bytes(data)
         meta = json.loads(_metadata(data)[META])
-    except Exception as err:  # noqa: BLE001 - a recorded file that does not parse
+    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:  # no parse
         raise CorruptRunError(f"{path} cannot be read ({' '.join(str(err).split())[:120]}): move it away to prepare "
                               f"the prompts again") from None
     if _canonical(meta.get("key")) != _canonical(key):

@@ -14,6 +14,9 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from circuits import files
+from circuits.errors import ArgumentError
+
 
 PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("directory", "embed", "cdn")
@@ -31,7 +34,7 @@ def plotlyjs_mode() -> str:
 
     mode = os.environ.get("AF1_PLOTLYJS", PLOTLYJS).strip().lower()
     if mode not in PLOTLYJS_MODES:
-        raise ValueError(f"AF1_PLOTLYJS={mode!r} is not valid: choose one of {', '.join(PLOTLYJS_MODES)}")
+        raise ArgumentError(f"AF1_PLOTLYJS={mode!r} is not valid: choose one of {', '.join(PLOTLYJS_MODES)}")
     return mode
 
 
@@ -61,7 +64,7 @@ def shared_plotlyjs(report: Path) -> str:
         # Above its own folder only an af1 directory that holds others (a sweep, a ground-truth table): a
         # report must not depend on an unrelated file that happens to sit higher up.
         below = folder.relative_to(up).parts
-        ours = not below or (up / "run.json").is_file() or below[0] in ("cells", "runs")
+        ours = not below or (up / files.IDENTITY).is_file() or below[0] in (files.CELLS_DIR, files.RUNS_DIR)
         if ours and candidate.is_file() and candidate.stat().st_size == size:
             return Path(os.path.relpath(candidate, folder)).as_posix()
     ensure_plotlyjs(folder)

@@ -38,7 +38,7 @@ def kind_of(run_dir: str | Path) -> str:
     if (path / files.IDENTITY).is_file():
         kind = command_of(read_json_object(path / files.IDENTITY))
         return "search" if kind == "fixed" else kind
-    if (path / files.SUMMARY).is_file() and (path / "table.md").is_file():
+    if (path / files.SUMMARY).is_file() and (path / files.TABLE_MD).is_file():
         return "groundtruth"
     if (path / files.LENS).is_file():
         return "lens"

@@ -55,11 +55,11 @@ from circuits.lock import DirLock
 from circuits.logs import get_logger
 from circuits.means import check_current, keep_means, load_means, plan_means
 from circuits.prepared import keep_prepared
-from circuits.runs import IDENTITY_FILE, RunDir, read_json_object
+from circuits.runs import RunDir, read_json_object
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
-__all__ = ["LABELS", "Analysis", "Directory", "Memory", "ResultStore", "Run", "RunContext", "check_inputs",
-           "command_of", "destination", "execute", "hold", "run_analysis", "scored_context"]
+__all__ = ["LABELS", "Directory", "Memory", "Run", "check_inputs", "command_of", "destination", "execute", "hold",
+           "run_analysis", "scored_context"]
 # Analysis, RunContext and the stores are defined in circuits.analyses (the contract); this module uses them.
 
 LABELS = ("model", "task", "source", "numbers", "format")
@@ -111,7 +111,7 @@ class Run:
         try:
             refuse_links(self.path)
             clean_temporaries(self.path)
-            ident = self.path / IDENTITY_FILE
+            ident = self.path / files.IDENTITY
             if ident.exists():
                 try:
                     theirs = command_of(read_json_object(ident))
@@ -125,7 +125,7 @@ class Run:
                     )
             elif any(p.name in files.RESULT_FILES for p in self.path.iterdir()):
                 raise RunMismatchError(
-                    f"{self.path} holds af1 results but no {IDENTITY_FILE}: cannot tell which command wrote them; "
+                    f"{self.path} holds af1 results but no {files.IDENTITY}: cannot tell which command wrote them; "
                     f"use a new --out directory"
                 )
         except BaseException:
@@ -302,7 +302,7 @@ def scored_context(analysis: Analysis[Any, Any], model: Any, tokens: Any, answer
     analysis.validate(config, info_of(model))
     tokens, answers = check_inputs(model, tokens, answers)
     if prompts is not None and len(prompts) != tokens.shape[0]:
-        raise ValueError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
+        raise ArgumentError(f"prompts has {len(prompts)} records for {tokens.shape[0]} prompts")
     if analysis.base_correct_only and keep is not None and keep.shape == (tokens.shape[0],):
         keep = keep.bool().cpu()
     elif analysis.base_correct_only:

@@ -29,15 +29,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 if TYPE_CHECKING:
     import torch
 
-from circuits.errors import CorruptRunError, RunMismatchError
+from circuits import files
+from circuits.errors import CorruptRunError, RunMismatchError, one_line
 
-IDENTITY_FILE = "run.json"
-ARTIFACTS_FILE = "artifacts.json"
-RUN_KEY = "run.json"
+RUN_KEY = files.IDENTITY
 """The entry of ``artifacts.json`` holding the SHA-256 of the run identity the artifacts belong to."""
 
 __all__ = [
-    "ARTIFACTS_FILE", "IDENTITY_FILE", "RunDir", "RunMismatchError", "append_line", "dist_version", "dumps_line",
+    "RunDir", "RunMismatchError", "append_line", "dist_version", "dumps_line",
     "file_sha256", "identity_diff", "read_json_object", "read_jsonl", "tokens_sha256", "write_json",
 ]
 
@@ -133,7 +132,7 @@ def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = Fal
                     ) from None
                 break
             except ValueError as err:  # valid JSON that Python refuses (an integer of more than 4300 digits)
-                raise CorruptRunError(f"{path}, line {line_no}: {one_line_text(err)}; the file was not written by "
+                raise CorruptRunError(f"{path}, line {line_no}: {one_line(err, 160)}; the file was not written by "
                                       f"af1: move it away or use a new --out directory") from None
             if not isinstance(record, dict):
                 raise CorruptRunError(
@@ -165,7 +164,7 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
             f"directory"
         ) from None
     except ValueError as err:  # an integer of more than 4300 digits
-        raise CorruptRunError(f"{path}: {one_line_text(err)}; it was not written by af1: use a new --out "
+        raise CorruptRunError(f"{path}: {one_line(err, 160)}; it was not written by af1: use a new --out "
                               f"directory") from None
     if not isinstance(obj, dict):
         raise CorruptRunError(
@@ -173,12 +172,6 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
             f"--out directory"
         )
     return obj
-
-
-def one_line_text(err: BaseException, limit: int = 160) -> str:
-    """``err`` as one short line (for messages that quote a parser's complaint)."""
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def file_sha256(path: str | Path) -> str:
@@ -198,7 +191,7 @@ class RunDir:
     left out so that, e.g., a full-grid run can resume an auto-grid run.
     """
 
-    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = "results.jsonl",
+    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = files.SEARCH_RESULTS,
                  optional: Iterable[str] = ()):
         self.path = Path(path)
         self.identity = _jsonable(dict(identity))
@@ -213,7 +206,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise RunMismatchError(f"--out {self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        ident_path = self.path / IDENTITY_FILE
+        ident_path = self.path / files.IDENTITY
         if ident_path.exists():
             try:
                 theirs = read_json_object(ident_path)
@@ -260,12 +253,12 @@ class RunDir:
         recorded = self.artifacts()
         if recorded.get(RUN_KEY) != self.identity_sha256:
             recorded = {}
-        self.write_json(ARTIFACTS_FILE, {**recorded, RUN_KEY: self.identity_sha256, name: digest})
+        self.write_json(files.ARTIFACTS, {**recorded, RUN_KEY: self.identity_sha256, name: digest})
         return digest
 
     def artifacts(self) -> dict[str, str]:
         """``{file name: sha256}`` recorded so far (empty when there is no ``artifacts.json``)."""
-        path = self.path / ARTIFACTS_FILE
+        path = self.path / files.ARTIFACTS
         if not path.exists():
             return {}
         obj = read_json_object(path)
@@ -284,13 +277,13 @@ class RunDir:
         recorded = artifacts.get(name)
         if recorded is not None and artifacts.get(RUN_KEY) != self.identity_sha256:
             raise CorruptRunError(
-                f"{path} and {ARTIFACTS_FILE} were written by another run (its run identity hash "
+                f"{path} and {files.ARTIFACTS} were written by another run (its run identity hash "
                 f"{_short(artifacts.get(RUN_KEY))!s}, this run's {_short(self.identity_sha256)}): results resumed with "
                 f"it would mix two runs; move both away to recompute them, or use a new --out directory"
             )
         if recorded is None:
             raise CorruptRunError(
-                f"{path} was not written by this run (no content hash recorded in {ARTIFACTS_FILE}): move it "
+                f"{path} was not written by this run (no content hash recorded in {files.ARTIFACTS}): move it "
                 f"away to recompute it, or use a new --out directory"
             )
         actual = file_sha256(path)
@@ -371,9 +364,9 @@ def tokens_sha256(tokens: "torch.Tensor", answers: "torch.Tensor") -> str:
 
 def dist_version(name: str) -> str | None:
     """Installed version of distribution ``name`` (e.g. ``"transformer-lens"``), or None."""
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version(name)
-    except Exception:  # noqa: BLE001
+    except PackageNotFoundError:
         return None

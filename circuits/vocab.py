@@ -1,19 +1,23 @@
-"""The analyses' vocabulary, in one place: every choice a command, a config or the API accepts, and the one
-range rule of an AF1 configuration ``(wait, transfer)``.
+"""The analyses' vocabulary, in one place: every choice a command, a config or the API accepts (the
+``choices`` of the command line are these tuples), and the one range rule of an AF1 configuration
+``(wait, transfer)`` (:func:`config_problem`).
 
-The intervention layer's words (ablations, head methods) come from :mod:`interventions.vocab`.
+The intervention layer's words (ablations, head methods, backends, the range rule) come from
+:mod:`interventions.vocab`. Torch-free: ``af1 --help`` reads it.
 """
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-from interventions.vocab import ABLATIONS, HEAD_METHODS, MEANS_ABLATIONS, Ablation, HeadMethod
+from interventions.vocab import (ABLATIONS, BACKENDS, HEAD_METHODS, MEANS_ABLATIONS, Ablation, Backend, HeadMethod,
+                                 config_problem)
 
 __all__ = [
-    "ABLATIONS", "Ablation", "GRIDS", "Grid", "HEAD_METHODS", "HeadMethod", "MEANS_ABLATIONS", "POPULATIONS",
-    "Population", "RANKS", "Rank", "SEARCH_METHODS", "SOURCES", "SearchMethod", "Source", "config_problem",
-    "FIT_SIZE", "FIT_MIN_COUNT", "NUMBERS", "Numbers", "Means", "means_kind",
+    "ABLATIONS", "Ablation", "BACKENDS", "Backend", "DECODES", "DTYPES", "Decode", "Dtype", "GRIDS", "Grid",
+    "HEAD_METHODS", "HeadMethod", "MEANS_ABLATIONS", "MODEL_CLASSES", "ModelClass", "POPULATIONS", "Population",
+    "RANKS", "Rank", "SEARCH_METHODS", "SOURCES", "SearchMethod", "Source", "config_problem", "FIT_SIZE",
+    "FIT_MIN_COUNT", "NUMBERS", "Numbers", "Means", "means_kind",
 ]
 
 FIT_SIZE = 10_000
@@ -49,6 +53,21 @@ P(x | x_t), the default) or only those the unmodified model answers correctly.""
 POPULATIONS: tuple[str, ...] = get_args(Population)
 
 
+Dtype = Literal["float32", "float16", "bfloat16"]
+"""Weight dtype of a pretrained model (zoo models ship in float32 only)."""
+DTYPES: tuple[str, ...] = get_args(Dtype)
+
+Decode = Literal["final_norm", "raw"]
+"""How the logit lens reads a residual: through the model's final normalisation and the unembedding, or the
+unembedding alone."""
+DECODES: tuple[str, ...] = get_args(Decode)
+
+ModelClass = Literal["hooked", "transformers"]
+"""What a zoo model is trained as: ``HookedTransformer`` (TransformerLens 3.x; defines the shipped models) or
+the Hugging Face class (``GPT2LMHeadModel`` / ``LlamaForCausalLM``)."""
+MODEL_CLASSES: tuple[str, ...] = get_args(ModelClass)
+
+
 Means = Literal["cama", "mean", "head"]
 """The means a run needs: ``cama`` (conditional, per ``(position, token)``: the fit set must back every entry a
 scored prompt reads), ``mean`` (per position, of the residual stream) or ``head`` (per position, of the heads'
@@ -64,21 +83,3 @@ def means_kind(ablation: str | None, head_method: str | None = None) -> Means | 
     if ablation == "mean":
         return "mean"
     return "head" if head_method == "mean" else None
-
-
-def config_problem(n_layers: int, wait: object, transfer: object, *, min_transfer: int = 0) -> str | None:
-    """What is wrong with the AF1 configuration ``(wait, transfer)`` of a model of ``n_layers`` blocks, or
-    ``None``: ``wait`` (the 0-indexed last waiting block, ``-1`` = no ablation) in ``-1 .. n_layers-1`` and
-    ``transfer`` (the number of transfer blocks ``wait+1 .. wait+transfer``) in ``min_transfer ..
-    n_layers-1-wait``."""
-    def is_int(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    top = n_layers - 1 - min_transfer
-    if not is_int(wait) or not -1 <= wait <= top:  # type: ignore[operator]
-        return f"wait={wait!r} is out of range: valid -1..{top} for a model of {n_layers} blocks (-1 = no ablation)"
-    limit = n_layers - 1 - wait  # type: ignore[operator]
-    if not is_int(transfer) or not min_transfer <= transfer <= limit:  # type: ignore[operator]
-        return (f"transfer={transfer!r} is out of range for wait={wait}: valid {min_transfer}..{limit} "
-                f"({n_layers} blocks)")
-    return None

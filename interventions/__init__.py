@@ -21,14 +21,14 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "CAMA": "ablation", "MeanAblation": "ablation", "ZeroAblation": "ablation",
-    "BACKENDS": "adapter", "Capabilities": "adapter", "ModelAdapter": "adapter", "ModelInfo": "adapter",
+    "BACKENDS": "vocab", "Capabilities": "adapter", "ModelAdapter": "adapter", "ModelInfo": "adapter",
     "adapt": "adapter", "register_backend": "adapter", "resolve_backend": "adapter",
     "af1_subgraph": "af1", "apply": "forward", "run": "forward", "run_many": "forward",
     "BridgeAdapter": "backends", "HookedAdapter": "backends", "NNsightAdapter": "backends",
     "bridge_from_hooked": "convert", "bridge_from_hooked_state": "convert",
     "REGISTRY": "base", "Intervention": "base", "MeanCache": "cache", "HeadAblation": "heads",
     "Peek": "peek", "allowed_keys": "peek",
-    "CacheMismatchError": "types", "InterventionError": "types", "InterventionNotAppliedError": "types",
+    "CacheMismatchError": "errors", "InterventionError": "errors", "InterventionNotAppliedError": "errors",
     "UncoveredEntryError": "entries",
 }
 """Public name -> its module; names are imported on first use, so ``import interventions`` (and the
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     try:
-        return importlib.import_module(f"interventions.{name}")  # submodules: iv.adapter, iv.bridge, ...
+        return importlib.import_module(f"interventions.{name}")  # submodules: iv.adapter, iv.backends, ...
     except ModuleNotFoundError:
         raise AttributeError(f"module 'interventions' has no attribute {name!r}") from None
 

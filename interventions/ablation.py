@@ -20,7 +20,7 @@ from .adapter import ModelInfo
 from .base import ForwardContext, HookBody, Intervention, to_tuple
 from .cache import MeanCache
 from .types import InterventionError
-from .validation import check_index
+from .validation import check_int
 
 
 def _check_cache(cache: Any, who: str) -> None:
@@ -71,7 +71,7 @@ class CAMA(Intervention):
 
     def __post_init__(self) -> None:
         _check_cache(self.cache, "CAMA")
-        check_index("CAMA layer", self.layer)
+        check_int("CAMA layer", self.layer)
         self.cache.check_layer(self.layer)
 
     def validate(self, info: ModelInfo) -> None:
@@ -104,7 +104,7 @@ class MeanAblation(Intervention):
 
     def __post_init__(self) -> None:
         _check_cache(self.cache, "MeanAblation")
-        check_index("MeanAblation layer", self.layer)
+        check_int("MeanAblation layer", self.layer)
         self.cache.check_layer(self.layer)
         if self.positions is not None:
             object.__setattr__(self, "positions", to_tuple(self.positions, "positions"))
@@ -139,7 +139,7 @@ class ZeroAblation(Intervention):
     positions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_index("ZeroAblation layer", self.layer)
+        check_int("ZeroAblation layer", self.layer)
         if self.positions is not None:
             object.__setattr__(self, "positions", to_tuple(self.positions, "positions"))
 

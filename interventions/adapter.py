@@ -19,8 +19,6 @@ Edits are verified once per model (:mod:`interventions.edits`): a hook added thr
 from __future__ import annotations
 
 import hashlib
-import os
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -29,12 +27,15 @@ import torch
 from jaxtyping import Float, Int
 
 from .edits import edit_kind, edit_problems, refusing_edits
-from .hooks import (HookFn, attn_mask, attn_out, mlp_out, new_hook_level, pattern, resid_mid, resid_post,
-                    resid_pre, z)
+from .hooks import (HookFn, attn_mask, attn_out, counting, mlp_out, new_hook_level, pattern, resid_mid,
+                    resid_post, resid_pre, z)
 from .types import InterventionError
+from .validation import check_choice
+from .vocab import BACKENDS
+from .weights import weights_sha256
 
 __all__ = [
-    "BACKENDS", "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_mask", "attn_out",
+    "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_mask", "attn_out",
     "check_block_range", "edit_kind", "mlp_out", "new_hook_level", "pattern", "register_backend",
     "resid_mid", "resid_post", "resid_pre", "resolve_backend", "z",
 ]
@@ -268,8 +269,8 @@ class ModelAdapter:
     def weights_sha256(self) -> str:
         """SHA-256 over every tensor of the model's state dict (names, dtypes, shapes and bytes): two models
         that differ in any weight differ here. Computed once per loaded model and kept while no tensor of it
-        is replaced or changed in place (:func:`weights_sha256`). Where the weights are not here (a remote
-        model), the :meth:`fingerprint`."""
+        is replaced or changed in place (:func:`interventions.weights.weights_sha256`). Where the weights are not
+        here (a remote model), the :meth:`fingerprint`."""
         module = self.weights_module()
         digest = weights_sha256(module) if module is not None else None
         return digest if digest is not None else self.fingerprint()
@@ -317,8 +318,8 @@ class ModelAdapter:
             if not self.capabilities.positions:
                 raise NotImplementedError(self.missing("run_from(positions=...)", "positions"))
             if positions.shape != (resid.shape[1],):
-                raise ValueError(f"positions has shape {tuple(positions.shape)}: give one position per row "
-                                 f"of resid, shape ({resid.shape[1]},)")
+                raise InterventionError(f"positions has shape {tuple(positions.shape)}: give one position per row "
+                                        f"of resid, shape ({resid.shape[1]},)")
         return self.forward_from(resid, start, stop, positions)
 
     def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
@@ -348,72 +349,17 @@ class ModelAdapter:
                 f"adapt(model).capabilities first, or implement it in the backend's adapter")
 
 
-# --- backend registry ------------------------------------------------------------------------------
-def counting(fn: HookFn, on_fire: Callable[[], None] | None) -> HookFn:
-    """``fn``, calling ``on_fire()`` first each time it runs (``fn`` itself when ``on_fire`` is None)."""
-    if on_fire is None:
-        return fn
-
-    def hook(act: torch.Tensor, hook: Any = None) -> Any:
-        on_fire()
-        return fn(act, hook)
-
-    return hook
-
-
 def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
-    """``ValueError`` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <= n_layers``)."""
+    """:class:`InterventionError` unless ``0 <= start <= n_layers`` and (``stop`` is None or ``start < stop <=
+    n_layers``)."""
     if not 0 <= start <= n_layers:
-        raise ValueError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
+        raise InterventionError(f"start={start} is outside 0..{n_layers} (this model has {n_layers} blocks, 0-indexed)")
     if stop is not None and not start < stop <= n_layers:
-        raise ValueError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
+        raise InterventionError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
 
 
-_WEIGHT_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
-
-
-def weights_sha256(module: torch.nn.Module) -> str | None:
-    """SHA-256 over every tensor of ``module.state_dict()`` in name order: of the SHA-256 of each tensor's name,
-    dtype, shape and bytes (tensors are hashed in parallel, up to 8 threads);
-    ``None`` if a tensor is on the ``meta`` device. Cached per module under a key of every tensor's storage
-    address and version counter, so it is computed once per load and again only after a weight changed."""
-    state = module.state_dict(keep_vars=True)
-    tensors = sorted((name, t) for name, t in state.items() if isinstance(t, torch.Tensor))
-    if any(t.device.type == "meta" for _, t in tensors):
-        return None
-    key = tuple((name, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for name, t in tensors)
-    cached = _WEIGHT_HASHES.get(module)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    def tensor_digest(item: tuple[str, torch.Tensor]) -> bytes:
-        name, t = item
-        h = hashlib.sha256(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        with torch.no_grad():
-            flat = t.detach().to("cpu").contiguous().reshape(-1)
-        if flat.dtype == torch.bool:
-            flat = flat.to(torch.uint8)
-        if flat.numel():
-            h.update(flat.view(torch.uint8).numpy())  # hashlib releases the GIL: tensors hash in parallel
-        return h.digest()
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    workers = max(1, min(8, os.cpu_count() or 1, len(tensors)))
-    with ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(tensor_digest, tensors))
-    h = hashlib.sha256(b"af1-weights-v1")
-    for part in parts:
-        h.update(part)
-    digest = h.hexdigest()
-    _WEIGHT_HASHES[module] = (key, digest)
-    return digest
-
-
+# --- backend registry ------------------------------------------------------------------------------
 _BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []
-
-BACKENDS = ("hooked", "bridge", "nnsight")
-"""Backend names: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"`` (``TransformerBridge``),
-``"nnsight"`` (a Hugging Face model in nnsight; needs the ``nnsight`` extra)."""
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -425,9 +371,7 @@ def resolve_backend(backend: str | None) -> str:
         except ImportError:  # TransformerLens 4.x
             return "bridge"
         return "hooked"
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not valid: choose one of {', '.join(map(repr, BACKENDS))}")
-    return backend
+    return check_choice("backend", backend, BACKENDS)
 
 
 def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAdapter]) -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from .ablation import CAMA, MeanAblation, ZeroAblation
 from .base import Intervention
 from .cache import MeanCache
 from .peek import Peek
 from .types import InterventionError
-
-Ablation = Literal["cama", "mean", "zero"]
+from .vocab import ABLATIONS, Ablation, config_problem
+from .validation import check_choice
 
 
 def af1_subgraph(
@@ -34,12 +32,10 @@ def af1_subgraph(
     full-peek in the transfer blocks and self-peek after them, like the single last token does (``k = 1`` is
     the AF1 subgraph itself).
     """
-    if not -1 <= wait <= n_layers - 1:
-        raise InterventionError(f"wait={wait} is out of range: valid -1..{n_layers - 1} (-1 = no ablation)")
-    if not 0 <= transfer <= n_layers - 1 - wait:
-        raise InterventionError(
-            f"transfer={transfer} is out of range for wait={wait}: valid 0..{n_layers - 1 - wait}"
-        )
+    problem = config_problem(n_layers, wait, transfer)
+    if problem is not None:
+        raise InterventionError(problem)
+    check_choice("ablation", ablation, ABLATIONS)
     out: list[Intervention] = []
     if wait >= 0:
         if ablation == "cama":
@@ -50,10 +46,8 @@ def af1_subgraph(
             if cache is None:
                 raise InterventionError("ablation='mean' needs a MeanCache")
             out.append(MeanAblation(cache, layer=wait))
-        elif ablation == "zero":
-            out.append(ZeroAblation(layer=wait))
         else:
-            raise InterventionError(f"ablation={ablation!r} is not valid: choose 'cama', 'mean' or 'zero'")
+            out.append(ZeroAblation(layer=wait))
     transfer_layers = list(range(wait + 1, wait + 1 + transfer))
     compute_layers = list(range(wait + 1 + transfer, n_layers))
     if transfer_layers:

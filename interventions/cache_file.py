@@ -46,7 +46,7 @@ def write(path: Path, tensors: dict[str, torch.Tensor], *, n_prompts: int, model
 def read(path: Path) -> tuple[dict[str, torch.Tensor], int, dict[str, Any], str | None]:
     """``(tensors, n_prompts, model_signature, recorded sha256)`` of the cache file at ``path``, all checked;
     :class:`~interventions.types.InterventionError` naming the file and what is wrong otherwise."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     if not path.exists():
         raise FileNotFoundError(f"no MeanCache file at {path}")
@@ -58,7 +58,7 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], int, dict[str, Any], str 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-    except Exception as err:  # noqa: BLE001 - safetensors' own error type for a corrupt header
+    except (SafetensorError, OSError, ValueError) as err:  # a corrupt header, an unreadable file
         raise bad(f"unreadable safetensors header ({' '.join(str(err).split())[:120]})") from None
     if meta.get("format") != "af1-mean-cache":
         raise InterventionError(f"{path} is not a MeanCache file (metadata format={meta.get('format')!r})")
@@ -76,7 +76,7 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], int, dict[str, Any], str 
         raise bad("metadata model_signature is not a JSON object")
     try:
         tensors = load_file(str(path))
-    except Exception as err:  # noqa: BLE001
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # corrupt data, a dtype torch refuses
         raise bad(f"unreadable tensors ({' '.join(str(err).split())[:120]})") from None
     problem = tensor_problem(tensors, signature)
     if problem is not None:

@@ -53,7 +53,7 @@ def token_text(tokenizer: Any, token: int) -> str:
         return f"token id {int(token)}"
     try:
         text = tokenizer.decode([int(token)])
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot decode this id: say the id
+    except Exception:  # noqa: BLE001 - any tokenizer's own failure on this id (HF, GGUF, the zoo's): say the id
         return f"token id {int(token)}"
     return f"{text!r} (id {int(token)})"
 

@@ -15,8 +15,7 @@ from .ablation import on_device
 from .cache import MeanCache
 from .types import Head, InterventionError
 from .validation import check_choice
-
-METHODS = ("zero", "mean")
+from .vocab import HEAD_METHODS, HeadMethod
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class HeadAblation(Intervention):
     """
 
     heads: tuple[Head, ...] = ()
-    method: str = "zero"
+    method: HeadMethod = "zero"
     cache: MeanCache | None = None
 
     def __post_init__(self) -> None:
@@ -43,7 +42,7 @@ class HeadAblation(Intervention):
         if len(set(heads)) != len(heads):
             raise InterventionError("HeadAblation lists a head twice")
         object.__setattr__(self, "heads", heads)
-        check_choice("HeadAblation method", self.method, METHODS)
+        check_choice("HeadAblation method", self.method, HEAD_METHODS)
         if self.method == "mean" and not isinstance(self.cache, MeanCache):
             raise InterventionError("HeadAblation(method='mean') needs cache=MeanCache.fit(model, tokens)")
 

@@ -68,3 +68,15 @@ _levels = itertools.count(10_000)
 def new_hook_level() -> int:
     """A fresh hook level: hooks added with it are removed together and touch no other hook."""
     return next(_levels)
+
+
+def counting(fn: HookFn, on_fire: Callable[[], None] | None) -> HookFn:
+    """``fn``, calling ``on_fire()`` first each time it runs (``fn`` itself when ``on_fire`` is None)."""
+    if on_fire is None:
+        return fn
+
+    def hook(act: torch.Tensor, hook: Any = None) -> Any:
+        on_fire()
+        return fn(act, hook)
+
+    return hook

@@ -1,4 +1,5 @@
-"""Shared types of the toolkit: tensor shapes, identifiers and the errors every module raises.
+"""Shared types of the toolkit: tensor shapes and identifiers (the errors, re-exported here, live in
+:mod:`interventions.errors`).
 
 Conventions used everywhere in ``interventions`` and ``circuits``:
 
@@ -12,33 +13,20 @@ Conventions used everywhere in ``interventions`` and ``circuits``:
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Tuple
 
 import torch
 from jaxtyping import Float, Int
+
+from .errors import CacheMismatchError, InterventionError, InterventionNotAppliedError
+
+__all__ = ["CacheMismatchError", "Head", "InterventionError", "InterventionNotAppliedError", "Logits", "Tokens"]
 
 Tokens = Int[torch.Tensor, "batch pos"]
 """Token ids of one layout: a ``torch.long`` tensor of shape ``[batch, pos]``, BOS at position 0."""
 
 Logits = Float[torch.Tensor, "batch pos d_vocab"]
-Resid = Float[torch.Tensor, "batch pos d_model"]
-Pattern = Float[torch.Tensor, "batch n_heads query_pos key_pos"]
-HeadOutputs = Float[torch.Tensor, "batch pos n_heads d_head"]
+"""Logits of every position: ``[batch, pos, d_vocab]``."""
 
 Head = Tuple[int, int]
 """A query head, ``(layer, head)``, both 0-indexed."""
-
-HookFn = Callable[[torch.Tensor], "torch.Tensor | None"]
-"""A hook body: receives the activation at a hook point and returns the replacement (or None)."""
-
-
-class InterventionError(ValueError):
-    """Bad input to an intervention: the message names the bad value and the valid range."""
-
-
-class CacheMismatchError(InterventionError):
-    """A MeanCache does not fit the model or the prompts it is applied to."""
-
-
-class InterventionNotAppliedError(RuntimeError):
-    """An intervention's hook never fired during a forward pass: it would have silently done nothing."""

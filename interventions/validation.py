@@ -1,16 +1,68 @@
-"""Input checks shared by every intervention: fail early, with the bad value and the valid range."""
+"""Input checks shared by every intervention: fail early, with the bad value and the valid range.
+
+The scalar checks (:func:`check_int`, :func:`check_positive`, :func:`check_fraction`, :func:`check_choice`)
+are the toolkit's one set: they raise :class:`~interventions.InterventionError` here, and
+:mod:`circuits.validation` binds them to :class:`circuits.errors.ArgumentError`. A ``name`` spelled as a flag
+(``"--n-prompts"``) reads ``--n-prompts 0 is out of range``, a keyword (``"n_boot"``) ``n_boot=0 must be ...``.
+Torch is imported only by the tensor checks.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+from .errors import InterventionError
 
-from .types import InterventionError
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+ErrorType = type[Exception]
+
+
+def _shown(name: str, value: Any) -> str:
+    """``--flag value`` for a command-line flag, ``name=value`` for a keyword argument or a field."""
+    return f"{name} {value}" if name.startswith("-") else f"{name}={value!r}"
+
+
+def check_int(name: str, value: Any, minimum: int = 0, maximum: int | None = None, *,
+              error: ErrorType = InterventionError) -> int:
+    """``value`` if it is an integer in ``minimum .. maximum`` (no upper bound when ``maximum`` is ``None``;
+    booleans are refused), else ``error`` naming it and the valid range."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
+            or (maximum is not None and value > maximum):
+        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        if name.startswith("-"):
+            raise error(f"{_shown(name, value)} is out of range: give an integer {bound}")
+        raise error(f"{_shown(name, value)} must be an integer {bound}")
+    return value
+
+
+def check_positive(name: str, value: Any, maximum: int | None = None, *, error: ErrorType = InterventionError) -> int:
+    """``value`` if it is an integer ``>= 1`` (``n_boot``, batch sizes, counts; at most ``maximum``), else
+    ``error``."""
+    return check_int(name, value, 1, maximum, error=error)
+
+
+def check_fraction(name: str, value: Any, *, error: ErrorType = InterventionError) -> float:
+    """``value`` as a float in [0, 1] (a faithfulness fraction; NaN refused), else ``error``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0.0 <= float(value) <= 1.0:
+        raise error(f"{_shown(name, value)} is out of range: a faithfulness fraction in [0, 1], e.g. 0.9")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str], *, error: ErrorType = InterventionError) -> str:
+    """``value`` if it is one of ``choices``, else ``error`` listing them."""
+    if value not in choices:
+        raise error(f"{_shown(name, value)} is not valid: choose one of {', '.join(map(repr, choices))}")
+    return value
 
 
 def check_tokens(tokens: Any, d_vocab: int | None = None) -> torch.Tensor:
     """Return ``tokens`` if it is a non-empty ``[batch, pos]`` integer tensor of valid ids, else raise."""
+    import torch
+
     if not isinstance(tokens, torch.Tensor):
         raise InterventionError(
             f"tokens must be a torch.LongTensor of shape [batch, pos], got {type(tokens).__name__}; "
@@ -35,21 +87,12 @@ def check_tokens(tokens: Any, d_vocab: int | None = None) -> torch.Tensor:
     return tokens.long()
 
 
-def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise InterventionError(f"{name}={value!r} is not valid: choose one of {', '.join(map(repr, choices))}")
-
-
-def check_index(name: str, value: Any, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InterventionError(f"{name}={value!r} must be an integer >= {minimum}")
-    return value
-
-
 def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> torch.Tensor:
     """``answers`` as a ``[n_prompts]`` long tensor of token ids in ``0..d_vocab-1`` (one answer token per
     prompt), or ``[n_prompts, k]`` (``k`` answer tokens per prompt, read under teacher forcing from the
     prompts' last ``k`` positions), else raise."""
+    import torch
+
     try:
         answers = torch.as_tensor(answers)
     except (TypeError, ValueError, RuntimeError):
@@ -70,11 +113,6 @@ def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> t
                 f"(answers are token ids, not numbers: use tasks.answer_token_ids(model, values))"
             )
     return answers.long()
-
-
-def check_positive(name: str, value: Any) -> int:
-    """``value`` if it is an integer ``>= 1`` (``n_boot``, batch sizes, counts), else raise."""
-    return check_index(name, value, minimum=1)
 
 
 def special_token_ids(model: Any) -> tuple[int | None, int | None]:

@@ -255,10 +255,11 @@ def split_covered(tokens: Any, n: int) -> tuple[list[int], list[int]]:
 
 def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: bool | None = None):
     """TEST ONLY: ``n`` prompts of ``task`` in one layout whose "answers" are the model's own top-1
-    tokens at the last position (``circuits.loading.self_answer_prompts``), so that a random model
+    tokens at the last position (``circuits.prompts.self_answer_prompts``), so that a random model
     answers every prompt. Prompts have single-token numbers and BOS per ``prepend_bos``; ``fit`` holds the
     other prompts of that layout (the means' fit set, disjoint from the scored ones, minimum count 1)."""
-    from circuits import loading, tasks
+    from circuits import tasks
+    from circuits.prompts import self_answer_prompts
     from circuits.fitset import FitSet
 
     spec = tasks.get_task(task)
@@ -269,7 +270,7 @@ def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: boo
     layouts = tasks.to_layouts(model, ds, prepend_bos=prepend_bos)
     best = layouts[0]
     scored, rest = split_covered(best.tokens, n)
-    p = loading.self_answer_prompts(model, best.tokens[scored], task=task)
+    p = self_answer_prompts(model, best.tokens[scored], task=task)
     p.prompts = [best.prompts[i] for i in scored]
     p.fit = FitSet.given(best.tokens[rest], min_count=1)
     return p
@@ -284,7 +285,8 @@ def self_answered_multi(model: Any, task: str, n: int, seed: int = 0, prepend_bo
     ``fit`` holds the other prompts of the layout (at most ``n_fit``) with their own greedy continuations."""
     import torch
 
-    from circuits import loading, tasks
+    from circuits import tasks
+    from circuits.prompts import self_answer_prompts
     from circuits.digits import filter_multi_token
     from circuits.fitset import FitSet
 
@@ -298,12 +300,12 @@ def self_answered_multi(model: Any, task: str, n: int, seed: int = 0, prepend_bo
     rows = best.tokens[: None if n_fit is None else n + n_fit, :prompt_len].clone()
     with torch.inference_mode():
         for _ in range(k):
-            nxt = loading.self_answer_prompts(model, rows).answers
+            nxt = self_answer_prompts(model, rows).answers
             rows = torch.cat([rows, nxt[:, None]], dim=1)
     tokens, answers = rows[:, :-1], rows[:, prompt_len:]
     answers = answers[:, 0] if k == 1 else answers
     scored, rest = split_covered(tokens, n)
-    p = loading.self_answer_prompts(model, tokens[scored], task=task)
+    p = self_answer_prompts(model, tokens[scored], task=task)
     p.answers = answers[scored]
     p.prompts = [best.prompts[i] for i in scored]
     p.fit = FitSet.given(tokens[rest], min_count=1)

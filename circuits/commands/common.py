@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from circuits.errors import ArgumentError
-
-BACKEND_CHOICES = ("hooked", "bridge", "nnsight")
-"""``interventions.adapter.BACKENDS``, spelled out: ``af1 --help`` imports no torch (a test keeps them equal)."""
+from circuits.validation import check_int, check_positive
+from circuits.vocab import BACKENDS, DTYPES, FIT_MIN_COUNT, FIT_SIZE, NUMBERS, POPULATIONS, SOURCES
 
 T = TypeVar("T")
 
@@ -29,14 +28,14 @@ MAX_PROMPTS = 100_000
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
     """``--backend hooked|bridge|nnsight`` (default: hooked on TransformerLens 3.x, bridge on 4.x), ``--remote``
     and ``--dtype``."""
-    parser.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="model class: hooked (HookedTransformer, 3.x), bridge (TransformerBridge) or nnsight "
                              "(the Hugging Face model in nnsight; pip install 'af1-circuits[nnsight]'); default "
                              "hooked where it exists, else bridge")
     parser.add_argument("--remote", action="store_true",
                         help="with --backend nnsight: run every forward pass on NDIF (the API key is read from "
                              "the NDIF_API_KEY environment variable); see docs/remote.md")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
     parser.add_argument("--device-map", default=None,
                         help="spread a pretrained model over devices: auto, balanced, sequential or a device "
@@ -65,7 +64,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
     add_task_arguments(parser)
     parser.add_argument("--n-prompts", type=int, default=n_prompts,
                         help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
-    parser.add_argument("--source", choices=("build", "frozen"), default="build",
+    parser.add_argument("--source", choices=SOURCES, default="build",
                         help="prompts generated with --seed (build, default) or the task's frozen set")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap CIs (default 0)")
     parser.add_argument("--max-checked", type=int, default=None,
@@ -114,7 +113,7 @@ def check_prompts_or_task(prompts: Any) -> None:
 def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
     """How prompts are tokenised and presented: ``--numbers single|multi``, ``--shots K``, ``--chat``
     (:mod:`circuits.digits`, :mod:`circuits.formats`)."""
-    parser.add_argument("--numbers", choices=("single", "multi"), default="single",
+    parser.add_argument("--numbers", choices=NUMBERS, default="single",
                         help="single (default): every operand and answer one token, as the AF1 papers; multi: "
                              "several tokens (digit-level tokenizers such as SmolLM2, Qwen2, Gemma), answers read "
                              "under teacher forcing")
@@ -127,14 +126,12 @@ def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """The fit set of the means (``--fit-size``, ``--fit-min-count``, ``--fit-seed``, ``--fit-population``;
     see :mod:`circuits.fitset`)."""
-    from circuits.vocab import FIT_MIN_COUNT as DEFAULT_MIN_COUNT, FIT_SIZE as DEFAULT_SIZE, POPULATIONS
-
-    parser.add_argument("--fit-size", type=int, default=DEFAULT_SIZE,
+    parser.add_argument("--fit-size", type=int, default=FIT_SIZE,
                         help=f"prompts the means are fitted on, never the scored ones: the task's whole layout when "
                              f"it has at most this many, else a sample topped up to --fit-min-count (default "
-                             f"{DEFAULT_SIZE})")
-    parser.add_argument("--fit-min-count", type=int, default=DEFAULT_MIN_COUNT,
-                        help=f"fit prompts each CAMA mean needs at the least (default {DEFAULT_MIN_COUNT})")
+                             f"{FIT_SIZE})")
+    parser.add_argument("--fit-min-count", type=int, default=FIT_MIN_COUNT,
+                        help=f"fit prompts each CAMA mean needs at the least (default {FIT_MIN_COUNT})")
     parser.add_argument("--fit-seed", type=int, default=0, help="order in which fit prompts are drawn (default 0)")
     parser.add_argument("--fit-population", choices=POPULATIONS, default="all",
                         help="average over all task prompts (default, the CAMA formula) or only those the "
@@ -142,19 +139,6 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- checks before loading ---------------------------------------------------------------------------
-def check_positive(flag: str, value: int, *, maximum: int | None = None) -> None:
-    """``ArgumentError`` unless ``1 <= value (<= maximum)``."""
-    if value < 1 or (maximum is not None and value > maximum):
-        bound = f"1..{maximum}" if maximum is not None else ">= 1"
-        raise ArgumentError(f"{flag} {value} is out of range: give an integer {bound}")
-
-
-def check_fraction(flag: str, value: float) -> None:
-    """``ArgumentError`` unless ``value`` is a fraction in [0, 1]."""
-    if not 0.0 <= value <= 1.0:  # also refuses nan
-        raise ArgumentError(f"{flag} {value} is out of range: a faithfulness fraction in [0, 1], e.g. 0.9")
-
-
 def check_device(device: str) -> None:
     """``ArgumentError`` unless ``device`` names a torch device that exists on this machine."""
     import torch
@@ -267,12 +251,9 @@ def check_placement(batch_size: int | str, device_map: str | None, max_memory: s
 
     if batch_size != "auto":
         check_positive("--batch-size", int(batch_size))
-    try:
-        if device_map is not None:
-            placement.check_device_map(device_map)
-        placement.parse_max_memory(max_memory)
-    except ValueError as err:
-        raise ArgumentError(str(err)) from None
+    if device_map is not None:
+        placement.check_device_map(device_map)
+    placement.parse_max_memory(max_memory)
     if max_memory is not None and device_map is None:
         raise ArgumentError("--max-memory needs --device-map (auto, balanced or sequential)")
 
@@ -290,8 +271,7 @@ def check_specs(specs: "CommandSpecs") -> None:
     check_model([model.name], model.remote)
     check_backend(model.remote, model.backend, [model.name], specs.batch_size, model.device_map)
     check_positive("--n-prompts", prompts.n_prompts, maximum=MAX_PROMPTS)
-    if prompts.seed < 0:
-        raise ArgumentError(f"--seed {prompts.seed} is out of range: give an integer >= 0")
+    check_int("--seed", prompts.seed, 0)
     check_placement(specs.batch_size, model.device_map, model.max_memory)
     if prompts.max_checked is not None:
         check_positive("--max-checked", prompts.max_checked)
@@ -381,8 +361,6 @@ def prompt_spec(args: argparse.Namespace) -> Any:
 def set_prompt_defaults(parser: argparse.ArgumentParser) -> None:
     """For a command without the ``--source``, ``--max-checked`` and ``--fit-*`` flags: their defaults, so that
     its prompts are those of the other commands (:func:`prompt_spec`)."""
-    from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE
-
     parser.set_defaults(source="build", max_checked=None, fit_size=FIT_SIZE, fit_min_count=FIT_MIN_COUNT,
                         fit_seed=0, fit_population="all")
 

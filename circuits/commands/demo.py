@@ -35,7 +35,7 @@ def _random_model_prompts(n_prompts: int):
     from dataclasses import replace
 
     from circuits.fitset import FitSet
-    from circuits.loading import self_answer_prompts
+    from circuits.prompts import self_answer_prompts
 
     cfg = HookedTransformerConfig(n_layers=6, d_model=64, d_head=16, n_heads=4, d_mlp=256, n_ctx=32, d_vocab=64,
                                   act_fn="gelu", normalization_type="LN", seed=0, initializer_range=0.2)

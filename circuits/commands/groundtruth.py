@@ -33,19 +33,21 @@ def _split(text: str) -> list[str]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_fraction, check_out, check_positive
-    from circuits.groundtruth import ABLATIONS
+    from circuits.commands.common import check_out
+    from circuits.errors import ArgumentError
     from circuits.tasks import list_tasks
+    from circuits.validation import check_fraction, check_positive
+    from circuits.vocab import ABLATIONS
 
     check_fraction("--threshold", args.threshold)
     check_fraction("--target", args.target)
     check_positive("--n-prompts", args.n_prompts)
     bad = [a for a in _split(args.ablations) if a not in ABLATIONS]
     if bad or not _split(args.ablations):
-        raise ValueError(f"--ablations {args.ablations!r}: choose from {', '.join(ABLATIONS)}")
+        raise ArgumentError(f"--ablations {args.ablations!r}: choose from {', '.join(ABLATIONS)}")
     unknown = [t for t in _split(args.tasks) if t not in list_tasks()]
     if unknown or not _split(args.tasks):
-        raise ValueError(f"--tasks {args.tasks!r}: unknown task(s) {unknown}; see circuits.tasks.list_tasks()")
+        raise ArgumentError(f"--tasks {args.tasks!r}: unknown task(s) {unknown}; see circuits.tasks.list_tasks()")
     check_out(args.out)
 
 

@@ -7,8 +7,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from circuits import files
 from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, add_task_arguments,
                                       batch_size_argument, set_prompt_defaults)
+from circuits.vocab import DECODES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-prompts", type=int, default=200, help="prompts to decode (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="prompt sampling seed (default: 0)")
     parser.add_argument("--out", required=True, help="output directory (lens.json, report.html)")
-    parser.add_argument("--decode", choices=("final_norm", "raw"), default="final_norm",
+    parser.add_argument("--decode", choices=DECODES, default="final_norm",
                         help="final_norm: ln_final then unembedding (default); raw: unembedding only")
     parser.add_argument("--top-k", type=int, default=10, help="k of the operand/operator visibility test (default: 10)")
     parser.add_argument("--batch-size", type=batch_size_argument, default=64,
@@ -44,7 +46,8 @@ def interchange_sets(*args: Any, **kwargs: Any) -> list[Any]:
 
 def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_positive, check_specs, specs_of
+    from circuits.commands.common import check_specs, specs_of
+    from circuits.validation import check_positive
 
     specs = specs_of(args)
     if specs.model.remote:
@@ -57,8 +60,8 @@ def check(args: argparse.Namespace) -> None:
     # A finished run is not overwritten without --force; one killed between lens.json and report.html is
     # redone (run.json, checked by the runner, tells whether it is this run).
     out = Path(args.out)
-    if (out / "lens.json").exists() and (out / "report.html").exists() and not args.force:
-        raise FileExistsError(f"{Path(args.out) / 'lens.json'} exists: choose another --out or pass --force")
+    if (out / files.LENS).exists() and (out / files.REPORT).exists() and not args.force:
+        raise FileExistsError(f"{out / files.LENS} exists: choose another --out or pass --force")
 
 
 def run(args: argparse.Namespace) -> int:

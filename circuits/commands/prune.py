@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from circuits.vocab import ABLATIONS, HEAD_METHODS, RANKS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from circuits.commands.common import add_common_arguments
@@ -18,30 +20,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transfer", type=int, required=True, help="number of transfer blocks (>= 1)")
     parser.add_argument("--target", type=float, default=0.9,
                         help="faithfulness the smallest head set must keep, a fraction in [0, 1] (default 0.9)")
-    parser.add_argument("--method", choices=("zero", "mean"), default="zero", help="how a head is removed (default zero)")
-    parser.add_argument("--ablation", choices=("cama", "mean", "zero"), default="cama",
+    parser.add_argument("--method", choices=HEAD_METHODS, default="zero", help="how a head is removed (default zero)")
+    parser.add_argument("--ablation", choices=ABLATIONS, default="cama",
                         help="ablation of the residual after block --wait (default cama)")
-    parser.add_argument("--rank", choices=("attribution", "none"), default="attribution",
+    parser.add_argument("--rank", choices=RANKS, default="attribution",
                         help="rank candidates by attribution patching before confirming them (default attribution)")
     parser.add_argument("--confirm-top", type=int, default=None,
                         help="confirm only the K best-ranked candidates per step (default: all, exact greedy)")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Model-independent checks, before anything is loaded (``ValueError`` naming the bad value)."""
-    from circuits.commands.common import check_common, check_fraction
+    """Model-independent checks, before anything is loaded (:class:`~circuits.errors.ArgumentError` naming the
+    bad value)."""
+    from circuits.commands.common import check_common
+    from circuits.errors import ArgumentError
+    from circuits.validation import check_fraction, check_int, check_positive
 
     if args.transfer < 1:
-        raise ValueError(f"--transfer {args.transfer}: head pruning needs transfer heads, give --transfer >= 1")
-    if args.wait < -1:
-        raise ValueError(f"--wait {args.wait} is out of range: -1 (no ablation) or a 0-indexed block")
+        raise ArgumentError(f"--transfer {args.transfer}: head pruning needs transfer heads, give --transfer >= 1")
+    check_int("--wait", args.wait, -1)
     check_fraction("--target", args.target)
-    if args.confirm_top is not None and args.confirm_top < 1:
-        raise ValueError(f"--confirm-top {args.confirm_top} must be >= 1")
+    if args.confirm_top is not None:
+        check_positive("--confirm-top", args.confirm_top)
     if args.confirm_top is not None and args.rank != "attribution":
-        raise ValueError("--confirm-top needs --rank attribution (--rank none confirms every candidate)")
+        raise ArgumentError("--confirm-top needs --rank attribution (--rank none confirms every candidate)")
     if args.remote and args.rank == "attribution":
-        raise ValueError("--rank attribution takes gradients through the model here, which a remote model cannot "
+        raise ArgumentError("--rank attribution takes gradients through the model here, which a remote model cannot "
                          "give: add --rank none with --remote (every candidate is confirmed with forward passes)")
     check_common(args)
     check_range(args)

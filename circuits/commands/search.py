@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import argparse
 
-from circuits.commands.common import add_common_arguments, check_common, check_fraction, check_positive, specs_of
+from circuits.commands.common import add_common_arguments, check_common, specs_of
+from circuits.validation import check_fraction, check_positive
+from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--threshold", type=float, default=0.9,
                         help="faithfulness a configuration needs, a fraction in [0, 1] (default 0.9)")
-    parser.add_argument("--grid", choices=("auto", "full"), default="auto",
+    parser.add_argument("--grid", choices=GRIDS, default="auto",
                         help="full: every (wait, transfer) for the heatmap; auto (default): only what the "
                              "selection needs (same selection)")
-    parser.add_argument("--ablation", choices=("cama", "mean", "zero"), default="cama",
+    parser.add_argument("--ablation", choices=ABLATIONS, default="cama",
                         help="ablation after the wait block: cama (default) or the mean/zero baselines")
-    parser.add_argument("--method", choices=("fast", "naive"), default="fast",
+    parser.add_argument("--method", choices=SEARCH_METHODS, default="fast",
                         help="fast (default, exact shortcuts) or naive (one full forward per configuration)")
     parser.add_argument("--configs-per-pass", type=int, default=8,
                         help="configurations of one wait evaluated in one forward pass where the backend allows "

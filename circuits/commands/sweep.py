@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from circuits import files
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from circuits.commands.common import add_backend_argument
@@ -98,15 +100,14 @@ def check_fixed_range(config) -> None:
     """``--wait``/``--transfer`` against every model's number of blocks, read from its ``config.json``."""
     from circuits.errors import ArgumentError
     from circuits.model_names import n_layers_of
-    from circuits.search.rule import check_config
+    from circuits.vocab import config_problem
 
     for model in config.models:
         n = n_layers_of(model)
         if n is not None and config.wait is not None and config.transfer is not None:
-            try:
-                check_config(n, config.wait, config.transfer)
-            except ValueError as err:
-                raise ArgumentError(f"{model} has {n} blocks: {err}") from None
+            problem = config_problem(n, config.wait, config.transfer)
+            if problem is not None:
+                raise ArgumentError(f"{model} has {n} blocks: {problem}")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     rows = run_sweep(config, args.out, progress=not args.no_progress, command=command_line(args))
-    print(Path(args.out, "table.md").read_text())
+    print(Path(args.out, files.TABLE_MD).read_text())
     failed = [r for r in rows if r.status != "ok"]
     print(f"{len(rows)} cells, {len(failed)} failed; table: {args.out}/table.md, report: {args.out}/report.html")
     if failed:
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 def failed_line(failed: list, n: int, limit: int = 3) -> str:
     """``"k of n cells failed: model/task/ablation/seed S (why); ..."``, the first ``limit`` named (the table
     holds every failed row with its error)."""
-    from circuits.cli import MAX_MESSAGE
+    from circuits.errors import MAX_MESSAGE
 
     named = "; ".join(f"{r.model}/{r.task}/{r.ablation}/seed {r.seed} ({r.error})" for r in failed[:limit])
     more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from circuits.errors import ArgumentError
+from circuits.vocab import MODEL_CLASSES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ACTION")
@@ -16,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints (rerun every phase)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--model-class", choices=["hooked", "transformers"], default=None,
+    p.add_argument("--model-class", choices=MODEL_CLASSES, default=None,
                    help="train a HookedTransformer (TransformerLens 3.x, reproduces the shipped models) or the "
                         "Hugging Face model with plain PyTorch (any TransformerLens); default: hooked where "
                         "TransformerLens 3.x is installed, else transformers")
@@ -33,22 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, threshold: float = 0.9) -> dict:
-    """The full-grid AF1 search (CAMA) on the model saved in ``model_dir`` (loaded as ``zoo.load`` does,
-    mask attached), on every prompt of ``n_build`` generated ``task`` prompts (seed 0) it answers
-    correctly, in their largest layout. Returns the card entry of the planted model: task, grid,
-    ablation, threshold, n_prompts, base_accuracy, per-configuration faithfulness (``"wait,transfer"``
-    keys), summary line."""
-    from circuits import zoo
-    from circuits.loading import prepare_prompts
-    from circuits.search import search_af1
+    """Deprecated: :func:`circuits.groundtruth.af1_check` (a ``DeprecationWarning`` says so)."""
+    import warnings
 
-    model = zoo.load_dir(model_dir)
-    p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)
-    res = search_af1(model, p.tokens, p.answers, threshold=threshold, grid="full", progress=False)
-    return {"task": task, "grid": "full", "ablation": "cama", "threshold": threshold, "n_prompts": len(p),
-            "base_accuracy": round(p.base_accuracy, 4),
-            "faithfulness": {f"{r.wait},{r.transfer}": round(r.faithfulness, 4) for r in res.results},
-            "summary": res.summary_line()}
+    from circuits.groundtruth import af1_check as check
+
+    warnings.warn("circuits.commands.zoo.af1_check is deprecated: use circuits.groundtruth.af1_check",
+                  DeprecationWarning, stacklevel=2)
+    return check(model_dir, task, n_build, threshold)
 
 
 def _train(args: argparse.Namespace) -> dict:
@@ -70,7 +65,7 @@ def _train(args: argparse.Namespace) -> dict:
         args.name = ALIASES[args.name]
     if args.name in groundtruth.GROUND_TRUTHS:
         if args.model_class == "transformers":
-            raise ValueError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
+            raise ArgumentError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
                              f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
         cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS[args.name], threads=args.threads, **overrides)
         return groundtruth.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume)
@@ -117,4 +112,4 @@ def run(args: argparse.Namespace) -> int:
             ok &= bar is None or a >= bar
             print(f"{t:18s} {a:.3f}" + (f"  (bar {bar})" if bar is not None else ""))
         return 0 if ok else 1
-    raise ValueError(f"unknown zoo action {action!r}; known: list, train, eval")
+    raise ArgumentError(f"unknown zoo action {action!r}; known: list, train, eval")

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from .capture import SUBLAYERS, block_list, capture_last, lens_states, sublayer_hooks, sublayers_of
 from .counterfactual import CounterfactualSet, counterfactual_rows, counterfactual_set, parse_operands
-from .decode import DECODES, decode_states, early_decode
+from .decode import decode_states, early_decode
 from .inputs import PromptGroup, answer_token_id, prompt_groups
 from .interchange import InterchangeResult, interchange
 from .numeric import OPERATOR_TEXTS, NumericTable, numeric_table
 from .result import METRICS, LensResult, json_ready
 
 __all__ = [
-    "DECODES", "METRICS", "SUBLAYERS", "OPERATOR_TEXTS", "NumericTable", "numeric_table", "LensResult",
+    "METRICS", "SUBLAYERS", "OPERATOR_TEXTS", "NumericTable", "numeric_table", "LensResult",
     "early_decode", "decode_states", "lens_states", "sublayer_hooks", "sublayers_of", "capture_last",
     "block_list", "InterchangeResult", "interchange", "CounterfactualSet", "counterfactual_rows",
     "counterfactual_set", "parse_operands", "answer_token_id", "PromptGroup", "prompt_groups", "json_ready",

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuits.errors import ArgumentError
+from circuits.validation import check_choice, check_positive
+from circuits.vocab import DECODES
 from circuits.logs import get_logger
 from circuits.analyses import Analysis, RunContext
 from circuits.lens.result import LensResult
@@ -56,12 +58,9 @@ class LensConfig:
     n_boot: int = 1000
 
     def validate(self, info: Any = None) -> "LensConfig":
-        if self.decode not in ("final_norm", "raw"):
-            raise ArgumentError(f"decode={self.decode!r} is not valid: choose 'final_norm' or 'raw'")
-        if self.top_k < 1:
-            raise ArgumentError(f"--top-k {self.top_k} is out of range: give an integer >= 1")
-        if self.batch_size < 1:
-            raise ArgumentError(f"--batch-size {self.batch_size} is out of range: give an integer >= 1")
+        check_choice("decode", self.decode, DECODES)
+        check_positive("top_k", self.top_k)
+        check_positive("batch_size", self.batch_size)
         return self
 
 

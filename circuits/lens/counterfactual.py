@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Int
 
 from circuits import tasks
+from circuits.errors import ArgumentError, PromptError
 from circuits.tasks import TaskSpec
 
 from .inputs import answer_token_id
@@ -55,7 +56,7 @@ def _flip_operator(spec: TaskSpec, index: int) -> TaskSpec:
 
     t, e = flip_nth(spec.template, True), flip_nth(spec.expression, False)
     if t is None or e is None:
-        raise ValueError(
+        raise ArgumentError(
             f"cannot flip operator {index}: template {spec.template!r} / expression {spec.expression!r} has "
             f"no operator symbol at that index (only templates with '+'/'-' symbols can be flipped)"
         )
@@ -105,7 +106,7 @@ def counterfactual_rows(
     ``counter_operands``, ``row`` (input index).
     """
     if change not in ("operand", "operator"):
-        raise ValueError(f"change={change!r} is not valid: choose 'operand' or 'operator'")
+        raise ArgumentError(f"change={change!r} is not valid: choose 'operand' or 'operator'")
     rows = ds.to_list() if hasattr(ds, "to_list") else list(ds)
     rng = np.random.default_rng(seed)
     given = None if spec is None else _as_task_spec(spec)
@@ -121,7 +122,7 @@ def counterfactual_rows(
         pair = {"prompt": r["prompt"], "answer": int(r["answer"]), "operands": ops}
         if change == "operand":
             if not 0 <= index < len(ops):
-                raise ValueError(f"index={index} is out of range: the task has operands 0..{len(ops) - 1}")
+                raise ArgumentError(f"index={index} is out of range: the task has operands 0..{len(ops) - 1}")
             cands = _operand_candidates(sp, ops, index)
             same = [c for c in cands if len(str(c[0])) == len(str(ops[index]))]
             pool = same or cands
@@ -174,7 +175,7 @@ def counterfactual_set(model: Any, pairs: Iterable[Mapping[str, Any]], *, label:
             continue
         kept.setdefault(a.numel(), []).append((a, b, ai, bi, p["prompt"], p["counter_prompt"]))
     if not kept:
-        raise ValueError(f"no counterfactual pair of the same layout among {n_in} pairs ({label or 'unnamed'})")
+        raise PromptError(f"no counterfactual pair of the same layout among {n_in} pairs ({label or 'unnamed'})")
     _, items = max(kept.items(), key=lambda kv: (len(kv[1]), -kv[0]))
     return CounterfactualSet(
         tokens=torch.stack([x[0] for x in items]), answers=torch.tensor([x[2] for x in items]),

@@ -36,20 +36,15 @@ import torch
 from jaxtyping import Float, Int
 
 import interventions as iv
+from circuits.validation import check_choice, check_positive
+from circuits.vocab import DECODES
 
 from .capture import block_list, lens_states, sublayers_of
 from .inputs import prompt_groups
 from .numeric import NumericTable, numeric_table
 from .result import LensResult
 
-__all__ = ["DECODES", "decode_states", "early_decode"]
-
-DECODES = ("final_norm", "raw")
-
-
-def _check_decode(decode: str) -> None:
-    if decode not in DECODES:
-        raise ValueError(f"decode={decode!r} is not valid: choose one of {', '.join(map(repr, DECODES))}")
+__all__ = ["decode_states", "early_decode"]
 
 
 @torch.inference_mode()
@@ -57,7 +52,7 @@ def decode_states(
     model: Any, resid: Float[torch.Tensor, "batch d_model"], decode: str = "final_norm"
 ) -> Float[torch.Tensor, "batch d_vocab"]:
     """Logits (float32) of residual states: ``unembed(ln_final(resid))`` or ``unembed(resid)`` (raw)."""
-    _check_decode(decode)
+    check_choice("decode", decode, DECODES)
     x = resid[:, None, :]
     if decode == "final_norm" and getattr(model, "ln_final", None) is not None:  # no final norm: identity
         x = model.ln_final(x)
@@ -159,11 +154,9 @@ def early_decode(
         A :class:`LensResult` (numpy arrays ``[n_prompts, n_layers, n_sublayers]``; metrics in the
         module docstring).
     """
-    _check_decode(decode)
-    if not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k={top_k!r} must be an integer >= 1")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+    check_choice("decode", decode, DECODES)
+    check_positive("top_k", top_k)
+    check_positive("batch_size", batch_size)
     ad = iv.adapt(model)
     layers = block_list(ad, layers)
     if table is None:

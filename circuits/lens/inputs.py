@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Int
 
 from circuits import tasks
+from circuits.errors import ArgumentError, PromptError
 from interventions.validation import check_tokens
 
 from .numeric import NumericTable
@@ -43,7 +44,7 @@ def answer_token_id(model: Any, answer: Any) -> int:
     toks = model.to_tokens(str(answer), prepend_bos=False)[0]
     if toks.numel() != 1:
         pieces = [model.to_string(t[None]) for t in toks]
-        raise ValueError(
+        raise PromptError(
             f"answer {answer!r} is not a single token: it splits into {toks.numel()} pieces {pieces}; "
             f"early decoding reads one next token, drop such prompts (e.g. tasks.filter_single_token)"
         )
@@ -70,7 +71,7 @@ def prompt_groups(
     """
     if _is_dataset(dataset_or_tokens):
         if answers is not None:
-            raise ValueError("answers come from the dataset's 'answer' column: do not pass answers too")
+            raise ArgumentError("answers come from the dataset's 'answer' column: do not pass answers too")
         return _dataset_groups(model, dataset_or_tokens)
     obj = dataset_or_tokens
     if isinstance(obj, (list, tuple)) and obj and isinstance(obj[0], torch.Tensor):
@@ -79,18 +80,18 @@ def prompt_groups(
         obj = _stack_one_layout([model.to_tokens(p)[0] for p in obj])
     tokens = check_tokens(obj, d_vocab=int(model.cfg.d_vocab)).cpu()
     if answers is None:
-        raise ValueError("answers are required with a tokens input (one answer per prompt)")
+        raise ArgumentError("answers are required with a tokens input (one answer per prompt)")
     ids = _answer_ids(model, answers, tokens.shape[0])
     if prompts is None:
         prompts = _to_strings(model, tokens)
     elif len(prompts) != tokens.shape[0]:
-        raise ValueError(f"prompts has {len(prompts)} entries for {tokens.shape[0]} prompts")
+        raise ArgumentError(f"prompts has {len(prompts)} entries for {tokens.shape[0]} prompts")
     if answer_values is None:
         vals = [float(table.value(int(a))) if table.value(int(a)) is not None else float("nan") for a in ids]
     else:
         vals = [float(v) for v in answer_values]
         if len(vals) != tokens.shape[0]:
-            raise ValueError(f"answer_values has {len(vals)} entries for {tokens.shape[0]} prompts")
+            raise ArgumentError(f"answer_values has {len(vals)} entries for {tokens.shape[0]} prompts")
     return [PromptGroup(tokens, ids, list(prompts), vals, list(range(tokens.shape[0])))]
 
 
@@ -100,17 +101,17 @@ def _answer_ids(model: Any, answers: Any, n: int) -> torch.Tensor:
     else:
         ids = torch.tensor([answer_token_id(model, a) for a in answers], dtype=torch.long)
     if ids.shape != (n,):
-        raise ValueError(f"answers must hold one answer per prompt: got {ids.numel()} for {n} prompts")
+        raise ArgumentError(f"answers must hold one answer per prompt: got {ids.numel()} for {n} prompts")
     d_vocab = int(model.cfg.d_vocab)
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= d_vocab):
-        raise ValueError(f"answer token id out of range: valid ids are 0..{d_vocab - 1}")
+        raise ArgumentError(f"answer token id out of range: valid ids are 0..{d_vocab - 1}")
     return ids
 
 
 def _stack_one_layout(items: Sequence[torch.Tensor]) -> torch.Tensor:
     lengths = sorted({int(t.numel()) for t in items})
     if len(lengths) > 1:
-        raise ValueError(
+        raise PromptError(
             f"prompts of mixed layout: token lengths {lengths}; tokens must be one layout (one length, no "
             f"padding). Pass a dataset (grouped by layout) or split the prompts by length"
         )

@@ -23,6 +23,8 @@ from interventions.validation import check_tokens
 from .capture import block_list, capture_last
 from .result import json_ready
 
+from circuits.errors import ArgumentError
+
 __all__ = ["InterchangeResult", "interchange"]
 
 
@@ -86,7 +88,7 @@ class InterchangeResult:
 def _token_ids(what: str, ids: Any, n: int) -> torch.Tensor:
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     if ids.shape != (n,):
-        raise ValueError(f"{what} must hold one token id per prompt: got {ids.numel()} for {n} prompts")
+        raise ArgumentError(f"{what} must hold one token id per prompt: got {ids.numel()} for {n} prompts")
     return ids
 
 
@@ -116,7 +118,7 @@ def interchange(
     tokens = check_tokens(tokens, d_vocab=ad.info.d_vocab)
     counter_tokens = check_tokens(counter_tokens, d_vocab=ad.info.d_vocab)
     if tokens.shape != counter_tokens.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"counter_tokens must have the layout of tokens: shapes {tuple(counter_tokens.shape)} and "
             f"{tuple(tokens.shape)} differ"
         )

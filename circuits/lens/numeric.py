@@ -14,6 +14,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from jaxtyping import Bool, Int
 
+from circuits.errors import ArgumentError
+
 __all__ = ["OPERATOR_TEXTS", "NumericTable", "numeric_table"]
 
 OPERATOR_TEXTS = ("+", "-")
@@ -59,7 +61,7 @@ def _table_from_strings(strings: Sequence[str | None], d_vocab: int) -> NumericT
 def _check_ids(what: str, ids: Any, d_vocab: int) -> None:
     for tid in ids:
         if not 0 <= int(tid) < d_vocab:
-            raise ValueError(f"{what} has token id {tid}: valid ids are 0..{d_vocab - 1}")
+            raise ArgumentError(f"{what} has token id {tid}: valid ids are 0..{d_vocab - 1}")
 
 
 def numeric_table(
@@ -93,7 +95,7 @@ def numeric_table(
     else:
         tok = getattr(model, "tokenizer", None)
         if tok is None:
-            raise ValueError(
+            raise ArgumentError(
                 "this model has no tokenizer: pass numeric_values={token_id: integer} (and operator_ids) "
                 "or token_strings=[text of id 0, text of id 1, ...]"
             )

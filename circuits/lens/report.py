@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from circuits.files import LENS_ARRAYS
+from circuits import files
 from circuits.report import write_page, write_text
 
 from .interchange import InterchangeResult
@@ -211,12 +211,12 @@ def write_lens_outputs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = lens_json(result, interchanges=interchanges, meta=meta, n_boot=n_boot, seed=seed)
-    json_path = write_text(out / "lens.json", json.dumps(doc, indent=1))
+    json_path = write_text(out / files.LENS, json.dumps(doc, indent=1))
     result.interchanges = list(interchanges)
-    write_arrays(out / LENS_ARRAYS, result.array_dict())
+    write_arrays(out / files.LENS_ARRAYS, result.array_dict())
     figs = _figures(doc, result, interchanges)
     notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items()),
              f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
              f"post-MLP residual states of every block (0-indexed)."]
-    html_path = write_page(out / "report.html", "Early decoding (logit lens)", figs, notes)
+    html_path = write_page(out / files.REPORT, "Early decoding (logit lens)", figs, notes)
     return json_path, html_path

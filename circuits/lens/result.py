@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from circuits.errors import ArgumentError
+
 __all__ = ["ARRAYS", "METRICS", "LensResult", "json_ready"]
 
 METRICS = ("answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error")
@@ -126,7 +128,7 @@ class LensResult:
         from circuits.lens.report import metric_figure
 
         if metric not in METRICS:
-            raise ValueError(f"metric={metric!r} is not one of {', '.join(METRICS)}")
+            raise ArgumentError(f"metric={metric!r} is not one of {', '.join(METRICS)}")
         return metric_figure(self, metric, n_boot=n_boot, seed=seed)
 
     @property

@@ -39,13 +39,13 @@ results raises :class:`FileExistsError`. ``target``, ``batch_size`` and ``progre
 run's identity: rerunning with another ``target`` only recomputes the summary and the report.
 """
 
-from circuits.prune.config import ABLATIONS, METHODS, NOT_IDENTITY, RANKS, PruneConfig
+from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.greedy import PRUNE, prune_heads, run_prune
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CURVE_FIELDS, CurvePoint, PruneResult, area_under_curve, summary_dict
 
 __all__ = [
-    "ABLATIONS", "CURVE_FIELDS", "CurvePoint", "METHODS", "NOT_IDENTITY", "PRUNE", "PruneConfig", "PruneResult",
-    "RANKS", "area_under_curve", "head_attention", "key_labels", "prune_heads", "pruned_subgraph", "run_prune",
-    "summary_dict", "transfer_heads",
+    "CURVE_FIELDS", "CurvePoint", "NOT_IDENTITY", "PRUNE", "PruneConfig", "PruneResult", "area_under_curve",
+    "head_attention", "key_labels", "prune_heads", "pruned_subgraph", "run_prune", "summary_dict",
+    "transfer_heads",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from jaxtyping import Int
@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits import files
 from circuits.attribution import head_attribution
-from circuits.errors import ArgumentError
+from circuits.errors import ArgumentError, CorruptRunError
 from circuits.fitset import FitSet, FitSpec, fit_set_of
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
@@ -22,7 +22,7 @@ from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, sum
 from circuits.records import Field, RecordSchema, faithfulness_fields
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.runner import execute
-from circuits.vocab import Means, means_kind
+from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
 from circuits.runs import RunDir, tokens_sha256
 from interventions.adapter import adapt
 from interventions.types import Head, Tokens
@@ -45,10 +45,10 @@ def prune_heads(
     fit_tokens: Tokens | None = None,
     min_count: int | None = None,
     fit: FitSet | FitSpec | None = None,
-    ablation: Literal["cama", "mean", "zero"] | None = None,
-    method: Literal["zero", "mean"] | None = None,
+    ablation: Ablation | None = None,
+    method: HeadMethod | None = None,
     target: float | None = None,
-    rank: Literal["attribution", "none"] | None = None,
+    rank: Rank | None = None,
     confirm_top: int | None = None,
     out_dir: str | Path | None = None,
     progress: bool = True,
@@ -220,11 +220,11 @@ def write_prune_outputs(result: PruneResult, run_dir: RunDir, ctx: RunContext) -
 def check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoint:
     """A replayed ``curve.jsonl`` row must continue the path: consecutive step, a head still kept."""
     if point.step != index:
-        raise ValueError(f"curve.jsonl is inconsistent: row {index} has step {point.step}")
+        raise CorruptRunError(f"curve.jsonl is inconsistent: row {index} has step {point.step}")
     if index > 0 and point.removed not in all_heads:
-        raise ValueError(f"curve.jsonl row {index} removes {point.removed}, which is not a transfer head")
+        raise CorruptRunError(f"curve.jsonl row {index} removes {point.removed}, which is not a transfer head")
     if point.removed in point.heads_kept or len(point.heads_kept) != len(all_heads) - index:
-        raise ValueError(f"curve.jsonl row {index} is inconsistent: it keeps {len(point.heads_kept)} heads")
+        raise CorruptRunError(f"curve.jsonl row {index} is inconsistent: it keeps {len(point.heads_kept)} heads")
     return point
 
 

@@ -75,7 +75,7 @@ def key_labels(model: Any, tokens: Tokens) -> list[str]:
             if getattr(model, "tokenizer", None) is not None:
                 try:
                     text = model.tokenizer.decode([tok])
-                except Exception:  # noqa: BLE001 - a label only
+                except Exception:  # noqa: BLE001 - any tokenizer's own failure (HF, GGUF, the zoo's): a label only
                     text = None
             labels.append(repr(text) if text is not None else f"#{tok}")
         else:

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from circuits.errors import ArgumentError
 from circuits.prune.config import PruneConfig
 from circuits.runs import dist_version
 from interventions.types import Head
@@ -144,7 +145,7 @@ class PruneResult:
         from circuits.prune.report import kept_heads_figure
 
         if self.smallest_head_set is None:
-            raise ValueError(f"no head set reaches the target {self.config.target:g}: nothing to map")
+            raise ArgumentError(f"no head set reaches the target {self.config.target:g}: nothing to map")
         return kept_heads_figure(self)
 
     def plot_attention(self) -> Any:
@@ -152,7 +153,7 @@ class PruneResult:
         from circuits.prune.report import attention_figure
 
         if not self.attention:
-            raise ValueError("no kept head: no attention to show")
+            raise ArgumentError("no kept head: no attention to show")
         return attention_figure(self)
 
     def plot(self) -> Any:
@@ -174,7 +175,7 @@ def area_under_curve(faithfulness: Sequence[float]) -> float:
     """Trapezoid area under faithfulness (y) vs fraction of heads removed (x = step / n_steps)."""
     n = len(faithfulness) - 1
     if n < 1:
-        raise ValueError("the curve needs at least two points")
+        raise ArgumentError("the curve needs at least two points")
     return float(sum((a + b) / 2 for a, b in zip(faithfulness[:-1], faithfulness[1:])) / n)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult, config_row
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
-from circuits.vocab import Means, means_kind
+from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
 from interventions.types import Tokens
 
 
@@ -45,13 +45,13 @@ def search_af1(
     min_count: int | None = None,
     fit: FitSet | FitSpec | None = None,
     threshold: float | None = None,
-    grid: Literal["auto", "full"] | None = None,
-    ablation: Literal["cama", "mean", "zero"] | None = None,
+    grid: Grid | None = None,
+    ablation: Ablation | None = None,
     out_dir: str | Path | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
     progress: bool = True,
-    method: Literal["fast", "naive"] | None = None,
+    method: SearchMethod | None = None,
     n_boot: int | None = None,
     configs_per_pass: int | None = None,
     meta: Mapping[str, Any] | None = None,
@@ -191,7 +191,7 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
         "model_signature": ad.model_identity(),
         **config.identity(),
         # The fit set (how it was drawn, its hash) or a given cache's hash, and the minimum count.
-        "means": ctx.means_identity if config.needs_means else None,
+        "means": ctx.means_identity if means_kind(config.ablation) is not None else None,
     }
 
 
@@ -331,19 +331,19 @@ def write_outputs(
         "command": list(meta.get("command") or sys.argv),
         "identity": dict(identity),
         "source": meta.get("source"),
-        "means": "means.safetensors" if (out_dir / "means.safetensors").exists() else None,
+        "means": files.MEANS if (out_dir / files.MEANS).exists() else None,
         "fit": means,
     }
-    write_json(out_dir / "summary.json", summary)
+    write_json(out_dir / files.SUMMARY, summary)
     title = f"AF1 search: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'} ({result.ablation})"
-    report.search_report(result, out_dir / "report.html", title=title, notes=notes)
+    report.search_report(result, out_dir / files.REPORT, title=title, notes=notes)
 
 
 def load_summary(out_dir: str | Path) -> dict[str, Any]:
     """``summary.json`` of a finished search directory."""
     import json
 
-    path = Path(out_dir) / "summary.json"
+    path = Path(out_dir) / files.SUMMARY
     if not path.exists():
         raise FileNotFoundError(f"no summary.json in {out_dir}: the search has not finished there")
     return json.loads(path.read_text())

@@ -16,10 +16,11 @@ import torch
 from jaxtyping import Float
 
 import interventions as iv
+from circuits.errors import ArgumentError, PromptError
 from circuits.faithfulness import answer_width, last_token_metrics
 from interventions.readout import answer_positions, readout_metrics
 from interventions.types import Tokens
-from interventions.validation import check_choice
+from circuits.validation import check_choice
 
 
 PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer prob, logit diff
@@ -165,7 +166,7 @@ class FastEvaluator(Evaluator):
         super().__init__(*args, **kwargs)
         self.n_pos = int(self.tokens.shape[1])
         if bool((self.tokens[:, 0] != self.tokens[0, 0]).any()):
-            raise ValueError("position 0 must hold the same token (BOS) in every prompt")
+            raise PromptError("position 0 must hold the same token (BOS) in every prompt")
         exact = two_position_exact(self.model.cfg)
         # Whether the tails pass the last token's true position (rotary positions live in the blocks;
         # learned absolute ones are part of the residual already).
@@ -178,11 +179,11 @@ class FastEvaluator(Evaluator):
         self.tail = tail
         check_choice("tail", self.tail, self.TAILS)
         if self.tail != "full" and not exact:
-            raise ValueError(f"tail={self.tail!r} is not exact for this model's positions: use tail='full'")
+            raise ArgumentError(f"tail={self.tail!r} is not exact for this model's positions: use tail='full'")
         if not usable[self.tail]:
             need = "frozen_bos_kv" if self.tail == "last" else "positions"
             other = next(t for t in self.TAILS if usable[t])
-            raise ValueError(
+            raise ArgumentError(
                 f"tail={self.tail!r} needs the {need} capability, which this {ad.backend} adapter lacks "
                 f"({'a frozen BOS key-value cache' if self.tail == 'last' else 'rotary positions'}): use "
                 f"tail={other!r} or leave tail=None")

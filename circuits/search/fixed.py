@@ -13,11 +13,10 @@ from circuits.outcomes import PromptOutcomes
 from circuits.analyses import Analysis, RunContext
 from circuits.runs import RunDir
 from circuits.search.analysis import search_identity, search_schema
-from circuits.search.config import check_int, check_one_of
 from circuits.search.evaluators import FastEvaluator
 from circuits.search.results import ConfigResult, config_row
-from circuits.search.rule import ABLATIONS, check_config
-from circuits.vocab import Means, means_kind
+from circuits.validation import check_choice, check_config, check_int, check_positive
+from circuits.vocab import ABLATIONS, Ablation, Means, means_kind
 
 
 @dataclass(frozen=True)
@@ -27,24 +26,20 @@ class FixedConfig:
 
     wait: int
     transfer: int
-    ablation: str = "cama"
+    ablation: Ablation = "cama"
     seed: int = 0
     batch_size: int = 128
     n_boot: int = 1000
 
     def validate(self, info: Any = None) -> "FixedConfig":
-        check_one_of("ablation", self.ablation, ABLATIONS)
-        check_int("batch_size", self.batch_size, 1)
-        check_int("n_boot", self.n_boot, 1)
+        check_choice("ablation", self.ablation, ABLATIONS)
+        check_positive("batch_size", self.batch_size)
+        check_positive("n_boot", self.n_boot)
         check_int("wait", self.wait, -1)
         check_int("transfer", self.transfer, 0)
         if info is not None:
             check_config(info.n_layers, self.wait, self.transfer)
         return self
-
-    @property
-    def needs_means(self) -> bool:
-        return self.ablation in ("cama", "mean")
 
     def identity(self) -> dict[str, Any]:
         return {"wait": int(self.wait), "transfer": int(self.transfer), "ablation": self.ablation,

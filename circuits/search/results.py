@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from circuits.errors import CorruptRunError
 from circuits.faithfulness import FaithfulnessResult
 from circuits.outcomes import PromptOutcomes
 from circuits.search.rule import Config, select, smallest_transfers
@@ -160,7 +161,7 @@ class SearchResult:
         """The same results with the selection rule applied at ``threshold`` (nothing is evaluated). The
         selected subgraph's ``interventions`` are kept when the selection is unchanged, else left empty (they
         name the means cache, which needs the model)."""
-        from circuits.search.config import check_fraction
+        from circuits.validation import check_fraction
 
         threshold = check_fraction("threshold", threshold)
         faith = self.faithfulness_map()
@@ -181,8 +182,8 @@ class SearchResult:
         if r is None:
             raise KeyError(f"configuration wait={wait}, transfer={transfer} was not evaluated in this search")
         if r.outcomes is None:
-            raise ValueError(f"configuration wait={wait}, transfer={transfer} has no per-prompt outcomes: it was "
-                             f"stored by an earlier release; rerun it into a new directory to have them")
+            raise CorruptRunError(f"configuration wait={wait}, transfer={transfer} has no per-prompt outcomes: it was "
+                                  f"stored by an earlier release; rerun it into a new directory to have them")
         out = r.outcomes
         if out.prompts is None and self.prompts is not None and len(self.prompts) == out.n:
             out = replace(out, prompts=list(self.prompts))

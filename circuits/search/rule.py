@@ -8,27 +8,28 @@ largest ``wait``, ties broken by the smallest ``transfer``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, TYPE_CHECKING
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
-from interventions.validation import check_choice
+from circuits.validation import check_choice
+from circuits.vocab import GRIDS
 
-if TYPE_CHECKING:  # pragma: no cover
-    from circuits.search.results import ConfigResult
+__all__ = ["NOT_EVALUATED", "Config", "Scored", "configurations", "scan", "select",
+           "smallest_transfers"]
 
-ABLATIONS = ("cama", "mean", "zero")
-GRIDS = ("auto", "full")
-METHODS = ("fast", "naive")
 NOT_EVALUATED = "not evaluated"
 
 Config = tuple[int, int]
 
 
-def check_config(n_layers: int, wait: int, transfer: int) -> None:
-    """Raise ``ValueError`` unless ``-1 <= wait <= n_layers-1`` and ``0 <= transfer <= n_layers-1-wait``."""
-    if not isinstance(wait, int) or not -1 <= wait <= n_layers - 1:
-        raise ValueError(f"wait={wait!r} is out of range: valid -1..{n_layers - 1} (-1 = no ablation)")
-    if not isinstance(transfer, int) or not 0 <= transfer <= n_layers - 1 - wait:
-        raise ValueError(f"transfer={transfer!r} is out of range for wait={wait}: valid 0..{n_layers - 1 - wait}")
+class Scored(Protocol):
+    """What :func:`scan` needs of a configuration's result (:class:`circuits.search.results.ConfigResult` is
+    one): its faithfulness, a fraction in [0, 1]."""
+
+    @property
+    def faithfulness(self) -> float: ...
+
+
+R = TypeVar("R", bound=Scored)
 
 
 def configurations(n_layers: int) -> list[Config]:
@@ -68,10 +69,10 @@ def scan(
     n_layers: int,
     threshold: float,
     grid: str,
-    evaluate: "Callable[[int, int], ConfigResult]",
+    evaluate: Callable[[int, int], R],
     *,
     bar: Any = None,
-) -> "dict[Config, ConfigResult]":
+) -> dict[Config, R]:
     """Evaluate the configurations the grid needs, waits from the largest down and transfers from 0 up.
 
     ``grid="full"``: every configuration. ``grid="auto"``: a wait stops at its first sufficient
@@ -80,7 +81,7 @@ def scan(
     transfer)`` is called in that order, transfers increasing within a wait.
     """
     check_choice("grid", grid, GRIDS)
-    results: dict[Config, ConfigResult] = {}
+    results: dict[Config, R] = {}
     for w in range(n_layers - 1, -2, -1):
         found = None
         for t in range(n_layers - w):

@@ -38,6 +38,8 @@ from circuits import placement
 from circuits.errors import ArgumentError
 from circuits.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
+from circuits.validation import check_choice
+from circuits.vocab import ABLATIONS
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding", "digits")
@@ -185,8 +187,7 @@ class SweepConfig:
             twice = next(f for f in folders if folders.count(f) > 1)
             raise ArgumentError(f"tasks: two tasks would share the cell folder {twice!r}: rename one task file")
         for ablation in self.ablations:
-            if ablation not in ("cama", "mean", "zero"):
-                raise ArgumentError(f"ablation {ablation!r} is not valid: choose cama, mean or zero")
+            check_choice("ablation", ablation, ABLATIONS)
         if self.analyses:
             from circuits import analyses
 
@@ -207,7 +208,7 @@ class SweepConfig:
             if self.device_map is not None:
                 placement.check_device_map(self.device_map)
             placement.parse_max_memory(self.max_memory)
-        except ValueError as err:
+        except ArgumentError as err:
             raise ArgumentError(f"sweep key {str(err).lstrip('-').replace('-', '_', 1)}") from None
         if self.max_memory is not None and self.device_map is None:
             raise ArgumentError("sweep key max_memory needs device_map (auto, balanced or sequential)")

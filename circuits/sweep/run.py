@@ -11,10 +11,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from circuits import files
+from circuits.errors import ArgumentError
+from circuits.logs import get_logger
 from circuits.sweep.config import Cell, SweepConfig
 
-CELLS_DIR = "cells"
-SWEEP_RESULTS = "cells.jsonl"
 
 
 @dataclass
@@ -92,7 +92,7 @@ class SweepResult:
 
         model = model if model is not None else self.config.models[0]
         if model not in self.config.models:
-            raise ValueError(f"model {model!r} is not in this sweep: {', '.join(self.config.models)}")
+            raise ArgumentError(f"model {model!r} is not in this sweep: {', '.join(self.config.models)}")
         if ablation is None and self.config.mode != "fixed":
             ablation = self.config.ablations[0]
         return heatmap(self.config, model, self.cells, ablation)
@@ -112,7 +112,7 @@ class SweepResult:
         if row is None:
             raise KeyError(f"no cell model={model!r}, task={task!r}, ablation={ablation!r}, seed={seed} in this sweep")
         if row.status != "ok":
-            raise ValueError(f"cell {model}/{task}/{ablation}/seed {seed} failed: {row.error}")
+            raise ArgumentError(f"cell {model}/{task}/{ablation}/seed {seed} failed: {row.error}")
         return load(Path(self.out_dir or ".") / row.path)
 
 
@@ -159,7 +159,7 @@ def cell_folder(out: Path, cell: Cell) -> Path:
 
     parts = (safe_name(slug(cell.model), "model"), safe_name(task_slug(cell.task), "task"),
              safe_name(f"{cell.ablation}-seed{cell.seed}", "ablation"))
-    return inside(out / CELLS_DIR, Path(*parts), "cell folder")
+    return inside(out / files.CELLS_DIR, Path(*parts), "cell folder")
 
 
 class _State:
@@ -185,14 +185,14 @@ class _State:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             try:
                 self.model = cfg.model_spec(cell.model).load(estimate=prompt_spec, batch_size=cfg.batch_size)
-            except Exception as err:  # noqa: BLE001 - a failing cell is recorded, the others run on
+            except Exception as err:  # noqa: BLE001 - see message(): a failing cell is recorded, the others run
                 self.model_error = message(err)
         key = (cell.model, cell.task, cell.seed)
         if self.model is not None and key != self.key:
             self.key, self.prompts, self.means, self.prompt_error = key, None, None, None
             try:
                 self.prompts = self.prepare(prompt_spec, key)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # noqa: BLE001 - see message()
                 self.prompt_error = message(err)
 
     def prepare(self, spec: Any, key: tuple) -> Any:
@@ -219,7 +219,8 @@ class _State:
         self.means = cache
 
     def run(self, cell: Cell, folder: Path, progress: bool) -> CellResult:
-        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed, path=str(Path(CELLS_DIR) / cell.folder()))
+        row = CellResult(cell.model, cell.task, cell.ablation, cell.seed,
+                         path=str(Path(files.CELLS_DIR) / cell.folder()))
         self.progress = progress
         self.load(cell)
         error = self.model_error or self.prompt_error
@@ -228,7 +229,7 @@ class _State:
             return row
         try:
             self.run_cell(cell, folder, progress, row)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - see message()
             row.status, row.error = "error", message(err)
         return row
 
@@ -263,8 +264,14 @@ def fill(row: CellResult, values: dict[str, Any], prompts: Any, analysis: str = 
 
 
 def message(err: BaseException) -> str:
-    """The one-line message the command line would print for ``err``."""
-    from circuits.cli import describe, one_line
+    """The one-line message the command line would print for ``err`` (:func:`circuits.errors.error_line`).
 
-    known = describe(err)
-    return known[0] if known is not None else f"{type(err).__name__}: {one_line(err)}"
+    The sweep catches every ``Exception`` of a cell (loading its model, preparing its prompts, running it): one
+    failing cell must not stop the others, whatever the failure. A bug still reads as one (``internal error:
+    Type: ...`` in the cell's row), and its traceback goes to the ``circuits.sweep`` logger at DEBUG (shown by
+    ``af1 --debug sweep ...``). Ctrl-C is not an ``Exception``: it stops the sweep."""
+    from circuits.errors import describe, error_line
+
+    if describe(err) is None:
+        get_logger("sweep").debug("a sweep cell failed", exc_info=err)
+    return error_line(err)

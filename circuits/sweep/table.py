@@ -148,9 +148,9 @@ def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, second
     from circuits import report
     from circuits.runs import write_json
 
-    report.write_text(out / "table.csv", csv_text(rows))
+    report.write_text(out / files.TABLE_CSV, csv_text(rows))
     md = markdown(config, rows)
-    report.write_text(out / "table.md", md)
+    report.write_text(out / files.TABLE_MD, md)
     settings = {**config.identity(), "threshold": config.threshold}  # the threshold only selects: not identity
     write_json(out / files.SUMMARY, {"config": settings, "seconds": seconds, "n_cells": len(rows),
                                      "n_failed": sum(r.status != "ok" for r in rows),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from circuits.errors import ArgumentError
+from circuits.vocab import DTYPES
 
 INTS = ("n_prompts", "batch_size", "fit_size", "fit_min_count", "fit_seed", "shots", "wait", "transfer")
 FLOATS = ("threshold",)
@@ -19,7 +20,6 @@ BOOLS = ("necessity", "lens", "remote", "chat")
 STR_LISTS = ("models", "tasks", "ablations", "analyses")
 INT_LISTS = ("seeds",)
 NULLABLE = ("wait", "transfer", "backend", "dtype", "device_map", "max_memory")
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _is_int(v: Any) -> bool:

@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from circuits.errors import ModelLoadError
+
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
@@ -62,7 +64,7 @@ def model_dir(name: str) -> Path:
     name = resolve(name)
     names = available()
     if name not in names:
-        raise ValueError(f"unknown zoo model {name!r}; available models: {', '.join(names) or '(none)'}")
+        raise ModelLoadError(f"unknown zoo model {name!r}; available models: {', '.join(names) or '(none)'}")
     return MODELS_DIR / name
 
 
@@ -119,7 +121,7 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
 
         with_unembed_bias(hf_model, b_U)
     if backend == "bridge":
-        from interventions.bridge import boot
+        from interventions.backends.bridge import boot
 
         model = boot(hf_model, hf_model.config.model_type, tokenizer)
         model.cfg.default_prepend_bos = True
@@ -136,8 +138,8 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
         missing, unexpected = model.load_state_dict(_hf.hooked_state(hf_model, cfg, b_U), strict=False)
         missing = [k for k in missing if not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos"))]
         if missing or unexpected:
-            raise ValueError(f"weights of {folder.name!r} do not fit its config: missing {missing}, "
-                             f"unexpected {unexpected}")
+            raise ModelLoadError(f"weights of {folder.name!r} do not fit its config: missing {missing}, "
+                                 f"unexpected {unexpected}")
     from circuits.logs import quiet_to
 
     model = quiet_to(model, torch.device(device)).eval()

@@ -13,10 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from circuits.errors import ModelLoadError
+from circuits.validation import check_choice
+from circuits.vocab import MODEL_CLASSES
 from circuits.zoo.hf import is_hf
 from circuits.zoo.tokenizer import MAX_NUMBER
 
-__all__ = ["require_hooked", "MODEL_CLASSES", "new_model", "init_from_folder", "number_features", "digit_features", "init_number_features",
+__all__ = ["require_hooked", "new_model", "init_from_folder", "number_features", "digit_features", "init_number_features",
            "load_weights"]
 
 
@@ -37,16 +40,11 @@ def require_hooked(what: str, model: Any = None, hint: str = "") -> None:
             f"model then loads on 4.x with zoo.load(name, backend='bridge')")
 
 
-MODEL_CLASSES = ("hooked", "transformers")
-"""What :func:`new_model` builds: a ``HookedTransformer`` (TransformerLens 3.x; defines the shipped
-models) or the Hugging Face model of the recipe (any TransformerLens)."""
-
-
 def new_model(cfg, tokenizer, model_class: str | None = None):
     """An untrained model for ``cfg`` (a :class:`~circuits.zoo.recipes.TrainConfig`) with ``tokenizer``
     attached (``model.tokenizer``), seeded with ``cfg.seed`` and number-feature initialised.
 
-    ``model_class`` (one of :data:`MODEL_CLASSES`; ``None``: ``"hooked"`` where ``HookedTransformer``
+    ``model_class`` (one of :data:`circuits.vocab.MODEL_CLASSES`; ``None``: ``"hooked"`` where ``HookedTransformer``
     exists, else ``"transformers"``): the ``HookedTransformer`` initialisation defines the shipped models;
     ``"transformers"`` builds ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` (:func:`circuits.zoo.hf.hf_config`)
     whose Llama gate/up biases are frozen at 0 so that it still converts to a ``HookedTransformer``."""
@@ -56,8 +54,7 @@ def new_model(cfg, tokenizer, model_class: str | None = None):
 
     if model_class is None:
         model_class = "hooked" if resolve_backend(None) == "hooked" else "transformers"
-    if model_class not in MODEL_CLASSES:
-        raise ValueError(f"model_class={model_class!r} is not valid: choose one of {', '.join(MODEL_CLASSES)}")
+    check_choice("model_class", model_class, MODEL_CLASSES)
     if model_class == "hooked":
         require_hooked("training a zoo model", hint=" or train the Hugging Face model (model_class='transformers', "
                                                   "`af1 zoo train NAME --model-class transformers`)")
@@ -161,7 +158,7 @@ def load_weights(model, weights: dict, what: str) -> None:
     for k, v in weights.items():
         if k in own and own[k].shape != v.shape:
             if v.ndim != own[k].ndim or any(m > n for m, n in zip(v.shape, own[k].shape)):
-                raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
+                raise ModelLoadError(f"{what}: {k} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
             w = own[k].clone()
             w[tuple(slice(0, m) for m in v.shape)] = v
             v = w

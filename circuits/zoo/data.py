@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from circuits import tasks as _tasks
+from circuits.errors import ArgumentError
 from circuits.zoo.tokenizer import MAX_NUMBER
 
 __all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch", "layout_batches",
@@ -80,8 +81,8 @@ def template_ids(spec: "_tasks.TaskSpec", tokenizer) -> list[int]:
         elif p in vocab:
             ids.append(vocab[p])
         else:
-            raise ValueError(f"template {spec.template!r} piece {p!r} is not in the vocabulary: add it to "
-                             f"circuits.zoo.tokenizer.WORDS")
+            raise ArgumentError(f"template {spec.template!r} piece {p!r} is not in the vocabulary: add it to "
+                                f"circuits.zoo.tokenizer.WORDS")
     return ids
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from circuits import tasks as _tasks
 from circuits.atomic import write_text
+from circuits.errors import ArgumentError
 from circuits.zoo import hf as _hf
 from circuits.zoo.data import FRESH_N, FRESH_SEEDS, evaluate_fresh, evaluate_frozen
 from circuits.zoo.recipes import STYLE_TASKS
@@ -174,7 +175,7 @@ def convert_folder(folder: str | Path, prompts: tuple[str, ...] = ("42+20-15=", 
     folder = Path(folder)
     cfg_kwargs = json.loads((folder / "config.json").read_text())
     if "architectures" in cfg_kwargs:
-        raise ValueError(f"{folder} already is a Hugging Face checkpoint; nothing to convert")
+        raise ArgumentError(f"{folder} already is a Hugging Face checkpoint; nothing to convert")
     planted = cfg_kwargs.pop("planted", None)
     tokenizer = load_tokenizer(folder / "tokenizer.json")
 

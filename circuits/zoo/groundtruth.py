@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits.atomic import write_text
+from circuits.errors import ModelLoadError
 from circuits.zoo import MODELS_DIR
 from circuits.zoo import trainer
 from circuits.zoo.data import accuracy, build_splits, layout_batches
@@ -202,8 +203,8 @@ def _new(cfg: GroundTruthConfig, tcfg) -> Any:
     if cfg.base:
         folder = Path(cfg.base) if Path(cfg.base).is_dir() else zoo.MODELS_DIR / cfg.base
         if not (folder / "model.safetensors").is_file():
-            raise ValueError(f"{cfg.name} starts from the weights of {cfg.base}, which are not shipped: "
-                             + BASE_HINTS.get(cfg.base, f"train them first with `af1 zoo train {cfg.base}`"))
+            raise ModelLoadError(f"{cfg.name} starts from the weights of {cfg.base}, which are not shipped: "
+                                 + BASE_HINTS.get(cfg.base, f"train them first with `af1 zoo train {cfg.base}`"))
         model = zoo.load_dir(folder)
         model.reset_hooks(including_permanent=True)  # a former planted folder attaches its mask
         return model

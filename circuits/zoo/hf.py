@@ -13,7 +13,7 @@ beside the checkpoint in ``unembed_bias.safetensors``, still loads (:func:`load_
 a ``FutureWarning``); plain ``transformers`` ignores that file.
 
 Conversions: :func:`hf_from_hooked` (TransformerLens state dict -> Hugging Face model, through
-:func:`interventions.bridge.hooked_state_to_hf`), :func:`hooked_config` (Hugging Face config ->
+:func:`interventions.convert.hooked_state_to_hf`), :func:`hooked_config` (Hugging Face config ->
 ``HookedTransformerConfig`` keyword arguments) and :func:`hooked_state` (Hugging Face model ->
 TransformerLens state dict, through TransformerLens' own ``convert_gpt2_weights`` /
 ``convert_llama_weights``, completed with the attention and MLP biases the Llama converter leaves at 0).
@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from circuits.errors import ModelLoadError
+from circuits.errors import ArgumentError, ModelLoadError
 
 __all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
            "hooked_state", "load_hf", "read_meta", "save_hf"]
@@ -73,7 +73,7 @@ def hf_config(cfg, tokenizer) -> Any:
                                 hidden_act="silu", rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True,
                                 rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **ids)
     else:
-        raise ValueError(f"unknown arch {cfg.arch!r}; known: {', '.join(ARCHITECTURES)}")
+        raise ArgumentError(f"unknown arch {cfg.arch!r}; known: {', '.join(ARCHITECTURES)}")
     config.architectures = [ARCHITECTURES[cfg.arch]]
     config._attn_implementation = "eager"
     return config
@@ -85,7 +85,7 @@ def hf_from_hooked(cfg_dict: dict, state: dict, tokenizer=None) -> tuple[Any, An
     if it is zero). ``tokenizer`` sets the special token ids of the config."""
     import torch
 
-    from interventions.bridge import hooked_state_to_hf
+    from interventions.convert import hooked_state_to_hf
 
     arch, hf = hooked_state_to_hf(cfg_dict, state)
     b_U = state.get("unembed.b_U")
@@ -143,6 +143,7 @@ def hooked_state(hf_model, cfg, b_U=None) -> dict:
     copied from the model (the MLP bias lives in ``down_proj``, so ``b_in`` is 0). ``ModelLoadError`` if the
     gate or up projection has a nonzero bias (a ``HookedTransformer`` gated MLP has no place for it)."""
     import torch
+    from einops import rearrange
 
     sd: dict = {}
     if _arch(hf_model.config) == "gpt2":
@@ -164,7 +165,7 @@ def hooked_state(hf_model, cfg, b_U=None) -> dict:
             for key, lin, heads in (("attn.b_Q", a.q_proj, n), (f"attn.{g}b_K", a.k_proj, kv),
                                     (f"attn.{g}b_V", a.v_proj, kv)):
                 if lin.bias is not None:
-                    sd[p + key] = lin.bias.reshape(heads, h)
+                    sd[p + key] = rearrange(lin.bias, "(n_heads d_head) -> n_heads d_head", n_heads=heads, d_head=h)
             for key, lin in (("attn.b_O", a.o_proj), ("mlp.b_out", m.down_proj)):
                 if lin.bias is not None:
                     sd[p + key] = lin.bias
@@ -214,9 +215,9 @@ def check_size(folder: str | Path) -> None:
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError, RecursionError):
-        raise ValueError(f"{folder / 'config.json'} is not valid JSON") from None
+        raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{folder / 'config.json'} is not a JSON object")
+        raise ModelLoadError(f"{folder / 'config.json'} is not a JSON object")
     need = 4 * parameter_floor(config)
     files = [p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()] if folder.is_dir() else []
     have = sum(p.stat().st_size for p in files) if files else None
@@ -228,11 +229,13 @@ def check_size(folder: str | Path) -> None:
         memory = None
     gb = lambda n: f"{n / 1e9:.3g} GB"  # noqa: E731
     if have is not None and need > 2 * have + (1 << 20):
-        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights ({fields}), but "
-                         f"{holds} {gb(have)}: the config does not describe these weights")
+        raise ModelLoadError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights "
+                             f"({fields}), but "
+                             f"{holds} {gb(have)}: the config does not describe these weights")
     if memory is not None and need > memory:
-        raise ValueError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights ({fields}), more "
-                         f"than this machine's {gb(memory)} of memory")
+        raise ModelLoadError(f"{folder / 'config.json'} asks for at least {gb(need)} of float32 weights "
+                             f"({fields}), more "
+                             f"than this machine's {gb(memory)} of memory")
 
 
 def load_hf(folder: str | Path) -> tuple[Any, Any]:
@@ -245,8 +248,8 @@ def load_hf(folder: str | Path) -> tuple[Any, Any]:
 
     folder = Path(folder)
     if not (folder / "config.json").exists() or "architectures" not in json.loads((folder / "config.json").read_text()):
-        raise ValueError(f"{folder} is not a Hugging Face model folder (config.json without 'architectures'): "
-                         f"convert it with circuits.zoo.export.convert_folder({str(folder)!r})")
+        raise ModelLoadError(f"{folder} is not a Hugging Face model folder (config.json without 'architectures'): "
+                             f"convert it with circuits.zoo.export.convert_folder({str(folder)!r})")
     check_size(folder)
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     with torch.random.fork_rng(devices=[]):  # the throw-away initialisation must not move the caller's RNG

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from circuits.errors import ArgumentError
+
 __all__ = ["check_spec", "planted_peeks", "attach_planted_mask"]
 
 
@@ -19,10 +21,10 @@ def check_spec(spec: dict, n_layers: int) -> None:
     """``ValueError`` unless ``spec`` has integer lists ``self_all`` and ``last_full`` that together cover
     every block ``0..n_layers-1`` exactly once."""
     if not isinstance(spec, dict) or set(spec) != {"self_all", "last_full"}:
-        raise ValueError(f"planted spec {spec!r} must be a dict with exactly the keys 'self_all' and 'last_full'")
+        raise ArgumentError(f"planted spec {spec!r} must be a dict with exactly the keys 'self_all' and 'last_full'")
     blocks = [*spec["self_all"], *spec["last_full"]]
     if sorted(blocks) != list(range(n_layers)):
-        raise ValueError(f"planted spec {spec!r} must list every block 0..{n_layers - 1} exactly once")
+        raise ArgumentError(f"planted spec {spec!r} must list every block 0..{n_layers - 1} exactly once")
 
 
 def planted_peeks(spec: dict) -> list:

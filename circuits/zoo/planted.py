@@ -86,7 +86,7 @@ def export(model: Any, cfg: PlantedConfig, tcfg, out_dir: Path, state: dict,
     """Write the model with :func:`circuits.zoo.export.export` (one phase: ``state``), then record the
     planted mask in its ``zoo.json`` and card. ``check(out_dir)``, if given, is run on the written model and
     its result stored on the card as ``af1_search`` (``af1 zoo train`` passes the AF1 search,
-    :func:`circuits.commands.zoo.af1_check`). Returns the card dict."""
+    :func:`circuits.groundtruth.af1_check`). Returns the card dict."""
     out_dir = Path(out_dir)
     card = _export.export(model, tcfg, out_dir, [state], meta={"planted": cfg.planted})
     card["planted"] = {**cfg.planted, "note": "attention restricted by construction: permanent hook_pattern "
@@ -112,6 +112,6 @@ if __name__ == "__main__":  # pragma: no cover
     print("DEPRECATED: `python -m circuits.zoo.planted train` trains the former mask-based arith-gpt2-af1; "
           "`af1 zoo train arith-gpt2-gt-w2t2` trains the ground truth that replaces it (docs/groundtruth.md). "
           "Running the former recipe (planted.train(planted.CONFIG)); options are ignored", file=sys.stderr)
-    from circuits.commands.zoo import af1_check
+    from circuits.groundtruth import af1_check  # the script's own check (the library takes check=)
 
     train(CONFIG, resume="--fresh" not in sys.argv, check=af1_check)

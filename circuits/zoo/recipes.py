@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from circuits.errors import ArgumentError
+
 __all__ = ["ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "phase_configs",
            "get_config", "PlantedConfig", "PLANTED", "planted_train_config"]
 
@@ -103,7 +105,7 @@ class TrainConfig:
                        rotary_dim=self.d_head, gated_mlp=True, final_rms=True,
                        n_key_value_heads=self.n_key_value_heads)
         else:
-            raise ValueError(f"unknown arch {self.arch!r}; known: gpt2, llama")
+            raise ArgumentError(f"unknown arch {self.arch!r}; known: gpt2, llama")
         return cfg
 
 
@@ -156,8 +158,8 @@ def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
     for k, w in enumerate([cfg.task_weights] + [p.task_weights for p in cfg.phases], start=1):
         unknown = sorted(set(w or {}) - set(cfg.tasks))
         if unknown:
-            raise ValueError(f"{cfg.name} phase {k}: task_weights names {unknown}, which the model is not "
-                             f"trained on; its tasks: {', '.join(cfg.tasks)}")
+            raise ArgumentError(f"{cfg.name} phase {k}: task_weights names {unknown}, which the model is not "
+                                f"trained on; its tasks: {', '.join(cfg.tasks)}")
     out = [dataclasses.replace(cfg, phases=[], phase=1)]
     for k, p in enumerate(cfg.phases, start=2):
         out.append(dataclasses.replace(cfg, phases=[], phase=k, init_from=None, steps=p.steps,
@@ -170,7 +172,7 @@ def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
 def get_config(name: str) -> TrainConfig:
     """The registered :class:`TrainConfig` of ``name``; ``ValueError`` listing the names if unknown."""
     if name not in REGISTRY:
-        raise ValueError(f"unknown zoo model {name!r}; known models: {', '.join(REGISTRY)}")
+        raise ArgumentError(f"unknown zoo model {name!r}; known models: {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
 

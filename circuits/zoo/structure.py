@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from circuits.errors import ArgumentError
+
 __all__ = ["WINDOWS", "Structure", "window_keys", "allowed_mask", "ScoreHooks", "forbidden_mass"]
 
 WINDOWS = ("all", "first", "last")
@@ -39,7 +41,7 @@ def window_keys(window: str, seq_len: int) -> list[int]:
         return list(range(1, seq_len - 3))
     if window == "last":
         return list(range(max(1, seq_len - 3), seq_len - 1))
-    raise ValueError(f"unknown window {window!r}; known: {', '.join(WINDOWS)}")
+    raise ArgumentError(f"unknown window {window!r}; known: {', '.join(WINDOWS)}")
 
 
 @dataclass(frozen=True)
@@ -55,13 +57,13 @@ class Structure:
 
     def __post_init__(self) -> None:
         if self.transfer < 1 or len(self.heads) != self.transfer:
-            raise ValueError(f"structure needs transfer >= 1 and one head tuple per transfer block, got "
-                             f"transfer={self.transfer}, heads={self.heads}")
+            raise ArgumentError(f"structure needs transfer >= 1 and one head tuple per transfer block, got "
+                                f"transfer={self.transfer}, heads={self.heads}")
         if self.windows is None:
             object.__setattr__(self, "windows", tuple(tuple("all" for _ in hs) for hs in self.heads))
         if [len(w) for w in self.windows] != [len(h) for h in self.heads] or any(
                 w not in WINDOWS for ws in self.windows for w in ws):
-            raise ValueError(f"structure windows {self.windows} must name one of {WINDOWS} per head {self.heads}")
+            raise ArgumentError(f"structure windows {self.windows} must name one of {WINDOWS} per head {self.heads}")
 
     def window(self, block: int, head: int) -> str | None:
         """The window of designated head ``(block, head)``, ``None`` if it is not designated."""
@@ -98,9 +100,9 @@ class Structure:
     def check(self, n_layers: int, n_heads: int) -> None:
         """``ValueError`` unless the transfer blocks and heads exist in a model of this size."""
         if self.wait < -1 or self.wait + self.transfer > n_layers - 1:
-            raise ValueError(f"structure wait={self.wait}, transfer={self.transfer} does not fit {n_layers} blocks")
+            raise ArgumentError(f"structure wait={self.wait}, transfer={self.transfer} does not fit {n_layers} blocks")
         if any(not 0 <= h < n_heads for hs in self.heads for h in hs):
-            raise ValueError(f"structure heads {self.heads} out of range for {n_heads} heads")
+            raise ArgumentError(f"structure heads {self.heads} out of range for {n_heads} heads")
 
 
 def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int) -> "torch.Tensor":  # noqa: F821

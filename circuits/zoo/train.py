@@ -20,7 +20,7 @@ from pathlib import Path
 
 from circuits.logs import get_logger
 from circuits.zoo import MODELS_DIR
-from circuits.zoo.build import (MODEL_CLASSES, digit_features, init_from_folder, init_number_features, load_weights,
+from circuits.zoo.build import (digit_features, init_from_folder, init_number_features, load_weights,
                                 new_model, number_features, require_hooked)
 from circuits.zoo.data import (TaskData, accuracy, build_splits, evaluate_frozen, held_out_tuples, sample_batch,
                                template_ids)
@@ -36,7 +36,7 @@ __all__ = ["train", "run_phase", "MODELS_DIR",
            # re-exported from the modules above
            "ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "get_config",
            "phase_configs", "TaskData", "accuracy", "build_splits", "evaluate_frozen", "held_out_tuples",
-           "sample_batch", "template_ids", "MODEL_CLASSES", "new_model", "init_from_folder", "require_hooked", "number_features", "digit_features",
+           "sample_batch", "template_ids", "new_model", "init_from_folder", "require_hooked", "number_features", "digit_features",
            "init_number_features", "load_weights", "lr_at", "optimizer_step", "export", "build_tokenizer"]
 
 

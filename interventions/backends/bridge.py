@@ -34,6 +34,7 @@ from jaxtyping import Float, Int
 
 from ..adapter import Capabilities, ModelAdapter, register_backend
 from ..edits import without_user_hooks
+from ..errors import InterventionError
 from ..hooks import resid_post
 from ..tokenization import prepare_tokenizer
 
@@ -204,8 +205,8 @@ def boot(hf_model: Any, arch: str, tokenizer: Any) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
     if tokenizer is None:
-        raise ValueError("boot() needs a tokenizer (without one TransformerLens downloads one): pass "
-                         "e.g. interventions.tokenization.make_word_tokenizer(d_vocab)")
+        raise InterventionError("boot() needs a tokenizer (without one TransformerLens downloads one): pass "
+                                "e.g. interventions.tokenization.make_word_tokenizer(d_vocab)")
     hf_model.eval()
     # Everything is local: keep the hub offline while booting, then restore the caller's setting.
     previous = os.environ.get("HF_HUB_OFFLINE")

@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ..adapter import Capabilities, ModelAdapter, check_block_range, register_backend
+from ..errors import InterventionError
 
 
 class HookedAdapter(ModelAdapter):
@@ -84,8 +85,8 @@ class HookedAdapter(ModelAdapter):
         ``attn`` rotating its last ``len(shifts)`` positions by ``shifts``."""
         rd, n_table = int(attn.cfg.rotary_dim), attn.rotary_cos.shape[0]
         if int(shifts.max()) >= n_table or int(shifts.min()) < 0:
-            raise ValueError(f"rotary tables hold positions 0..{n_table - 1}, a shift of {shifts.tolist()} is "
-                             f"outside: use positions below n_ctx={n_table}")
+            raise InterventionError(f"rotary tables hold positions 0..{n_table - 1}, a shift of {shifts.tolist()} is "
+                                    f"outside: use positions below n_ctx={n_table}")
         cos, sin = attn.rotary_cos[shifts], attn.rotary_sin[shifts]  # [m, rotary_dim]
         m = len(shifts)
 

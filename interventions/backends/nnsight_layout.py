@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..errors import InterventionError
+
 ATTENTION_NAMES = ("self_attn", "attn", "attention")
 MID_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm")
@@ -48,8 +50,8 @@ def child_named(module: torch.nn.Module, names: tuple[str, ...], what: str) -> s
     for name in names:
         if name in children:
             return name
-    raise ValueError(f"cannot find the {what} of {type(module).__name__} (children: {', '.join(children)}): "
-                     f"the nnsight backend knows modules named {', '.join(names)}")
+    raise InterventionError(f"cannot find the {what} of {type(module).__name__} (children: {', '.join(children)}): "
+                            f"the nnsight backend knows modules named {', '.join(names)}")
 
 
 def layout_of(hf_model: torch.nn.Module) -> Layout:
@@ -58,8 +60,8 @@ def layout_of(hf_model: torch.nn.Module) -> Layout:
     blocks = next((name for name, m in hf_model.named_modules()
                    if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers), None)
     if blocks is None:
-        raise ValueError(f"cannot find the {n_layers} decoder blocks of {type(hf_model).__name__}: the nnsight "
-                         f"backend needs them as one nn.ModuleList")
+        raise InterventionError(f"cannot find the {n_layers} decoder blocks of {type(hf_model).__name__}: the nnsight "
+                                f"backend needs them as one nn.ModuleList")
     block = hf_model.get_submodule(blocks)[0]
     attention = child_named(block, ATTENTION_NAMES, "attention")
     out_proj = child_named(block.get_submodule(attention), OUTPUT_PROJECTION_NAMES, "attention output projection")

@@ -68,7 +68,7 @@ class HookPoint:
         """Add forward hook ``fn`` with ``level``; ``on_fire()`` runs here after each trace in which it ran.
         A permanent hook (e.g. a planted mask) is removed only by ``remove_hooks(including_permanent=True)``."""
         if dir != "fwd":
-            raise ValueError(f"the nnsight backend has forward hooks only, not dir={dir!r}")
+            raise InterventionError(f"the nnsight backend has forward hooks only, not dir={dir!r}")
         self.next_id += 1
         self._forward_hooks[self.next_id] = fn
         self.levels[self.next_id] = level
@@ -154,8 +154,9 @@ class NNsightModel(torch.nn.Module):
         """The Hugging Face module at ``path``, to run in this process; ``ValueError`` for a remote model."""
         module = self.hf.get_submodule(path)
         if any(p.device.type == "meta" for p in module.parameters()):
-            raise ValueError(f"{path} of a remote model has no weights here: decoding residual states (af1 lens) "
-                             f"runs locally; run it without --remote")
+            raise InterventionError(f"{path} of a remote model has no weights here: decoding residual states "
+                                    "(af1 lens) "
+                                    f"runs locally; run it without --remote")
         return module
 
     @property
@@ -173,7 +174,7 @@ class NNsightModel(torch.nn.Module):
             bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
             ids = [[bos] + list(row) for row in ids]
         if len({len(row) for row in ids}) != 1:
-            raise ValueError("to_tokens got texts of different token lengths: tokenize one layout at a time")
+            raise InterventionError("to_tokens got texts of different token lengths: tokenize one layout at a time")
         return torch.tensor(ids, dtype=torch.long)
 
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
@@ -197,8 +198,8 @@ class NNsightModel(torch.nn.Module):
         """Run ``invokes`` in one trace (see :func:`~.nnsight_trace.run_trace`). Each invoke's own hooks run
         before the hooks added at :attr:`hook_dict` (which apply to every invoke)."""
         if len({int(inv.tokens.shape[1]) for inv in invokes}) != 1:
-            raise ValueError("the invokes of one trace need prompts of one token length (no padding): "
-                             "group prompts by layout")
+            raise InterventionError("the invokes of one trace need prompts of one token length (no padding): "
+                                    "group prompts by layout")
         device = torch.device("cpu") if self.remote else self.cfg.device
         everywhere = {name: p.functions() for name, p in self.hook_dict.items() if p.functions()}
         for inv in invokes:
@@ -228,8 +229,8 @@ def check_remote(remote: bool | str) -> None:
     """``ValueError`` unless a remote run can start: ``NDIF_API_KEY`` must be set (it is read from the
     environment only, never written anywhere); ``"local"`` needs nothing."""
     if remote is True and not os.environ.get("NDIF_API_KEY"):
-        raise ValueError("--remote needs an NDIF API key in the environment: export NDIF_API_KEY=... "
-                         "(from https://login.ndif.us; it is never written to a file)")
+        raise InterventionError("--remote needs an NDIF API key in the environment: export NDIF_API_KEY=... "
+                                "(from https://login.ndif.us; it is never written to a file)")
 
 
 def ship_by_value() -> None:

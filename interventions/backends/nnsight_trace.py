@@ -32,6 +32,7 @@ from typing import Any, Callable
 import einops
 import torch
 
+from ..errors import InterventionError
 from ..readout import answer_positions, answer_readout
 from .nnsight_layout import Layout
 
@@ -175,12 +176,13 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
             attention.output = with_first(output, new)
     if mid in wanted:
         if layout.mid_norm is None:
-            raise ValueError(f"{mid} does not exist in parallel blocks (attention and MLP read the same input)")
+            raise InterventionError(f"{mid} does not exist in parallel blocks (attention and MLP read the same input)")
         norm = envoy_at(block, layout.mid_norm)
         x = norm.input
         if at_point(mid, x, inv, out, visited) is not x:
-            raise ValueError(f"{mid} is read-only on the nnsight backend (it is the input of the MLP's norm, not "
-                             f"the residual stream): edit hook_attn_out or hook_resid_post instead")
+            raise InterventionError(f"{mid} is read-only on the nnsight backend (it is the input of the MLP's "
+                                    "norm, not "
+                                    f"the residual stream): edit hook_attn_out or hook_resid_post instead")
     if post in wanted:
         output = block.output
         new = at_point(post, first_of(output), inv, out, visited)

@@ -9,6 +9,7 @@ import pytest
 from circuits import cli, fitset, loading
 from circuits.commands import common
 from circuits.fitset import FitSet
+from circuits.prompts import self_answer_prompts
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 
@@ -26,7 +27,7 @@ def tiny_loading(monkeypatch):
         if n_prompts > 24:
             raise ValueError(f"too few correct prompts for task {task!r}: 24 available, {n_prompts} needed; "
                              f"lower --n-prompts to 24 or less")
-        return loading.self_answer_prompts(model_, tokens[:n_prompts], task=task)
+        return self_answer_prompts(model_, tokens[:n_prompts], task=task)
 
     monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(loading, "prepare_prompts", prepare_prompts)
@@ -120,7 +121,10 @@ def test_demo_command(tmp_path, capsys):
 
 
 def test_backend_choices_are_the_backends():
-    """``--backend`` lists interventions.BACKENDS (spelled out so that ``af1 --help`` imports no torch)."""
+    """``--backend`` lists interventions.BACKENDS (from the torch-free vocabulary: ``af1 --help`` imports no
+    torch)."""
     import interventions as iv
 
-    assert common.BACKEND_CHOICES == iv.BACKENDS
+    search = cli.build_parser()._subparsers._group_actions[0].choices["search"]
+    backend = next(a for a in search._actions if a.dest == "backend")
+    assert tuple(backend.choices) == iv.BACKENDS == ("hooked", "bridge", "nnsight")

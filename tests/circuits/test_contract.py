@@ -143,7 +143,7 @@ def tiny():
     from dataclasses import replace
 
     from circuits.fitset import FitSet
-    from circuits.loading import self_answer_prompts
+    from circuits.prompts import self_answer_prompts
     from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
     model = build_default("gpt2")

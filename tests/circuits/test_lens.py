@@ -204,7 +204,7 @@ def tiny_tokenizer_model(arch: str = "gpt2"):
                                   unk_token="<unk>", name_or_path="tiny-digits")
     if BACKENDS[0] == "bridge":  # TransformerLens 4.x: the tokenizer is attached when the bridge is built
         from interventions import bridge_from_hooked_state
-        from interventions.bridge import prepare_tokenizer
+        from interventions.tokenization import prepare_tokenizer
 
         return bridge_from_hooked_state(*hooked_state(arch, seed=3), prepare_tokenizer(tok)).eval(), vocab
     model = build_default(arch, seed=3)

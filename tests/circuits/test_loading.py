@@ -146,7 +146,7 @@ def test_load_model_dtype_reaches_the_pretrained_loader(monkeypatch):
     loading.load_model("some/pretrained-model", dtype="bfloat16")
     assert seen["name"] == "some/pretrained-model" and seen["dtype"] is torch.bfloat16
     assert seen.get("compat", False) == (iv.resolve_backend(None) == "bridge")
-    with pytest.raises(ValueError, match="dtype='int8' is not valid: choose one of float32, float16, bfloat16"):
+    with pytest.raises(ValueError, match="dtype='int8' is not valid: choose one of 'float32', 'float16', 'bfloat16'"):
         loading.load_model("some/pretrained-model", dtype="int8")
     with pytest.raises(ValueError, match="ships in float32; dtype='float16' applies to pretrained models"):
         loading.load_model("arith-gpt2", dtype="float16")

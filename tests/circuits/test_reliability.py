@@ -22,9 +22,9 @@ import torch
 import interventions as iv
 from circuits import cli, files
 from circuits.fitset import FitSet
-from circuits.errors import CorruptRunError, RunLockedError, RunMismatchError
+from circuits.errors import ArgumentError, CorruptRunError, RunLockedError, RunMismatchError
 from circuits.lock import DirLock
-from circuits.loading import self_answer_prompts
+from circuits.prompts import self_answer_prompts
 from circuits.necessity import necessity_sweep
 from circuits.faithfulness import faithfulness
 from circuits.prune import prune_heads
@@ -108,7 +108,7 @@ CLI_CASES = [
     ("prune target", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--target", "1.5"], fresh,
      "--target 1.5 is out of range"),
     ("prune confirm 0", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--confirm-top", "0"], fresh,
-     "--confirm-top 0 must be >= 1"),
+     "--confirm-top 0 is out of range"),
     ("prune confirm+none", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--confirm-top", "2", "--rank", "none"],
      fresh, "--confirm-top needs --rank attribution"),
     ("prune device", ["prune", *ZOO, "--wait", "1", "--transfer", "1", "--device", "tpu"], fresh, "--device"),
@@ -191,6 +191,42 @@ def test_unexpected_errors_are_one_line_with_exit_1(tmp_path, capsys, monkeypatc
     assert cli.main(["search", *ZOO, "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["af1 search: internal error: ZeroDivisionError: division by zero (run with --debug for the traceback)"]
+
+
+def test_only_the_projects_errors_are_user_errors():
+    """``describe`` maps the project's errors (and OS errors, out of memory, Ctrl-C) to exit code 2; a bare
+    ``ValueError``, ``TypeError`` or ``KeyError`` is a bug (``None``: exit code 1)."""
+    from circuits.errors import ArgumentError, ModelLoadError, PromptError
+    from interventions.errors import InterventionError, InterventionNotAppliedError
+
+    for err in (ArgumentError("--x 3 is out of range"), PromptError("too few"), ModelLoadError("no such model"),
+                InterventionError("layer=9"), InterventionNotAppliedError("hook never fired"),
+                FileNotFoundError(2, "No such file or directory", "a.json"), KeyboardInterrupt(),
+                json.JSONDecodeError("Expecting value", "x", 0)):
+        assert cli.describe(err)[1] == 2, err
+    assert cli.describe(ArgumentError("--x 3 is out of range")) == ("--x 3 is out of range", 2)
+    for bug in (ValueError("bug"), TypeError("bug"), KeyError("bug"), IndexError("bug"), AttributeError("bug"),
+                UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")):
+        assert cli.describe(bug) is None, bug
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (ValueError("bug"), 1, "af1 search: internal error: ValueError: bug (run with --debug for the traceback)"),
+    (ArgumentError("--x 3 is out of range"), 2, "af1 search: error: --x 3 is out of range"),
+])
+def test_a_bare_value_error_is_a_bug_and_a_project_error_is_the_users(tmp_path, capsys, monkeypatch, raised, code,
+                                                                      line):
+    from circuits.commands import search
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.setattr(search, "run", fail)
+    assert cli.main(["search", *ZOO, "--out", str(tmp_path / "o")]) == code
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert cli.main(["--debug", "search", *ZOO, "--out", str(tmp_path / "o")]) == code
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1] == line
 
 
 # --- the Python API ------------------------------------------------------------------------------------

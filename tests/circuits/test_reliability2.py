@@ -17,7 +17,7 @@ import interventions as iv
 from circuits import atomic, cli, files
 from circuits.errors import ArgumentError, CorruptRunError, RunDirError, RunMismatchError
 from circuits.fitset import FitSet
-from circuits.loading import self_answer_prompts
+from circuits.prompts import self_answer_prompts
 from circuits.search import search_af1
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 

@@ -162,7 +162,7 @@ def test_config_file_and_groups(tmp_path):
     assert len(list(config.cells())) == 33
     for bad, msg in [({"models": ["m"], "tasks": ["add"], "mode": "fixed"}, "needs wait and transfer"),
                      ({"models": ["m"], "tasks": ["nope"]}, "task 'nope' is unknown"),
-                     ({"models": ["m"], "tasks": ["add"], "ablations": ["median"]}, "ablation 'median'"),
+                     ({"models": ["m"], "tasks": ["add"], "ablations": ["median"]}, "ablation='median' is not valid"),
                      ({"models": ["m"], "tasks": ["add"], "colour": 1}, "unknown sweep key(s) colour"),
                      ({"tasks": ["add"]}, "needs `models = [...]`")]:
         with pytest.raises(ArgumentError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

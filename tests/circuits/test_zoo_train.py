@@ -94,7 +94,7 @@ def test_transformers_model_starts_from_its_recipe_features(monkeypatch):
 
 
 def test_bad_model_class_is_rejected(monkeypatch):
-    with pytest.raises(ValueError, match="model_class='jax' is not valid: choose one of hooked, transformers"):
+    with pytest.raises(ValueError, match="model_class='jax' is not valid: choose one of 'hooked', 'transformers'"):
         zoo_train.new_model(_tiny("arith-gpt2", monkeypatch), zoo_train.build_tokenizer(), "jax")
 
 

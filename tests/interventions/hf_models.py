@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from interventions.bridge import ARCHES, boot, make_word_tokenizer
+from interventions.backends.bridge import boot
+from interventions.convert import ARCHES
+from interventions.tokenization import make_word_tokenizer
 
 
 def _hf_config(arch: str, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int | None, d_vocab: int,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import interventions as iv
-from interventions.bridge import transformer_lens_major
+from interventions.backends.bridge import transformer_lens_major
 from tests.conftest import N_LAYERS, ForwardStopped, random_tokens, token_devices
 from tests.interventions.reference import cama_hook, conditional_means, peek_allowed, score_mask_hook
 

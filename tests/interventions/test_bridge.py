@@ -238,7 +238,7 @@ def test_compatibility_mode_matches_tl39_from_pretrained_processing(name):
 def test_conversion_keeps_a_tokenizer_without_bos_post_processor():
     from safetensors.torch import load_file
 
-    from interventions.bridge import make_word_tokenizer
+    from interventions.tokenization import make_word_tokenizer
 
     meta = json.loads((FIXTURES / "gpt2.json").read_text())
     tok = make_word_tokenizer(50, add_bos=False)

@@ -1,0 +1,43 @@
+"""The analyses' checks of scalar arguments, one set for the command line, the configs and the API: the checks
+of :mod:`interventions.validation` raising :class:`~circuits.errors.ArgumentError`. A ``name`` spelled as a flag
+(``"--threshold"``) reads ``--threshold 2.0 is out of range: ...``, a field (``"threshold"``)
+``threshold=2.0 is out of range: ...``. Torch-free."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from circuits.errors import ArgumentError
+from interventions import validation as _v
+
+__all__ = ["check_choice", "check_config", "check_fraction", "check_int", "check_positive"]
+
+
+def check_int(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` if it is an integer in ``minimum .. maximum`` (booleans refused), else :class:`ArgumentError`."""
+    return _v.check_int(name, value, minimum, maximum, error=ArgumentError)
+
+
+def check_positive(name: str, value: Any, maximum: int | None = None) -> int:
+    """``value`` if it is an integer ``>= 1`` (and ``<= maximum``), else :class:`ArgumentError`."""
+    return _v.check_int(name, value, 1, maximum, error=ArgumentError)
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """``value`` as a float in [0, 1] (a faithfulness fraction; NaN refused), else :class:`ArgumentError`."""
+    return _v.check_fraction(name, value, error=ArgumentError)
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` if it is one of ``choices`` (a tuple of :mod:`circuits.vocab`), else :class:`ArgumentError`."""
+    return _v.check_choice(name, value, choices, error=ArgumentError)
+
+
+def check_config(n_layers: int, wait: Any, transfer: Any, *, min_transfer: int = 0) -> None:
+    """:class:`ArgumentError` unless ``(wait, transfer)`` is an AF1 configuration of a model of ``n_layers``
+    blocks (:func:`circuits.vocab.config_problem`, the one range rule; ``min_transfer=1`` for pruning)."""
+    from circuits.vocab import config_problem
+
+    problem = config_problem(n_layers, wait, transfer, min_transfer=min_transfer)
+    if problem is not None:
+        raise ArgumentError(problem)
