@@ -289,10 +289,9 @@ def check_builtin_config(name: str) -> None:
     except (ImportError, AttributeError, ValueError):  # 4.x, or an unknown name: from_pretrained says so later
         return
     if official != name and _cached(name) and not _cached(official):
-        raise ModelLoadError(f"HookedTransformer.from_pretrained looks up {name!r} as {official!r}, which is "
-                             "not in the "
-                             f"local Hugging Face cache (only {name!r} is): download it under {official!r} or load it "
-                             f"with backend='bridge' (--backend bridge)")
+        raise ModelLoadError(f"HookedTransformer.from_pretrained looks up {name!r} as {official!r}, which is not in "
+                             f"the local Hugging Face cache (only {name!r} is): download it under {official!r} or "
+                             f"load it with backend='bridge' (--backend bridge)")
     if "llama" not in official.lower() and "gemma" not in official.lower():
         return
     path = try_to_load_from_cache(official, "config.json")

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from circuits import files
-from circuits.errors import CorruptRunError, PromptError
+from circuits.errors import CorruptRunError
 from circuits.task_tokens import answer_value
 
 __all__ = ["FORMAT", "Prepared", "dataset_key", "keep_prepared", "load", "prepare", "prepared_of", "spec_key",
@@ -135,15 +135,7 @@ def prepare(spec: Any, model: Any, *, means: str | None, out: str | Path | Seque
     folders = [out] if isinstance(out, (str, Path)) else list(out or [])
     found = next((p for p in (load(f, key) for f in folders) if p is not None), None)
     if found is None:
-        try:
-            prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
-        except ValueError as err:
-            if type(err) is not ValueError:  # the project's errors (ValueError subclasses) pass unchanged
-                raise
-            # circuits.prompts, circuits.tasks and circuits.task_tokens still raise the prompts' problems (too
-            # few correct prompts, numbers of several tokens, a missing BOS) as bare ValueErrors: until they
-            # raise PromptError themselves, a bare one from preparing prompts is read as one.
-            raise PromptError(str(err)) from err
+        prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
         if not isinstance(getattr(prompts, "extra", None), dict) or not dataclasses.is_dataclass(prompts):
             return prompts  # not a Prompts (a caller's own loader): nothing to keep
         found = Prepared(key, prompts)

@@ -19,8 +19,10 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
+from circuits.errors import ArgumentError, PromptError
 from circuits.task_checks import check_slot_tokens
-from circuits.task_tokens import answer_value
+from circuits.task_tokens import answer_value, check_prepend_bos
+from circuits.validation import check_choice, check_positive
 from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.loading.SOURCES
 
 MAX_CHECKED = 20_000
@@ -116,7 +118,7 @@ class Prompts:
 
 
 def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "CAMA and the fast search") -> None:
-    """Raise ``ValueError`` unless position 0 of every prompt holds the model's BOS token.
+    """Raise :class:`~circuits.errors.PromptError` unless position 0 of every prompt holds the model's BOS token.
 
     CAMA and the fast AF1 search treat position 0 as a fixed BOS whose state is the same in every
     prompt; models that do not prepend BOS by default (Pythia, Qwen2) need ``--prepend-bos``."""
@@ -125,7 +127,7 @@ def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "C
     bos = tasks.resolve_bos(model, True)
     first = tokens[:, 0]
     if not bool((first == bos).all()):
-        raise ValueError(f"{what} need BOS (token {bos}) at position 0 of every prompt, but this model does "
+        raise PromptError(f"{what} need BOS (token {bos}) at position 0 of every prompt, but this model does "
                          f"not prepend it by default: use --prepend-bos (prepare_prompts(..., prepend_bos=True))")
 
 
@@ -202,37 +204,32 @@ def prepare_prompts(
         fmt: a :class:`~circuits.formats.PromptFormat` (solved examples before the query, the chat template;
             ``None``: zero-shot, as the AF1 papers).
 
-    Raises ``ValueError`` with one line: arguments out of range (e.g. ``n_prompts`` larger than the
-    operand space), no single-token prompt, zero accuracy, or fewer than ``min_prompts`` correct
-    prompts in one layout (naming the count that works).
+    Raises one line: :class:`~circuits.errors.ArgumentError` for arguments out of range (e.g. ``n_prompts``
+    larger than the operand space), :class:`~circuits.errors.PromptError` for no single-token prompt, zero
+    accuracy, or fewer than ``min_prompts`` correct prompts in one layout (naming the count that works).
     """
     from tqdm.auto import tqdm
 
     from circuits import tasks
 
-    if not isinstance(n_prompts, int) or n_prompts < 1:
-        raise ValueError(f"n_prompts={n_prompts!r} must be an integer >= 1")
-    if source not in SOURCES:
-        raise ValueError(f"source={source!r} is not valid: choose one of {', '.join(SOURCES)}")
-    if not isinstance(max_checked, int) or max_checked < 1:
-        raise ValueError(f"max_checked={max_checked!r} must be an integer >= 1")
-    if prepend_bos not in (None, True, False):
-        raise ValueError(f"prepend_bos={prepend_bos!r} must be True, False or None (the model's default)")
-    if numbers not in NUMBERS:
-        raise ValueError(f"numbers={numbers!r} is not valid: choose one of {', '.join(NUMBERS)}")
+    check_positive("n_prompts", n_prompts)
+    check_choice("source", source, SOURCES)
+    check_positive("max_checked", max_checked)
+    check_prepend_bos(prepend_bos)
+    check_choice("numbers", numbers, NUMBERS)
     if fmt is not None:
         prepend_bos = fmt.prepend_bos(prepend_bos)
     need = n_prompts if min_prompts is None else int(min_prompts)
     if not 1 <= need <= n_prompts:
-        raise ValueError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
+        raise ArgumentError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
     spec, label = tasks.get_task(task), tasks.task_label(task)
     check_slot_tokens(spec, model)
     frozen = tasks.frozen_set(task) if source == "frozen" else None
     space = len(frozen) if frozen is not None else tasks.operand_space_size(task)
     if n_prompts > space:
         what = "its frozen set has" if frozen is not None else "its operand space has"
-        raise ValueError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} prompts): "
-                         f"lower --n-prompts to {space} or less")
+        raise ArgumentError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} "
+                            f"prompts): lower --n-prompts to {space} or less")
 
     by_len: dict[int, list[Any]] = {}
     n_drawn = n_dropped = n_checked = n_correct = 0
@@ -295,16 +292,16 @@ def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len
     if n_checked == 0:
         if not spec.numeric:
             where = f"task file {spec.path}: answer" if spec.path else f"task {task!r}"
-            raise ValueError(f"{where}: none of the {n_drawn} drawn prompts has an answer of one token for this "
-                             f"model's tokenizer (answer_format {spec.answer_format!r}); allow answers of several "
-                             f"tokens (--numbers multi) or choose one-token answers")
-        raise ValueError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
-                         f"model's tokenizer; choose a task with smaller numbers, or allow numbers of several "
-                         f"tokens (--numbers multi, for tokenizers that write digits one by one)")
+            raise PromptError(f"{where}: none of the {n_drawn} drawn prompts has an answer of one token for this "
+                              f"model's tokenizer (answer_format {spec.answer_format!r}); allow answers of several "
+                              f"tokens (--numbers multi) or choose one-token answers")
+        raise PromptError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
+                          f"model's tokenizer; choose a task with smaller numbers, or allow numbers of several "
+                          f"tokens (--numbers multi, for tokenizers that write digits one by one)")
     base_acc = n_correct / n_checked
     if n_correct == 0:
-        raise ValueError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
-                         f"(base accuracy 0%); choose a model trained on this task or an easier task")
+        raise PromptError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
+                          f"(base accuracy 0%); choose a model trained on this task or an easier task")
     _, pieces = max(by_len.items(), key=lambda kv: (sum(int(p.tokens.shape[0]) for p in kv[1]),
                                                      -int(kv[1][0].tokens.shape[1])))
     n_pos = int(pieces[0].tokens.shape[1])
@@ -316,7 +313,7 @@ def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len
             more = f"lower --n-prompts to {n_best} or less"
             more += (f", raise --max-checked above {max_checked}" if stop == "budget" else "")
             more += ", or use a model that is more accurate on this task"
-        raise ValueError(
+        raise PromptError(
             f"too few correct prompts for task {task!r}: {n_correct} of {n_checked} checked prompts are "
             f"answered correctly (base accuracy {base_acc:.1%}), {n_best} of them in the largest layout "
             f"({n_pos} tokens), but {need} are needed; {more}"

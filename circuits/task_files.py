@@ -106,14 +106,15 @@ def _parse(text: str) -> ast.expr:
     try:
         return ast.parse(text.strip(), mode="eval").body
     except SyntaxError as err:
-        raise ValueError(f"{text!r} is not an expression ({err.msg})") from None
+        raise ArgumentError(f"{text!r} is not an expression ({err.msg})") from None
 
 
 def _check(node: ast.expr, names: set[str]) -> None:
-    """``ValueError`` naming the first construct outside ``+ - *``, parentheses, slot names and integers."""
+    """:class:`~circuits.errors.ArgumentError` naming the first construct outside ``+ - *``, parentheses, slot
+    names and integers."""
     if isinstance(node, ast.BinOp):
         if type(node.op) not in _BINOPS:
-            raise ValueError(f"operator {ast.unparse(node)!r} is not allowed: use + - * and parentheses")
+            raise ArgumentError(f"operator {ast.unparse(node)!r} is not allowed: use + - * and parentheses")
         _check(node.left, names)
         _check(node.right, names)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -123,12 +124,12 @@ def _check(node: ast.expr, names: set[str]) -> None:
     elif isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return
     else:
-        raise ValueError(f"{ast.unparse(node)!r} is not allowed: use slot names, integers, + - * and parentheses")
+        raise ArgumentError(f"{ast.unparse(node)!r} is not allowed: use slot names, integers, + - * and parentheses")
 
 
 def expression_slots(text: str) -> list[str]:
-    """The slot names ``text`` uses (each once); ``ValueError`` for anything but ``+ - *``,
-    parentheses, names and integer constants."""
+    """The slot names ``text`` uses (each once); :class:`~circuits.errors.ArgumentError` for anything but
+    ``+ - *``, parentheses, names and integer constants."""
     node = _parse(text)
     _check(node, set())
     return list(dict.fromkeys(n.id for n in ast.walk(node) if isinstance(n, ast.Name)))
@@ -267,7 +268,7 @@ def _answer(raw: Any, names: list[str], values: list[Any], fail: Callable[[str, 
     if isinstance(raw, str):
         try:
             used = expression_slots(raw)
-        except ValueError as err:
+        except ArgumentError as err:
             raise fail("answer", str(err)) from None
         for n in used:
             if n not in names:

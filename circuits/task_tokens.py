@@ -23,12 +23,14 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from circuits.errors import ArgumentError, PromptError
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from datasets import Dataset
 
-__all__ = ["Layout", "answer_form", "answer_forms", "answer_value", "answer_token_ids", "filter_correct", "filter_single_token",
-           "number_tokens", "resolve_bos", "single_token_ranges", "to_layouts"]
+__all__ = ["Layout", "answer_form", "answer_forms", "answer_value", "answer_token_ids", "check_prepend_bos",
+           "filter_correct", "filter_single_token", "number_tokens", "resolve_bos", "single_token_ranges", "to_layouts"]
 
 _NUMBER = re.compile(r"\d+")
 
@@ -122,8 +124,9 @@ def answer_form(model_or_tokenizer: Any, prompt: str, answer: int | str) -> tupl
     """``(prompt, answer_text, answer_ids)``: the answer as the tokenizer writes it after the prompt.
 
     ``answer_ids`` are the tokens that ``tokenizer(prompt + str(answer))`` adds to ``tokenizer(prompt)``
-    (single-token answer: one id); a string answer (e.g. ``" Paris"``) is that text itself. If they are not a clean continuation and ``prompt`` ends in a space,
-    the space moves into the answer: ``(prompt[:-1], " " + str(answer), ...)`` (GPT-2 style ``'Ġ112'``).
+    (single-token answer: one id); a string answer (e.g. ``" Paris"``) is that text itself. If they are not a
+    clean continuation and ``prompt`` ends in a space, the space moves into the answer:
+    ``(prompt[:-1], " " + str(answer), ...)`` (GPT-2 style ``'Ġ112'``).
     Multi-token answers return their pieces, the caller decides."""
     return answer_forms(model_or_tokenizer, [prompt], [answer])[0]
 
@@ -225,8 +228,8 @@ def filter_single_token(
             what = (f"is an unknown token ({pieces[0]})" if len(ids) == 1 else
                     f"is split into {len(ids)} tokens {pieces}")
             kind = "number" if isinstance(v, int) else "answer"
-            raise ValueError(f"{kind} {v!r} {what} for this tokenizer, but the task demands single-token "
-                             f"{kind}s (row {i}: {prompt!r})")
+            raise PromptError(f"{kind} {v!r} {what} for this tokenizer, but the task demands single-token "
+                              f"{kind}s (row {i}: {prompt!r})")
     dropped = len(ds) - len(keep)
     if verbose:
         from circuits.logs import get_logger
@@ -242,8 +245,8 @@ def answer_token_ids(model: Any, answers: Sequence[Any]) -> "torch.Tensor":
 
     An integer answer is looked up as ``str(answer)``, falling back to the space-prefixed form
     ``" " + str(answer)`` (GPT-2 style BPE) when only that is one token; a string answer (an
-    ``answer_text`` of :func:`filter_single_token`) is encoded as it is. Raises ``ValueError`` if an
-    answer is not a single token."""
+    ``answer_text`` of :func:`filter_single_token`) is encoded as it is. Raises
+    :class:`~circuits.errors.PromptError` if an answer is not a single token."""
     import torch
 
     tok = tokenizer_of(model)
@@ -256,7 +259,7 @@ def answer_token_ids(model: Any, answers: Sequence[Any]) -> "torch.Tensor":
             ids[i] = x
     for a, x in zip(answers, ids):
         if len(x) != 1:
-            raise ValueError(f"answer {a!r} is not a single token: {tok.convert_ids_to_tokens(x)}")
+            raise PromptError(f"answer {a!r} is not a single token: {tok.convert_ids_to_tokens(x)}")
     return torch.tensor([x[0] for x in ids], dtype=torch.long)
 
 
@@ -265,10 +268,9 @@ def resolve_bos(model: Any, prepend_bos: bool | None = None) -> int | None:
 
     ``prepend_bos=None``: the model's default (``model.cfg.default_prepend_bos``, True when the model
     has no such setting). ``True`` on a tokenizer without a BOS token (Qwen2) uses its EOS token
-    (``<|endoftext|>``, the document separator of its training text). Raises ``ValueError`` when BOS is
-    asked for and the tokenizer has neither."""
-    if prepend_bos not in (None, True, False):
-        raise ValueError(f"prepend_bos={prepend_bos!r} must be True, False or None (the model's default)")
+    (``<|endoftext|>``, the document separator of its training text). Raises
+    :class:`~circuits.errors.ArgumentError` when BOS is asked for and the tokenizer has neither."""
+    check_prepend_bos(prepend_bos)
     if prepend_bos is None:
         prepend_bos = bool(getattr(getattr(model, "cfg", None), "default_prepend_bos", True))
     if not prepend_bos:
@@ -276,8 +278,16 @@ def resolve_bos(model: Any, prepend_bos: bool | None = None) -> int | None:
     tok = tokenizer_of(model)
     bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     if bos is None:
-        raise ValueError("prepend_bos=True but the tokenizer has no BOS or EOS token: use prepend_bos=False")
+        raise ArgumentError("prepend_bos=True but the tokenizer has no BOS or EOS token: use prepend_bos=False")
     return int(bos)
+
+
+def check_prepend_bos(prepend_bos: Any) -> bool | None:
+    """``prepend_bos`` if it is ``True``, ``False`` or ``None`` (the model's default), else
+    :class:`~circuits.errors.ArgumentError`."""
+    if prepend_bos not in (None, True, False):
+        raise ArgumentError(f"prepend_bos={prepend_bos!r} must be True, False or None (the model's default)")
+    return prepend_bos
 
 
 @dataclass(frozen=True)

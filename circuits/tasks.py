@@ -234,12 +234,12 @@ def task_operands(
     in lexicographic order. ``operand_ranges`` overrides the spec's inclusive ranges."""
     ranges = [tuple(map(int, r)) for r in (operand_ranges or spec.operand_ranges)]
     if len(ranges) != spec.n_operands:
-        raise ValueError(f"task {spec.name!r} has {spec.n_operands} operands, got {len(ranges)} ranges")
+        raise ArgumentError(f"task {spec.name!r} has {spec.n_operands} operands, got {len(ranges)} ranges")
     sizes = [max(0, hi - lo + 1) for lo, hi in ranges]
     total = int(np.prod(sizes))
     if total > _ENUM_LIMIT:
         where = f"task file {spec.path}: slots: " if spec.path else ""
-        raise ValueError(f"{where}operand space of {spec.name!r} has {total} tuples, more than {_ENUM_LIMIT}")
+        raise ArgumentError(f"{where}operand space of {spec.name!r} has {total} tuples, more than {_ENUM_LIMIT}")
     if total == 0:
         ops = np.zeros((0, spec.n_operands), dtype=np.int64)
     else:
@@ -281,7 +281,7 @@ def build_task(
         ``answer_format`` other than ``"{}"``.
 
     Raises:
-        ValueError: unknown task, or no operand tuple in the ranges gives a valid answer.
+        ArgumentError: unknown task, or no operand tuple in the ranges gives a valid answer.
     """
     from datasets import Dataset
 
@@ -298,9 +298,9 @@ def build_task(
         )
     n = spec.default_n if n is None else int(n)
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise ArgumentError(f"n must be >= 0, got {n}")
     if int(start) < 0:
-        raise ValueError(f"start must be >= 0, got {start}")
+        raise ArgumentError(f"start must be >= 0, got {start}")
     order = np.random.default_rng(seed).permutation(len(ops))[int(start) : int(start) + n]
     ops = ops[order]
     answers = [a if isinstance(a, str) else int(a) for a in spec.answers(ops)]

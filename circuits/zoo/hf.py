@@ -271,7 +271,7 @@ def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -
     """Write ``hf_model`` (config + ``model.safetensors``), ``tokenizer`` (``tokenizer.json`` +
     ``tokenizer_config.json``) and ``meta`` (``zoo.json``, if any) into ``folder``; files of a previous
     format in the folder are replaced (a former ``unembed_bias.safetensors`` is removed).
-    ``ValueError`` if the model's ``lm_head`` has a bias: refit it away first (:mod:`circuits.zoo.refit`)."""
+    :class:`~circuits.errors.ArgumentError` if the model's ``lm_head`` has a bias: refit it away first (:mod:`circuits.zoo.refit`)."""
     from safetensors.torch import save_file
 
     from circuits.atomic import write_files, write_text, write_with
@@ -279,8 +279,8 @@ def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -
 
     head = hf_model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
-        raise ValueError("a zoo folder is a plain Hugging Face checkpoint, whose lm_head has no bias: remove the "
-                         "unembedding bias first (circuits.zoo.refit.refit_unembed)")
+        raise ArgumentError("a zoo folder is a plain Hugging Face checkpoint, whose lm_head has no bias: remove the "
+                            "unembedding bias first (circuits.zoo.refit.refit_unembed)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # every file through the atomic writer (circuits.atomic): a killed export leaves whole files only

@@ -8,6 +8,7 @@ import pytest
 
 from circuits import cli, fitset, loading
 from circuits.commands import common
+from circuits.errors import PromptError
 from circuits.fitset import FitSet
 from circuits.prompts import self_answer_prompts
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
@@ -25,8 +26,8 @@ def tiny_loading(monkeypatch):
 
     def prepare_prompts(model_, task, n_prompts, seed=0, **kw):
         if n_prompts > 24:
-            raise ValueError(f"too few correct prompts for task {task!r}: 24 available, {n_prompts} needed; "
-                             f"lower --n-prompts to 24 or less")
+            raise PromptError(f"too few correct prompts for task {task!r}: 24 available, {n_prompts} needed; "
+                              f"lower --n-prompts to 24 or less")
         return self_answer_prompts(model_, tokens[:n_prompts], task=task)
 
     monkeypatch.setattr(loading, "load_model", load_model)
