@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from circuits import loading, tasks
+from circuits.errors import ArgumentError, PromptError
 from tests import standins
 
 
@@ -125,8 +126,8 @@ def test_zero_accuracy_stops_after_the_first_batch(toks):
     tok = toks["gpt2"]
     model = Oracle(tok, lambda a, b: False)
     single, _ = _expected(tok, lambda a, b: False, "add", 3 * 10)
-    with pytest.raises(ValueError, match=rf"^task 'add': the model answers none of the {len(single)} checked "
-                                         rf"prompts correctly \(base accuracy 0%\)"):
+    with pytest.raises(PromptError, match=rf"^task 'add': the model answers none of the {len(single)} checked "
+                                          rf"prompts correctly \(base accuracy 0%\)"):
         loading.prepare_prompts(model, "add", 10, progress=False)
     assert model.rows == len(single)
 
@@ -135,8 +136,8 @@ def test_budget_and_exhaustion_name_the_count_that_works(toks):
     tok = toks["gpt2"]
     rule = lambda a, b: (a + b) % 7 == 0  # noqa: E731
     model = Oracle(tok, rule)
-    with pytest.raises(ValueError, match=r"too few correct prompts .*lower --n-prompts to (\d+) or less, "
-                                         r"raise --max-checked above 100") as err:
+    with pytest.raises(PromptError, match=r"too few correct prompts .*lower --n-prompts to (\d+) or less, "
+                                          r"raise --max-checked above 100") as err:
         loading.prepare_prompts(model, "add", 40, max_checked=100, progress=False)
     assert model.rows == 100
     # independent: the correct ones among the first 100 single-token prompts
@@ -145,7 +146,7 @@ def test_budget_and_exhaustion_name_the_count_that_works(toks):
     assert re.search(r"to (\d+) or less", str(err.value)).group(1) == str(n_ok)
     # the operand space runs out: every prompt was drawn once; the error names how many there are
     same = lambda a, b: a == b  # noqa: E731
-    with pytest.raises(ValueError, match=r"too few correct prompts") as err:
+    with pytest.raises(PromptError, match=r"too few correct prompts") as err:
         loading.prepare_prompts(Oracle(tok, same), "add", 200, progress=False)
     single, correct = _expected(tok, same, "add", 10_000)
     assert f"{len(correct)} of {len(single)} checked prompts" in str(err.value)
@@ -157,14 +158,14 @@ def test_budget_and_exhaustion_name_the_count_that_works(toks):
 def test_arguments_are_checked_first(toks):
     model = Oracle(toks["gpt2"], lambda a, b: True)
     # add_small: A, B in 0..99 with A + B <= 99, i.e. 100 + 99 + ... + 1 prompts
-    with pytest.raises(ValueError, match=r"^n_prompts=6000 is more than task 'add_small' can give \(its operand "
-                                         r"space has 5050 prompts\): lower --n-prompts to 5050 or less$"):
+    with pytest.raises(ArgumentError, match=r"^n_prompts=6000 is more than task 'add_small' can give \(its operand "
+                                            r"space has 5050 prompts\): lower --n-prompts to 5050 or less$"):
         loading.prepare_prompts(model, "add_small", 6000, progress=False)
-    with pytest.raises(ValueError, match="max_checked=0 must be an integer >= 1"):
+    with pytest.raises(ArgumentError, match="max_checked=0 must be an integer >= 1"):
         loading.prepare_prompts(model, "add", 5, max_checked=0, progress=False)
-    with pytest.raises(ValueError, match="min_prompts=9 must be between 1 and n_prompts=5"):
+    with pytest.raises(ArgumentError, match="min_prompts=9 must be between 1 and n_prompts=5"):
         loading.prepare_prompts(model, "add", 5, min_prompts=9, progress=False)
-    with pytest.raises(ValueError, match="prepend_bos='yes' must be True, False or None"):
+    with pytest.raises(ArgumentError, match="prepend_bos='yes' must be True, False or None"):
         loading.prepare_prompts(model, "add", 5, prepend_bos="yes", progress=False)
     assert model.rows == 0
 
@@ -185,7 +186,7 @@ def test_bos_default_and_progress_bar(toks, capsys):
     bos = tok.bos_token_id
     p = loading.prepare_prompts(Oracle(tok, lambda a, b: True, prepend_bos=False), "add", 8, progress=False)
     assert not p.prepend_bos and p.bos_token is None and p.tokens[0].tolist() == tok.encode(p.prompts[0])
-    with pytest.raises(ValueError, match="use --prepend-bos"):
+    with pytest.raises(PromptError, match="use --prepend-bos"):
         loading.check_bos(Oracle(tok, None, prepend_bos=False), p.tokens)
     q = loading.prepare_prompts(Oracle(tok, lambda a, b: True, prepend_bos=False), "add", 8, prepend_bos=True)
     assert q.prepend_bos and q.bos_token == bos and q.tokens[:, 1:].tolist() == p.tokens.tolist()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from circuits import cli, task_files, tasks
-from circuits.errors import ArgumentError
+from circuits.errors import ArgumentError, PromptError
 
 FIXTURE = Path(__file__).parent / "data" / "catalogue_tasks_json.json"
 """What the earlier one-file catalogue (``circuits/data/tasks.json``) built, recorded before it became task files."""
@@ -177,7 +177,7 @@ def test_a_task_whose_answers_are_never_one_token_says_so(tmp_path):
                             'B = { values = ["3", "4", "5", "6", "7"] }\n'
                             '[answer]\nlookup = "A"\ntable = { 1 = "Paris", 2 = "Rome" }\n')
     model = zoo.load("arith-gpt2")
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(PromptError) as err:
         prepare_prompts(model, str(path), 3, progress=False)
     assert f"task file {path}: answer:" in str(err.value) and "one token" in str(err.value)
 

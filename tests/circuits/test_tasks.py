@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 import torch
 
 from circuits import tasks
+from circuits.errors import ArgumentError
+from circuits.task_files import expression_slots
 from circuits.zoo.tokenizer import build_tokenizer
 from tests.conftest import BACKENDS
 
@@ -94,6 +97,19 @@ def test_empty_operand_range_is_a_clear_error():
         tasks.build_task("sub", operand_ranges=[(0, 5), (10, 20)])  # A - B < 0 always
     with pytest.raises(ValueError, match="yield no prompt"):
         tasks.build_task("add", operand_ranges=[(5, 4), (0, 3)])  # empty range
+
+
+def test_bad_build_arguments_are_argument_errors():
+    with pytest.raises(ArgumentError, match=r"^n must be >= 0, got -1$"):
+        tasks.build_task("add", n=-1)
+    with pytest.raises(ArgumentError, match=r"^start must be >= 0, got -2$"):
+        tasks.build_task("add", n=3, start=-2)
+    with pytest.raises(ArgumentError, match=r"^task 'add' has 2 operands, got 1 ranges$"):
+        tasks.build_task("add", operand_ranges=[(0, 3)])
+    with pytest.raises(ArgumentError, match=r"^operator 'A / B' is not allowed"):
+        expression_slots("A / B")
+    with pytest.raises(ArgumentError, match=r"^'A\(B\)' is not allowed"):
+        expression_slots("A(B)")
 
 
 def test_frozen_sets_are_fixed_and_correct():
@@ -188,15 +204,16 @@ def test_filter_single_token_keeps_everything_for_the_zoo_tokenizer():
     assert dropped == 0 and len(kept) == 200
 
 
-def test_filter_single_token_drops_split_numbers(capsys):
+def test_filter_single_token_drops_split_numbers(caplog):
     tok = _splitting_tokenizer(60)
     assert tok.tokenize("73") == ["7", "##3"]
     ds = tasks.build_task("add", n=300, seed=1)
-    kept, dropped = tasks.filter_single_token(ds, tok)
+    with caplog.at_level(logging.INFO, logger="circuits"):  # the count goes to the log, shown by the command line
+        kept, dropped = tasks.filter_single_token(ds, tok)
     expected = sum(all(v <= 60 for v in ops + [a]) for ops, a in zip(ds["operands"], ds["answer"]))
     assert len(kept) == expected and dropped == 300 - expected > 0
     assert all(max(ops + [a]) <= 60 for ops, a in zip(kept["operands"], kept["answer"]))
-    assert f"dropped {dropped}" in capsys.readouterr().out
+    assert f"dropped {dropped} of 300" in caplog.text
 
 
 def test_filter_single_token_strict_names_the_number_and_pieces():

@@ -66,7 +66,7 @@ def test_rmsnorm_models_are_distilled_and_the_report_is_measured():
     _, val = build_splits(cfg, model.tokenizer)
     tokens = [torch.from_numpy(d.tokens) for d in val]
     old = [_logits(model, t) for t in tokens]
-    b_U = model.unembed.b_U.clone()
+    b_U = model.unembed.b_U.detach().clone()
     dropped = [o - b_U.double() for o in old]  # the same model without its bias, nothing refitted
 
     def kl(a, b):

@@ -27,7 +27,8 @@ def test_default_backend_is_hooked_where_available():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tokens_and_accuracy_are_the_same_on_every_backend(name, backend):
     """Same tokens on every backend, and the model's card accuracy is reproduced (also on 4.x, where
-    there is no HookedTransformer to compare with): first 100 frozen prompts within 0.1 of the card."""
+    there is no HookedTransformer to compare with): first 100 frozen prompts within 0.1 of the card (add_sub, or
+    the first task a model's card records where it was not trained on add_sub, e.g. arith-mul's task file)."""
     from circuits import tasks
 
     model = zoo.load(name, backend=backend)
@@ -36,7 +37,7 @@ def test_tokens_and_accuracy_are_the_same_on_every_backend(name, backend):
     assert model.to_str_tokens(PROMPT) == ["<bos>", "42", "+", "20", "-", "15", "="]
     assert tokens[0, 0].item() == model.tokenizer.bos_token_id and tokens.shape == (1, 7)
     card = zoo.card(name)
-    task = "add_sub"
+    task = "add_sub" if "add_sub" in card["frozen_accuracy"] else next(iter(card["frozen_accuracy"]))
     with torch.no_grad():
         _, acc = tasks.filter_correct(model, tasks.frozen_set(task).select(range(100)))
     assert abs(acc - card["frozen_accuracy"][task]) <= 0.1, (acc, card["frozen_accuracy"][task])
