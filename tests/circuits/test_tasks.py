@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -188,15 +189,16 @@ def test_filter_single_token_keeps_everything_for_the_zoo_tokenizer():
     assert dropped == 0 and len(kept) == 200
 
 
-def test_filter_single_token_drops_split_numbers(capsys):
+def test_filter_single_token_drops_split_numbers(caplog):
     tok = _splitting_tokenizer(60)
     assert tok.tokenize("73") == ["7", "##3"]
     ds = tasks.build_task("add", n=300, seed=1)
-    kept, dropped = tasks.filter_single_token(ds, tok)
+    with caplog.at_level(logging.INFO, logger="circuits"):
+        kept, dropped = tasks.filter_single_token(ds, tok)
     expected = sum(all(v <= 60 for v in ops + [a]) for ops, a in zip(ds["operands"], ds["answer"]))
     assert len(kept) == expected and dropped == 300 - expected > 0
     assert all(max(ops + [a]) <= 60 for ops, a in zip(kept["operands"], kept["answer"]))
-    assert f"dropped {dropped}" in capsys.readouterr().out
+    assert f"dropped {dropped}" in caplog.text
 
 
 def test_filter_single_token_strict_names_the_number_and_pieces():
