@@ -140,11 +140,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def failed_line(failed: list, n: int, limit: int = 3) -> str:
-    """``"k of n cells failed: model/task/ablation/seed S (why); ..."``, the first ``limit`` named (the table
-    holds every failed row with its error)."""
+    """``"k of n cells failed: why (model/task/ablation/seed S, ...); ..."``: cells that failed for the same reason
+    share one statement of it, given before the cells (a model that cannot load fails each of its cells the same
+    way, and a long list of cells must not cut off why), the first ``limit`` reasons named (the table holds every
+    failed row with its error)."""
     from circuits.errors import MAX_MESSAGE
 
-    named = "; ".join(f"{r.model}/{r.task}/{r.ablation}/seed {r.seed} ({r.error})" for r in failed[:limit])
-    more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""
+    reasons: dict[str, list[str]] = {}
+    for r in failed:
+        reasons.setdefault(str(r.error), []).append(f"{r.model}/{r.task}/{r.ablation}/seed {r.seed}")
+    named = "; ".join(f"{why} ({', '.join(cells)})" for why, cells in list(reasons.items())[:limit])
+    more = f"; and {len(reasons) - limit} more reasons" if len(reasons) > limit else ""
     line = f"{len(failed)} of {n} cells failed: {named}{more} (see table.md)"
-    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 16] + "... (see table.md)"
+    cut = "... (see table.md)"
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - len(cut)] + cut

@@ -39,7 +39,8 @@ def af1(*argv: str, env: dict | None = None) -> tuple[float, subprocess.Complete
 def test_mistyped_model_fails_fast_offline_naming_close_zoo_models(tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
     seconds, proc = af1("search", "--model", "arith-lama", "--task", "add", "--out", str(tmp_path / "o"), env=env)
-    assert proc.returncode == 2 and seconds < 2.0, (seconds, proc.stderr)
+    # about 1 s in an idle fresh interpreter (the imports); loading anything would take several times that
+    assert proc.returncode == 2 and seconds < 4.0, (seconds, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot load model 'arith-lama'" in lines[0] and "did you mean 'arith-llama'" in lines[0]
     assert not (tmp_path / "o").exists()

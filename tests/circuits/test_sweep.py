@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from circuits import cli, files
-from circuits.errors import ArgumentError
+from circuits.errors import MAX_MESSAGE, ArgumentError
 from circuits.sweep import SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +96,24 @@ def test_killed_sweep_resumes_to_the_same_table(sweep_dir, tmp_path):
         assert summary["n_resumed"] + summary["n_evaluated_this_run"] == 28
 
 
+def test_the_failed_line_states_each_reason_once_before_its_cells():
+    """Cells that failed for one reason share one statement of it, before the cells, so a long list of cells (long
+    model paths) cuts off cell names, never why; different reasons are listed in order."""
+    from types import SimpleNamespace
+
+    from circuits.commands.sweep import failed_line
+
+    model = "/a/long/path/to/a/model/folder/" + "x" * 80
+    why = "config.json asks for at least 1.1e+15 GB of float32 weights (n_layer=4096), more than this machine holds"
+    rows = [SimpleNamespace(model=model, task="add", ablation=a, seed=0, error=why) for a in ("cama", "mean", "zero")]
+    line = failed_line(rows, 3)
+    assert line.startswith(f"3 of 3 cells failed: {why} ({model}/add/cama/seed 0, {model}/add/mean")
+    assert line.count(why) == 1 and len(line) <= MAX_MESSAGE and line.endswith("... (see table.md)")
+    rows = [SimpleNamespace(model="m", task="t", ablation="cama", seed=s, error=e) for s, e in enumerate("abcab")]
+    assert failed_line(rows, 6, limit=2) == ("5 of 6 cells failed: a (m/t/cama/seed 0, m/t/cama/seed 3); "
+                                             "b (m/t/cama/seed 1, m/t/cama/seed 4); and 1 more reasons (see table.md)")
+
+
 def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, capsys):
     """The tables and the report are written with the failed row, then the sweep exits 2 with one line naming it."""
     out = tmp_path / "out"
@@ -103,8 +121,9 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, capsys):
             "--no-progress", "--out", str(out)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("af1 sweep: error: 1 of 2 cells failed: no-such-model-xyz/add/cama/seed 0 "
-                                               "(cannot load model 'no-such-model-xyz'"), err
+    assert len(err) == 1 and err[0].startswith("af1 sweep: error: 1 of 2 cells failed: cannot load model "
+                                               "'no-such-model-xyz'"), err
+    assert err[0].endswith("(see table.md)") and len(err[0]) <= len("af1 sweep: error: ") + MAX_MESSAGE, err
     assert (out / files.REPORT).exists() and (out / files.SUMMARY).exists()
     rows = table(out)
     assert [r["status"] for r in rows] == ["error", "ok"]
