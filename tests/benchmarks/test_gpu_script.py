@@ -133,6 +133,7 @@ def test_a_phase_past_its_budget_is_recorded(tmp_path, monkeypatch):
     import benchmarks.gpu as gpu
 
     monkeypatch.setitem(gpu.PHASE_BUDGETS, "build", 0.2)
+    monkeypatch.setattr(gpu, "CPU_SLACK", 1)
     report = gpu.Report(tmp_path / "gpu.json", gpu.resolved_device("cpu"), 60)
     with pytest.raises(gpu.PhaseFailed):
         report.phase("build", lambda budget: time.sleep(5))
