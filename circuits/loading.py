@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits import placement
+from circuits.backend_loaders import LoadRequest, get_loader, remote_backends
 from circuits.errors import AF1Error, ArgumentError, ModelLoadError
 # Documented here (docs/prompts.md); circuits.specs draws every prompt set through loading.prepare_prompts,
 # which tests replace with stand-ins.
@@ -82,10 +83,12 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
     from circuits import gguf, local_models
 
     backend = iv.resolve_backend(backend)
+    loader = get_loader(backend)
     if dtype is not None:
         check_choice("dtype", dtype, DTYPES)
-    if remote and backend != "nnsight":
-        raise ArgumentError(f"remote={remote!r} needs backend='nnsight' (remote runs go through nnsight to NDIF)")
+    if remote and not loader.remote:
+        raise ArgumentError(f"remote={remote!r} needs backend={' or '.join(map(repr, remote_backends()))} (remote "
+                            f"runs go through nnsight to NDIF)")
     if remote and device_map is not None:
         raise ArgumentError("device_map places weights here; a remote model's weights stay on NDIF: drop device_map")
     if device_map is not None:
@@ -118,34 +121,23 @@ def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype
         raise ModelLoadError(f"{name!r} is a local checkpoint, which NDIF does not host: load it without remote")
     source = gguf.resolve(name)  # a GGUF name or file: its converted folder (once); else name itself
     local = local_models.is_model_folder(source)
-    kwargs: dict[str, Any] = {"device": device}
-    if device_map is not None and backend in ("bridge", "nnsight"):
-        kwargs = {"device": None, "device_map": device_map, "max_memory": max_memory}
-    elif device_map is not None:
-        n_devices = placement.hooked_n_devices(device_map, max_memory)
-        gpu = "cuda" if torch.cuda.is_available() else "cpu"
-        kwargs = {"device": gpu if device_map in placement.DEVICE_MAPS else device_map, "n_devices": n_devices}
-    if dtype is not None:
-        kwargs["dtype"] = getattr(torch, dtype)
-    loader = {"hooked": "HookedTransformer.from_pretrained", "bridge": "TransformerBridge.boot_transformers",
-              "nnsight": "nnsight.TransformersModel"}[backend]
-    if backend == "hooked" and local:
-        loader = "circuits.local_models.load_hooked"
-    elif backend == "hooked":
-        check_builtin_config(name)
+    request = LoadRequest(source=str(source), name=name, local=local, device=device,
+                          dtype=None if dtype is None else getattr(torch, dtype), device_map=device_map,
+                          max_memory=max_memory, remote=remote)
     from circuits.logs import quiet_stdout
 
     try:
         with quiet_stdout():  # TransformerLens's "Loaded pretrained model ...", "Moving model to device" lines
-            model = _load(backend, local, source, name, kwargs, dtype, remote, device)
+            model = loader.pretrained(request)
     except AF1Error:
         raise
     except LOAD_FAILURES as err:  # the loaders' known causes; anything else is a bug and surfaces as itself
         zoo_hint = f"zoo models: {', '.join(names)}" if names else "the model zoo is not installed"
         first = str(err).splitlines()[0] if str(err) else ""
         raise ModelLoadError(
-            f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and {loader} failed "
-            f"({type(err).__name__}: {first}); {load_fix(err, source, local, device_map)}"
+            f"cannot load model {name!r}: it is not a zoo model ({zoo_hint}) and "
+            f"{loader.local_label if local else loader.label} failed ({type(err).__name__}: {first}); "
+            f"{load_fix(err, source, local, device_map)}"
         ) from err
     if local:
         model.cfg.model_name = name
@@ -177,34 +169,6 @@ def load_fix(err: BaseException, source: Any, local: bool, device_map: str | Non
                 "backend does not build may load with another --backend; pretrained models need their weights in "
                 "the local Hugging Face cache or network access")
     return "pretrained models need their weights in the local Hugging Face cache or network access"
-
-
-def _load(backend: str, local: bool, source: Any, name: str, kwargs: dict[str, Any], dtype: str | None,
-          remote: bool | str, device: str) -> Any:
-    """The model of :func:`load_model` from its resolved arguments (the call on the chosen backend)."""
-    from circuits import local_models
-
-    if backend == "hooked" and local:
-        model = local_models.load_hooked(source, name, device=kwargs["device"], dtype=kwargs.get("dtype"),
-                                         n_devices=kwargs.get("n_devices", 1))
-    elif backend == "hooked":
-        from transformer_lens import HookedTransformer
-
-        model = HookedTransformer.from_pretrained(name, **kwargs)
-    elif backend == "nnsight":
-        from interventions.backends.nnsight import from_pretrained, require_nnsight
-
-        require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
-        model = from_pretrained(source, device=device, dtype=kwargs.get("dtype"), remote=remote,
-                                device_map=kwargs.get("device_map"), max_memory=kwargs.get("max_memory"))
-    else:
-        from transformer_lens.model_bridge import TransformerBridge
-
-        model = TransformerBridge.boot_transformers(source, **kwargs)
-        model.enable_compatibility_mode()
-        if dtype is not None:
-            match_parameter_dtype(model, kwargs["dtype"])
-    return model
 
 
 def match_parameter_dtype(model: Any, dtype: Any) -> int:

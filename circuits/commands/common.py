@@ -217,8 +217,10 @@ def check_backend(remote: bool, backend: str | None, models: Sequence[str], batc
     place things on this machine's devices)."""
     if not remote:
         return
-    if backend != "nnsight":
-        raise ArgumentError("--remote runs on NDIF through nnsight: add --backend nnsight")
+    from circuits.backend_loaders import get_loader, remote_backends
+
+    if backend is None or not get_loader(backend).remote:
+        raise ArgumentError(f"--remote runs on NDIF through nnsight: add --backend {' or '.join(remote_backends())}")
     from circuits.loading import zoo_names
 
     zoo = [m for m in models if m in zoo_names()]

@@ -99,10 +99,11 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     """:func:`load` for a model folder anywhere (a Hugging Face checkpoint as written by
     :mod:`circuits.zoo.export`), e.g. the ``--out`` folder of ``af1 zoo train``.
 
-    ``"hooked"`` converts the Hugging Face weights with TransformerLens' own converters
-    (:func:`circuits.zoo.hf.hooked_state`); ``"bridge"`` wraps the Hugging Face model in a
-    ``TransformerBridge``. A planted attention mask recorded in ``zoo.json`` is attached either way.
-    ``"nnsight"`` wraps the same Hugging Face model in nnsight (:func:`interventions.backends.nnsight.wrap`).
+    The backend's registered loader builds the model (:func:`circuits.backend_loaders.get_loader`): ``"hooked"``
+    converts the Hugging Face weights with TransformerLens' own converters (:func:`circuits.zoo.hf.hooked_state`);
+    ``"bridge"`` wraps the Hugging Face model in a ``TransformerBridge``; ``"nnsight"`` wraps it in nnsight
+    (:func:`interventions.backends.nnsight.wrap`). A planted attention mask recorded in ``zoo.json`` is attached
+    either way.
     A folder of the former format, with ``unembed_bias.safetensors`` beside the checkpoint, loads with that
     bias on every backend and a ``FutureWarning`` (:func:`circuits.zoo.hf.load_hf`)."""
     import torch
@@ -116,30 +117,9 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     folder = Path(folder)
     hf_model, b_U = _hf.load_hf(folder)  # b_U: only in a folder of the former format
     tokenizer = load_tokenizer(folder / "tokenizer.json")
-    if b_U is not None and backend != "hooked":
-        from interventions.convert import with_unembed_bias
+    from circuits.backend_loaders import get_loader
 
-        with_unembed_bias(hf_model, b_U)
-    if backend == "bridge":
-        from interventions.backends.bridge import boot
-
-        model = boot(hf_model, hf_model.config.model_type, tokenizer)
-        model.cfg.default_prepend_bos = True
-    elif backend == "nnsight":
-        from interventions.backends.nnsight import wrap
-
-        model = wrap(hf_model, tokenizer, folder.name)
-        model.cfg.default_prepend_bos = True
-    else:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-        cfg = HookedTransformerConfig(**_hf.hooked_config(hf_model.config), model_name=folder.name, device=device)
-        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-        missing, unexpected = model.load_state_dict(_hf.hooked_state(hf_model, cfg, b_U), strict=False)
-        missing = [k for k in missing if not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos"))]
-        if missing or unexpected:
-            raise ModelLoadError(f"weights of {folder.name!r} do not fit its config: missing {missing}, "
-                                 f"unexpected {unexpected}")
+    model = get_loader(backend).from_hf(hf_model, tokenizer, folder, b_U, device)
     from circuits.logs import quiet_to
 
     model = quiet_to(model, torch.device(device)).eval()
