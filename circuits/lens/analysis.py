@@ -111,6 +111,7 @@ def write_lens(result: tuple[Any, list[Any]], run_dir: Any, ctx: RunContext) -> 
     from circuits.lens.report import write_lens_outputs
 
     meta = {k: ctx.meta.get(k) for k in ("model", "task", "seed", "n_requested", "base_accuracy")}
+    meta.update({k: ctx.meta[k] for k in ("numbers", "format") if k in ctx.meta})  # the prompt format, when not the papers'
     meta["runtime_s"] = round(time.time() - ctx.meta["t0"], 1)
     write_lens_outputs(run_dir.path, result[0], interchanges=result[1], meta=meta, seed=int(ctx.meta["seed"]))
 
