@@ -30,6 +30,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "search + pruning on the planted zoo models, scored against the planted structure"),
 }
 
+THREADS_ENV = "AF1_THREADS"
+"""Environment variable giving torch's CPU threads when ``--threads`` is not given."""
+
 MAX_MESSAGE = 400
 """Longest error message printed (characters); longer ones (e.g. a loader's list of every model name)
 are cut."""
@@ -91,6 +94,32 @@ def one_line(err: BaseException) -> str:
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
+def set_threads(threads: int | None) -> None:
+    """torch's CPU threads for the command: ``--threads``, else ``$AF1_THREADS``, else torch's default (one per
+    physical core). On a machine whose cores other processes keep busy, one thread is several times faster than
+    two (docs/real_models.md, "Speed"). :class:`~circuits.errors.ArgumentError` for a value below 1."""
+    import os
+
+    from circuits.errors import ArgumentError
+
+    flag = "--threads"
+    if threads is None:
+        text = os.environ.get(THREADS_ENV, "").strip()
+        if not text:
+            return
+        flag = f"${THREADS_ENV}"
+        try:
+            threads = int(text)
+        except ValueError:
+            raise ArgumentError(f"{flag}={text!r} is not an integer: set it to the number of torch CPU threads, "
+                                f"e.g. 1") from None
+    if threads < 1:
+        raise ArgumentError(f"{flag} {threads} is out of range: give an integer >= 1")
+    import torch
+
+    torch.set_num_threads(int(threads))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -102,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cli_handler()  # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr
     try:
+        set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):
             module.check(args)

@@ -19,14 +19,14 @@ whose states depend on nothing that varies, and CAMA leaves them unchanged. ``ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from circuits.errors import ArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
-__all__ = ["EXAMPLES_SEED", "PromptFormat"]
+__all__ = ["EXAMPLES_SEED", "PromptFormat", "describe_prompts"]
 
 EXAMPLES_SEED = 20_251_202
 """Seed of the solved examples' draw (fixed: the examples are part of the format, not of a run's seed)."""
@@ -114,3 +114,16 @@ class PromptFormat:
         cols = {c: [v[i] for i in keep] for c, v in rows.items()}
         cols["prompt"] = prompts
         return Dataset.from_dict(cols)
+
+
+def describe_prompts(meta: Mapping[str, Any]) -> str:
+    """How a run's prompts were presented, for its report and tables, from its description (``run.json``,
+    ``summary.json`` or a command's meta: the ``format`` and ``numbers`` keys of
+    :meth:`circuits.specs.PromptSpec.meta`, absent at the papers' defaults): ``"zero-shot, single-token
+    numbers (the AF1 papers' format)"``, ``"2-shot, chat template, numbers of several tokens (answers read
+    under teacher forcing)"``."""
+    given = meta.get("format") or {}
+    fmt = PromptFormat(shots=int(given.get("shots", 0)), chat=bool(given.get("chat", False)))
+    if meta.get("numbers", "single") == "multi":
+        return fmt.describe() + ", numbers of several tokens (answers read under teacher forcing)"
+    return fmt.describe() + ", single-token numbers" + (" (the AF1 papers' format)" if fmt.zero_shot else "")

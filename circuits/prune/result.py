@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from circuits.formats import describe_prompts
 from circuits.prune.config import PruneConfig
 from circuits.runs import dist_version
 from interventions.types import Head
@@ -195,6 +196,7 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
     smallest = result.curve[result.smallest_step] if result.smallest_step is not None else None
     return {
         **{k: v for k, v in meta.items()},
+        "prompt_format": describe_prompts(meta),
         **cfg.subgraph_fields(),
         "target": cfg.target,
         "batch_size": cfg.batch_size,
