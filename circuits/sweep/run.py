@@ -84,8 +84,8 @@ class SweepResult:
         from circuits.frames import dataframe
         from circuits.sweep.table import COLUMNS, prompt_format
 
-        shown = prompt_format(self.config)
-        return dataframe([{**c.to_dict(), "prompt_format": shown} for c in self.cells], COLUMNS)
+        return dataframe([{**c.to_dict(), "prompt_format": prompt_format(self.config, c.task)} for c in self.cells],
+                         COLUMNS)
 
     def plot(self, model: str | None = None, ablation: str | None = None) -> Any:
         """The report's heatmap of ``model`` (default: the first) and ``ablation`` (default: the first)."""

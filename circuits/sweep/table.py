@@ -15,8 +15,8 @@ from circuits.sweep.config import SweepConfig
 
 COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_prompts", "selected", "wait",
            "transfer", "faithfulness", "ci_low", "ci_high", "error", "path", "prompt_format")
-"""The columns of ``table.csv``; ``prompt_format`` (the sweep's ``numbers``, ``shots`` and ``chat``:
-:func:`circuits.formats.describe_prompts`) is the same in every row."""
+"""The columns of ``table.csv``; ``prompt_format`` (the sweep's ``numbers``, ``shots`` and ``chat`` with the
+row's task file's prefix and answer format: :func:`circuits.formats.describe_prompts`)."""
 
 
 def fmt(x: Any, digits: int = 3) -> str:
@@ -25,11 +25,21 @@ def fmt(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def prompt_format(config: SweepConfig) -> str:
-    """How the sweep's prompts are presented (:func:`circuits.formats.describe_prompts`)."""
+def prompt_format(config: SweepConfig, task: Any = None) -> str:
+    """How the sweep's prompts of ``task`` are presented (:func:`circuits.formats.describe_prompts`; without a
+    task: the sweep's ``numbers``, ``shots`` and ``chat`` alone)."""
     from circuits.formats import describe_prompts
 
-    return describe_prompts({"numbers": config.numbers, "format": {"shots": config.shots, "chat": config.chat}})
+    return describe_prompts({"numbers": config.numbers, "format": {"shots": config.shots, "chat": config.chat}},
+                            task=task)
+
+
+def prompt_formats(config: SweepConfig) -> str:
+    """The prompt format of every task of the sweep: one description where they agree, else one per task."""
+    shown = {t: prompt_format(config, t) for t in config.tasks}
+    if len(set(shown.values())) <= 1:
+        return next(iter(shown.values()), prompt_format(config))
+    return "; ".join(f"{t}: {d}" for t, d in shown.items())
 
 
 def csv_text(rows: Sequence[Any], config: SweepConfig | None = None) -> str:
@@ -38,9 +48,8 @@ def csv_text(rows: Sequence[Any], config: SweepConfig | None = None) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(COLUMNS)
-    extra = {"prompt_format": prompt_format(config) if config is not None else None}
     for r in rows:
-        d = {**extra, **r.to_dict()}
+        d = {"prompt_format": prompt_format(config, r.task) if config is not None else None, **r.to_dict()}
         writer.writerow([fmt(d[c], 6) for c in COLUMNS])
     return buf.getvalue()
 
@@ -78,7 +87,7 @@ def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
     what = (f"faithfulness at wait={config.wait}, transfer={config.transfer}" if config.mode == "fixed"
             else f"faithfulness of the selected configuration (threshold {config.threshold:g})")
     lines = [f"Sweep: {what}; {len(config.seeds)} seed(s) ({', '.join(map(str, config.seeds))}), "
-             f"{config.n_prompts} prompts per cell; prompts: {prompt_format(config)}.", "",
+             f"{config.n_prompts} prompts per cell; prompts: {prompt_formats(config)}.", "",
              "| model | task | ablation | base acc. | faithfulness min / avg / max | 95% CI (avg) | (wait, transfer) | failed |",
              "|---|---|---|---|---|---|---|---|"]
     for (model, task, ablation), rs in groups(rows).items():

@@ -103,6 +103,39 @@ def test_describe_prompts_reads_a_run_description(meta, text):
     assert describe_prompts(meta) == text
 
 
+def test_describe_prompts_says_what_a_task_file_adds(tmp_path):
+    """A task file's own prefix and answer format are part of how its prompts read: the description says so,
+    and never calls such prompts the papers' format."""
+    body = 'name = "m"\ntemplate = "{A}+{B}="\nanswer = "A+B"\n[slots]\nA = { range = [0, 9] }\nB = { range = [0, 9] }\n'
+    prefixed, spaced, plain = tmp_path / "p.toml", tmp_path / "s.toml", tmp_path / "plain.toml"
+    prefixed.write_text('prefix = "1+1=2\\n"\n' + body)
+    spaced.write_text('answer_format = " {}"\n' + body)
+    plain.write_text(body)
+    assert describe_prompts({"task": str(prefixed)}) == "zero-shot after the task file's prefix, single-token numbers"
+    assert describe_prompts({"task": str(spaced)}) == "zero-shot, answers written as ' {}', single-token numbers"
+    assert describe_prompts({"task": str(plain)}) == "zero-shot, single-token numbers (the AF1 papers' format)"
+    assert (describe_prompts({"format": {"shots": 2}, "numbers": "multi"}, task=str(prefixed))
+            == "2-shot after the task file's prefix, numbers of several tokens (answers read under teacher forcing)")
+    # a task that no longer resolves (a moved file) or a caller's own prompts: the format keys alone
+    assert describe_prompts({"task": str(tmp_path / "gone.toml")}) == describe_prompts({}) == describe_prompts(
+        {"task": None})
+
+
+def test_a_sweep_says_each_tasks_format(tmp_path):
+    body = 'name = "m"\ntemplate = "{A}+{B}="\nanswer = "A+B"\n[slots]\nA = { range = [0, 9] }\nB = { range = [0, 9] }\n'
+    (tmp_path / "p.toml").write_text('prefix = "1+1=2\\n"\n' + body)
+    path = tmp_path / "sweep.toml"
+    path.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["add", "p.toml"]\n')
+    config = SweepConfig.from_toml(path)
+    cells = [CellResult(model="arith-gpt2", task=t, ablation="cama", seed=0, base_accuracy=0.5, n_prompts=10, wait=3,
+                        transfer=1, faithfulness=0.8, ci_low=0.7, ci_high=0.9, path="cells/x") for t in config.tasks]
+    table = list(csv.DictReader(io.StringIO(csv_text(cells, config))))
+    assert [r["prompt_format"] for r in table] == ["zero-shot, single-token numbers (the AF1 papers' format)",
+                                                   "zero-shot after the task file's prefix, single-token numbers"]
+    assert (f"prompts: add: zero-shot, single-token numbers (the AF1 papers' format); {config.tasks[1]}: zero-shot "
+            "after the task file's prefix, single-token numbers.") in markdown(config, cells).splitlines()[0]
+
+
 def parsed(*flags: str) -> argparse.Namespace:
     return cli.build_parser().parse_args(["search", "--model", "m", "--task", "add", "--out", "o", *flags])
 
