@@ -188,7 +188,8 @@ def test_filter_single_token_keeps_everything_for_the_zoo_tokenizer():
     assert dropped == 0 and len(kept) == 200
 
 
-def test_filter_single_token_drops_split_numbers(capsys):
+def test_filter_single_token_drops_split_numbers(caplog):
+    caplog.set_level("INFO", logger="circuits")
     tok = _splitting_tokenizer(60)
     assert tok.tokenize("73") == ["7", "##3"]
     ds = tasks.build_task("add", n=300, seed=1)
@@ -196,7 +197,8 @@ def test_filter_single_token_drops_split_numbers(capsys):
     expected = sum(all(v <= 60 for v in ops + [a]) for ops, a in zip(ds["operands"], ds["answer"]))
     assert len(kept) == expected and dropped == 300 - expected > 0
     assert all(max(ops + [a]) <= 60 for ops, a in zip(kept["operands"], kept["answer"]))
-    assert f"dropped {dropped}" in capsys.readouterr().out
+    # said through the package's logger (the command line shows it on stdout; here no handler is installed)
+    assert any(f"dropped {dropped}" in r.getMessage() for r in caplog.records if r.name == "circuits.tasks")
 
 
 def test_filter_single_token_strict_names_the_number_and_pieces():
