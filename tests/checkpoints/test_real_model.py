@@ -247,9 +247,9 @@ def test_early_decoding_reads_the_first_answer_token_at_the_last_prompt_position
     records = [{"prompt": p, "answer": 0} for p in prompts.prompts]
     meta = {"model": SMOLLM2, "task": "add", "seed": 0, "n_requested": 10, "numbers": "multi",
             "format": TWO_SHOT.identity(), "t0": clock.time()}
-    result, inter = execute(LENS, model, prompts.tokens, prompts.answers, LensConfig(interchange=True),
-                            out_dir=tmp_path / "lens", meta=meta, prompts=records, progress=False)
-    assert inter == []  # the interchange checks swap whole operands: skipped with answers of several tokens
+    result = execute(LENS, model, prompts.tokens, prompts.answers, LensConfig(interchange=True),
+                     out_dir=tmp_path / "lens", meta=meta, prompts=records, progress=False)
+    assert result.interchanges == []  # they swap whole operands: skipped with answers of several tokens
     tokens, first = prompts.tokens[:, : prompts.tokens.shape[1] - k + 1], prompts.answers[:, 0]
     states: dict = {}
     handles = []
