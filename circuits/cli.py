@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "search + pruning on the planted zoo models, scored against the planted structure"),
 }
 
+THREADS_ENV = "AF1_THREADS"
+"""Environment variable giving torch's CPU threads when ``--threads`` is not given."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="af1",
@@ -52,6 +56,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def set_threads(threads: int | None) -> None:
+    """torch's CPU threads for the command: ``--threads``, else ``$AF1_THREADS``, else torch's default (one per
+    physical core). On a machine whose cores other processes keep busy, one thread is several times faster than
+    two (docs/real_models.md, "Speed"). :class:`~circuits.errors.ArgumentError` for a value below 1."""
+    import os
+
+    from circuits.errors import ArgumentError
+
+    flag = "--threads"
+    if threads is None:
+        text = os.environ.get(THREADS_ENV, "").strip()
+        if not text:
+            return
+        flag = f"${THREADS_ENV}"
+        try:
+            threads = int(text)
+        except ValueError:
+            raise ArgumentError(f"{flag}={text!r} is not an integer: set it to the number of torch CPU threads, "
+                                f"e.g. 1") from None
+    if threads < 1:
+        raise ArgumentError(f"{flag} {threads} is out of range: give an integer >= 1")
+    import torch
+
+    torch.set_num_threads(int(threads))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -64,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr; --debug: all
     cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
+        set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):
             module.check(args)

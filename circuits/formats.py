@@ -19,14 +19,14 @@ whose states depend on nothing that varies, and CAMA leaves them unchanged. ``ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from circuits.errors import ArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
-__all__ = ["EXAMPLES_SEED", "PromptFormat"]
+__all__ = ["EXAMPLES_SEED", "PromptFormat", "describe_prompts", "own_format"]
 
 EXAMPLES_SEED = 20_251_202
 """Seed of the solved examples' draw (fixed: the examples are part of the format, not of a run's seed)."""
@@ -114,3 +114,38 @@ class PromptFormat:
         cols = {c: [v[i] for i in keep] for c, v in rows.items()}
         cols["prompt"] = prompts
         return Dataset.from_dict(cols)
+
+
+def describe_prompts(meta: Mapping[str, Any], task: Any = None) -> str:
+    """How a run's prompts were presented, for its report and tables, from its description (``run.json``,
+    ``summary.json`` or a command's meta: the ``format`` and ``numbers`` keys of
+    :meth:`circuits.specs.PromptSpec.meta`, absent at the papers' defaults) and its task (``task``, else
+    ``meta["task"]``), whose file may set a ``prefix`` and an ``answer_format`` of its own: ``"zero-shot,
+    single-token numbers (the AF1 papers' format)"``, ``"2-shot, chat template, numbers of several tokens
+    (answers read under teacher forcing)"``, ``"zero-shot after the task file's prefix, answers written as
+    ' {}', single-token numbers"``. The papers' format is named only where nothing differs from it."""
+    given = meta.get("format") or {}
+    fmt = PromptFormat(shots=int(given.get("shots", 0)), chat=bool(given.get("chat", False)))
+    prefix, answer_format = own_format(meta.get("task") if task is None else task)
+    text = fmt.describe() + (" after the task file's prefix" if prefix else "")
+    if answer_format != "{}":
+        text += f", answers written as {answer_format!r}"
+    if meta.get("numbers", "single") == "multi":
+        return text + ", numbers of several tokens (answers read under teacher forcing)"
+    papers = fmt.zero_shot and not prefix and answer_format == "{}"
+    return text + ", single-token numbers" + (" (the AF1 papers' format)" if papers else "")
+
+
+def own_format(task: Any) -> tuple[str, str]:
+    """``(prefix, answer_format)`` of a task (name, file path or spec): what its file says about the prompt's
+    text besides the template; ``("", "{}")`` for ``None``, a caller's own prompts or a task that no longer
+    resolves (a moved task file: a report still renders)."""
+    from circuits import tasks
+
+    if task is None or not tasks.known_task(task):
+        return "", "{}"
+    try:
+        spec = tasks.get_task(task)
+    except (ArgumentError, OSError, ValueError):
+        return "", "{}"
+    return spec.prefix, spec.answer_format

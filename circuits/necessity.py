@@ -197,10 +197,12 @@ def necessity_schema(config: NecessityConfig, info: Any, n_prompts: int) -> Reco
 def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunContext) -> None:
     """``necessity.json`` and ``report.html`` of a finished sweep."""
     from circuits import report
+    from circuits.formats import describe_prompts
 
     meta = ctx.meta
     run_dir.write_json(files.NECESSITY_SUMMARY, {
         **{k: meta.get(k) for k in ("model", "task", "source", "base_accuracy", "n_checked", "command")},
+        "prompt_format": describe_prompts(meta),
         "seed": int(run_dir.identity.get("seed", 0)),
         "n_prompts": result.n_prompts,
         "seconds": result.seconds,
@@ -210,7 +212,7 @@ def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunCo
     })
     title = f"Necessity sweep: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"
     notes = [f"Faithfulness when the last token attends only to BOS and itself in one block (all other blocks "
-             f"unchanged); {result.n_prompts} prompts."]
+             f"unchanged); {result.n_prompts} prompts.", f"Prompts: {describe_prompts(meta)}."]
     report.write_page(run_dir.path / files.REPORT, title, result.figures(title), notes)
 
 

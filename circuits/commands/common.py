@@ -42,6 +42,9 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
                              "(replaces --device; bridge: Hugging Face/accelerate dispatch, hooked: n_devices)")
     parser.add_argument("--max-memory", default=None,
                         help="memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=100GiB")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: $AF1_THREADS, else torch's default, one per core); "
+                             "1 is fastest on a machine whose cores other processes keep busy (docs/real_models.md)")
 
 
 def batch_size_argument(text: str) -> int | str:

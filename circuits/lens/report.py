@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuits import files
+from circuits.formats import describe_prompts
 from circuits.report import write_page, write_text
 
 from .interchange import InterchangeResult
@@ -48,6 +49,7 @@ def lens_json(
     """The ``lens.json`` document: ``meta`` keys first, then :meth:`LensResult.to_dict` (``prompts``,
     ``rows``, settings) and ``interchange`` (label -> :meth:`InterchangeResult.to_dict`)."""
     doc: dict[str, Any] = dict(meta or {})
+    doc["prompt_format"] = describe_prompts(doc)
     doc.update(result.to_dict(n_boot=n_boot, seed=seed))
     doc["interchange"] = {r.label or f"interchange{i}": r.to_dict() for i, r in enumerate(interchanges)}
     return json_ready(doc)
@@ -215,8 +217,9 @@ def write_lens_outputs(
     result.interchanges = list(interchanges)
     write_arrays(out / files.LENS_ARRAYS, result.array_dict())
     figs = _figures(doc, result, interchanges)
-    notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items()),
+    notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items() if k not in ("numbers", "format")),
              f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
-             f"post-MLP residual states of every block (0-indexed)."]
+             f"post-MLP residual states of every block (0-indexed).",
+             f"Prompts: {describe_prompts(meta or {})}."]
     html_path = write_page(out / files.REPORT, "Early decoding (logit lens)", figs, notes)
     return json_path, html_path

@@ -146,6 +146,7 @@ def figures(result: "PruneResult") -> list[Any]:
 def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
                        notes: Sequence[str] = ()) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
+    from circuits.formats import describe_prompts
     from circuits.report import write_page
 
     figs = figures(result)
@@ -161,6 +162,7 @@ def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[st
         f"rank={cfg.rank}, confirm_top={cfg.confirm_top}; {result.n_prompts} prompts ({result.n_dropped} "
         f"dropped: the unmodified model got them wrong).",
         f"Smallest head set with faithfulness >= {cfg.target:g}: {smallest}.",
+        f"Prompts: {describe_prompts(meta)}.",
         *notes,
     ]
     title = f"Head pruning: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'}"

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from circuits.errors import ArgumentError
+from circuits.formats import describe_prompts
 from circuits.prune.config import PruneConfig
 from circuits.runs import dist_version
 from interventions.types import Head
@@ -196,6 +197,7 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
     smallest = result.curve[result.smallest_step] if result.smallest_step is not None else None
     return {
         **{k: v for k, v in meta.items()},
+        "prompt_format": describe_prompts(meta),
         **cfg.subgraph_fields(),
         "target": cfg.target,
         "batch_size": cfg.batch_size,

@@ -31,7 +31,9 @@ Two evaluation methods give the same numbers:
   (``run_from(positions=...)``); other position schemes (ALiBi, local attention, ...) keep every
   position (``tail="full"``). Only the last position is unembedded. (4) With ``transfer = 0`` the answer depends only on
   the last token (its ablated state is a cached mean, a constant or an embedding) and BOS: one prompt per
-  distinct last token is evaluated.
+  distinct last token is evaluated. (5) The plain-mean and zero baselines leave nothing of a prompt after
+  block ``wait >= 0`` (every position but BOS holds the same per-position mean, or zero; BOS its own state):
+  every prompt then has the same residual, hence the same answer logits, and one prompt is computed for all.
 
 Both backends run the fast method through ``interventions.adapt(model)``: ``run_from`` (only the blocks
 after a given residual) and the adapter's ``capabilities`` choose the tail: ``tail="last"`` where the

@@ -296,6 +296,7 @@ def write_outputs(
 
     import circuits
     from circuits import report
+    from circuits.formats import describe_prompts
     from circuits.runs import write_json
 
     out_dir = Path(out_dir)
@@ -318,6 +319,7 @@ def write_outputs(
         "circuits_version": circuits.__version__,
         "transformer_lens_version": getattr(transformer_lens, "__version__", None) or dist_version("transformer-lens"),
         "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
         "smallest_transfer_per_wait": {str(w): t for w, t in sorted(result.smallest_transfer.items())},
         "grid": result.grid,
         "method": result.method,
@@ -331,11 +333,13 @@ def write_outputs(
         "command": list(meta.get("command") or sys.argv),
         "identity": dict(identity),
         "source": meta.get("source"),
+        "prompt_format": describe_prompts(meta),
         "means": files.MEANS if (out_dir / files.MEANS).exists() else None,
         "fit": means,
     }
     write_json(out_dir / files.SUMMARY, summary)
     title = f"AF1 search: {meta.get('model') or 'model'} on {meta.get('task') or 'prompts'} ({result.ablation})"
+    notes = [f"Prompts: {summary['prompt_format']}.", *notes]
     report.search_report(result, out_dir / files.REPORT, title=title, notes=notes)
 
 

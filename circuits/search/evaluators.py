@@ -4,8 +4,8 @@
 * :class:`BatchedEvaluator`: the same passes, several configurations of one wait per forward pass
   (:func:`interventions.run_many`; one request per prompt batch on a remote nnsight model).
 * :class:`FastEvaluator`: exact shortcuts (ablated residual by lookup, shared transfer prefix, a
-  last-position self-peek tail, one evaluation per distinct last token when ``transfer = 0``); see
-  :mod:`circuits.search` for why each is exact.
+  last-position self-peek tail, one evaluation per distinct last token when ``transfer = 0``, one prompt
+  for all under the plain-mean and zero baselines); see :mod:`circuits.search` for why each is exact.
 """
 
 from __future__ import annotations
@@ -152,7 +152,9 @@ class FastEvaluator(Evaluator):
     """Exact shortcuts (see the module docstring): ablated residual by lookup, shared transfer prefix,
     self-peek tail on the last position only (``tail="last"``; ``"pair"``: ``[BOS, last]``; ``"full"``:
     every position), one evaluation per distinct last token when ``transfer = 0``, last-position
-    unembedding.
+    unembedding. Under ``ablation="mean"`` or ``"zero"`` with ``wait >= 0`` every prompt enters block
+    ``wait + 1`` with the same residual (BOS's own state, then a per-position mean or zeros: nothing of the
+    prompt's tokens is left), so every prompt gets the same logits: one prompt is computed and repeated.
 
     The tail is chosen by the adapter's :class:`~interventions.adapter.Capabilities`: ``"last"`` needs
     ``frozen_bos_kv``; ``"pair"`` needs ``positions`` when the model's positions are rotary (the last
@@ -250,6 +252,16 @@ class FastEvaluator(Evaluator):
     def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
         if wait != self.wait:
             self.begin_wait(wait)
+        if wait >= 0 and self.ablation in ("mean", "zero"):
+            # The same residual for every prompt after `wait` (see the class docstring): one prompt for all.
+            if not self.states:
+                self.states = [self.start(wait, slice(0, 1))]
+            if transfer < self.depth:
+                raise RuntimeError(f"transfers of one wait must be evaluated in increasing order ({transfer} < {self.depth})")
+            while self.depth < transfer:
+                self.advance()
+            one = self.tail_logits(self.states, wait + 1 + transfer)
+            return one.expand(int(self.tokens.shape[0]), *one.shape[1:]).contiguous()
         if transfer == 0:
             # No transfer block: every block after `wait` self-peeks, so the answer depends only on the
             # answer positions' states after `wait` (each a function of its own token: a cached mean, a

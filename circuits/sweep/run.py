@@ -82,9 +82,10 @@ class SweepResult:
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame``: one row per cell (the columns of ``table.csv``)."""
         from circuits.frames import dataframe
-        from circuits.sweep.table import COLUMNS
+        from circuits.sweep.table import COLUMNS, prompt_format
 
-        return dataframe([c.to_dict() for c in self.cells], COLUMNS)
+        return dataframe([{**c.to_dict(), "prompt_format": prompt_format(self.config, c.task)} for c in self.cells],
+                         COLUMNS)
 
     def plot(self, model: str | None = None, ablation: str | None = None) -> Any:
         """The report's heatmap of ``model`` (default: the first) and ``ablation`` (default: the first)."""

@@ -14,7 +14,9 @@ from circuits import files
 from circuits.sweep.config import SweepConfig
 
 COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_prompts", "selected", "wait",
-           "transfer", "faithfulness", "ci_low", "ci_high", "error", "path")
+           "transfer", "faithfulness", "ci_low", "ci_high", "error", "path", "prompt_format")
+"""The columns of ``table.csv``; ``prompt_format`` (the sweep's ``numbers``, ``shots`` and ``chat`` with the
+row's task file's prefix and answer format: :func:`circuits.formats.describe_prompts`)."""
 
 
 def fmt(x: Any, digits: int = 3) -> str:
@@ -23,13 +25,31 @@ def fmt(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def csv_text(rows: Sequence[Any]) -> str:
-    """One line per cell, the columns :data:`COLUMNS` (empty where a value does not apply)."""
+def prompt_format(config: SweepConfig, task: Any = None) -> str:
+    """How the sweep's prompts of ``task`` are presented (:func:`circuits.formats.describe_prompts`; without a
+    task: the sweep's ``numbers``, ``shots`` and ``chat`` alone)."""
+    from circuits.formats import describe_prompts
+
+    return describe_prompts({"numbers": config.numbers, "format": {"shots": config.shots, "chat": config.chat}},
+                            task=task)
+
+
+def prompt_formats(config: SweepConfig) -> str:
+    """The prompt format of every task of the sweep: one description where they agree, else one per task."""
+    shown = {t: prompt_format(config, t) for t in config.tasks}
+    if len(set(shown.values())) <= 1:
+        return next(iter(shown.values()), prompt_format(config))
+    return "; ".join(f"{t}: {d}" for t, d in shown.items())
+
+
+def csv_text(rows: Sequence[Any], config: SweepConfig | None = None) -> str:
+    """One line per cell, the columns :data:`COLUMNS` (empty where a value does not apply; ``prompt_format``
+    needs ``config``)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(COLUMNS)
     for r in rows:
-        d = r.to_dict()
+        d = {"prompt_format": prompt_format(config, r.task) if config is not None else None, **r.to_dict()}
         writer.writerow([fmt(d[c], 6) for c in COLUMNS])
     return buf.getvalue()
 
@@ -67,7 +87,7 @@ def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
     what = (f"faithfulness at wait={config.wait}, transfer={config.transfer}" if config.mode == "fixed"
             else f"faithfulness of the selected configuration (threshold {config.threshold:g})")
     lines = [f"Sweep: {what}; {len(config.seeds)} seed(s) ({', '.join(map(str, config.seeds))}), "
-             f"{config.n_prompts} prompts per cell.", "",
+             f"{config.n_prompts} prompts per cell; prompts: {prompt_formats(config)}.", "",
              "| model | task | ablation | base acc. | faithfulness min / avg / max | 95% CI (avg) | (wait, transfer) | failed |",
              "|---|---|---|---|---|---|---|---|"]
     for (model, task, ablation), rs in groups(rows).items():
@@ -148,7 +168,7 @@ def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, second
     from circuits import report
     from circuits.runs import write_json
 
-    report.write_text(out / files.TABLE_CSV, csv_text(rows))
+    report.write_text(out / files.TABLE_CSV, csv_text(rows, config))
     md = markdown(config, rows)
     report.write_text(out / files.TABLE_MD, md)
     settings = {**config.identity(), "threshold": config.threshold}  # the threshold only selects: not identity

@@ -8,6 +8,7 @@ per ``(key, backend, dtype)``: tests must not modify them."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -102,11 +103,15 @@ needs_smollm2 = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory) -> tuple[Path, Path, float]:
-    """``(cache root, converted folder, seconds the conversion took)``: SmolLM2's GGUF file converted once per
-    session into a conversion cache under pytest's temporary folder."""
+    """``(cache root, converted folder, seconds the conversion or the cache hit took)``: SmolLM2's GGUF file in
+    the conversion cache at ``$AF1_CACHE_DIR`` when that is set (``make test`` points it at ``.cache/`` in the
+    checkout, so the file is dequantised once per checkout and later sessions read the folder), else in a cache
+    under pytest's temporary folder (converted once per session). The tests of the cache's bookkeeping use
+    their own empty temporary caches."""
     from circuits import gguf
 
-    root = tmp_path_factory.mktemp("af1-cache")
+    persistent = os.environ.get(gguf.CACHE_ENV)
+    root = Path(persistent) if persistent else tmp_path_factory.mktemp("af1-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(gguf.CACHE_ENV, str(root))
         start = time.perf_counter()

