@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 from jaxtyping import Bool, Int
@@ -78,7 +79,7 @@ class MemoryStore:
 class DirStore:
     """A :class:`ResultStore` backed by a run directory's JSONL results file, validated on read."""
 
-    def __init__(self, run_dir: "RunDir", schema: RecordSchema | None):
+    def __init__(self, run_dir: RunDir, schema: RecordSchema | None):
         self.run_dir = run_dir
         numbered = run_dir.load_numbered_records()
         self.loaded = schema.validate(run_dir.results_path, numbered) if schema else [r for _, r in numbered]
@@ -104,11 +105,11 @@ class RunContext:
     """
 
     tokens: Int[torch.Tensor, "n pos"]
-    answers: Int[torch.Tensor, "n *k"]
+    answers: Int[torch.Tensor, " n *k"]
     n_given: int
     keep: Bool[torch.Tensor, " n_given"]
     given_tokens: Int[torch.Tensor, "n_given pos"]
-    given_answers: Int[torch.Tensor, "n_given *k"]
+    given_answers: Int[torch.Tensor, " n_given *k"]
     cache: iv.MeanCache | None
     store: ResultStore
     progress: bool
@@ -195,7 +196,7 @@ class Analysis(Generic[C, R]):
     results_file: str | None
     identity: Callable[[C, RunContext, Any], dict[str, Any]]
     run: Callable[[Any, C, RunContext], R]
-    write: Callable[[R, "RunDir", RunContext], None]
+    write: Callable[[R, RunDir, RunContext], None]
     validate: Callable[[C, Any], None] = validate_config
     means: Callable[[C], str | None] = no_means
     schema: Callable[[C, Any, int], RecordSchema | None] = no_schema

@@ -18,24 +18,23 @@ head in the last block) and the best other token does not change; otherwise it i
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 
 import interventions as iv
-from interventions import adapter as hooks
-from interventions.adapter import adapt
-from interventions.types import Head, InterventionError, Tokens
 from circuits.validation import check_choice
 from circuits.vocab import HEAD_METHODS
+from interventions import adapter as hooks
+from interventions.adapter import adapt
+from interventions.readout import answer_positions
+from interventions.types import Head, InterventionError, Tokens
 from interventions.validation import check_answers
 
-from interventions.readout import answer_positions
-
 from .faithfulness import last_token_metrics
-
 
 
 @contextmanager
@@ -55,7 +54,7 @@ def frozen_parameters(model: Any) -> Iterator[None]:
 def head_attribution_per_prompt(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     heads: Sequence[Head],
     interventions: Sequence[iv.Intervention] = (),
     *,
@@ -122,7 +121,7 @@ def head_attribution_per_prompt(
 def head_attribution(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     heads: Sequence[Head],
     interventions: Sequence[iv.Intervention] = (),
     *,

@@ -8,17 +8,18 @@ the answer and the best other token of the whole vocabulary (negative = wrong), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 
 import interventions as iv
-from interventions.types import InterventionError, Tokens
 from circuits.errors import ArgumentError
 from circuits.validation import check_positive
+from interventions.types import InterventionError, Tokens
 from interventions.validation import check_answers, check_tokens
 
 
@@ -44,7 +45,7 @@ class FaithfulnessResult:
 
 def last_token_metrics(
     last_logits: torch.Tensor, answers: torch.Tensor
-) -> tuple[Bool[torch.Tensor, "batch"], Float[torch.Tensor, "batch"], Float[torch.Tensor, "batch"]]:
+) -> tuple[Bool[torch.Tensor, " batch"], Float[torch.Tensor, " batch"], Float[torch.Tensor, " batch"]]:
     """Per prompt: argmax == answer, probability of the answer, answer logit minus best other logit.
 
     ``last_logits`` ``[batch, d_vocab]`` with ``answers`` ``[batch]``; or, for answers of ``k`` tokens read
@@ -126,7 +127,7 @@ def answer_logits(model: Any, tokens: Tokens, answers: torch.Tensor, interventio
     return last_logits(model, tokens, interventions, batch_size=batch_size, n_answer=answer_width(answers))
 
 
-def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_size: int = 128) -> Bool[torch.Tensor, "batch"]:
+def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_size: int = 128) -> Bool[torch.Tensor, " batch"]:
     """Which prompts the unmodified model answers correctly (argmax at the last position; for ``[batch, k]``
     answers, every answer token the argmax of its position under teacher forcing)."""
     correct, _, _ = last_token_metrics(answer_logits(model, tokens, answers, batch_size=batch_size), answers)
@@ -136,7 +137,7 @@ def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_siz
 def faithfulness(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     interventions: Sequence[iv.Intervention],
     *,
     assume_correct: bool = False,
@@ -167,7 +168,7 @@ def faithfulness(
 def prompt_faithfulness(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     interventions: Sequence[iv.Intervention],
     *,
     assume_correct: bool = False,

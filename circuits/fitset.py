@@ -61,7 +61,7 @@ class FitSpec:
     seed: int = 0
     population: str = "all"
 
-    def validate(self) -> "FitSpec":
+    def validate(self) -> FitSpec:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
         for name, lo in (("size", 1), ("min_count", 1), ("seed", 0)):
             value = getattr(self, name)
@@ -90,7 +90,7 @@ class FitSet:
     n_drawn: int = 0
 
     @classmethod
-    def given(cls, tokens: Int[torch.Tensor, "n_fit pos"], min_count: int = DEFAULT_MIN_COUNT) -> "FitSet":
+    def given(cls, tokens: Int[torch.Tensor, "n_fit pos"], min_count: int = DEFAULT_MIN_COUNT) -> FitSet:
         """A fit set of the caller's own tokens (the API's ``fit_tokens``)."""
         return cls(tokens=tokens.long(), spec=FitSpec(size=max(1, int(tokens.shape[0])), min_count=min_count))
 
@@ -104,7 +104,7 @@ class FitSet:
         h.update(self.tokens.cpu().long().contiguous().numpy().tobytes())
         return h.hexdigest()
 
-    def without(self, scored: Int[torch.Tensor, "batch pos"]) -> "FitSet":
+    def without(self, scored: Int[torch.Tensor, "batch pos"]) -> FitSet:
         """This fit set without the rows that are scored prompts."""
         if scored.shape[1] != self.tokens.shape[1] or not len(self.tokens):
             return self
@@ -119,7 +119,7 @@ class FitSet:
                 "sha256": self.sha256}
 
 
-def fit_set_of(fit: "FitSet | FitSpec | None", fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
+def fit_set_of(fit: FitSet | FitSpec | None, fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
                min_count: int | None = None, *, model: Any = None,
                tokens: Int[torch.Tensor, "batch pos"] | None = None, meta: Any = None) -> FitSet | None:
     """The API's spellings of a fit set as one: a :class:`FitSet` itself; a :class:`FitSpec`, drawn now for

@@ -23,9 +23,10 @@ ordinary, resumable run directory under ``<out>/<model>/<ablation>/{search,prune
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from circuits import files
 from circuits.errors import ArgumentError, ModelLoadError

@@ -13,7 +13,8 @@ import contextlib
 import io
 import logging
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["LOGGER", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
 

@@ -20,8 +20,8 @@ from circuits import files
 from circuits.errors import CorruptRunError, FitSetError, RunMismatchError
 from circuits.fitset import DEFAULT_MIN_COUNT, FitSet
 from circuits.runs import RunDir, read_json_object
-from interventions.coverage import Coverage, entry_counts, row_digests
 from circuits.validation import check_positive
+from interventions.coverage import Coverage, entry_counts, row_digests
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.analyses import RunContext
@@ -95,7 +95,7 @@ def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
     run_dir.record_artifact(files.MEANS)
 
 
-def plan_means(ctx: "RunContext", *, conditional: bool, fit: FitSet | None, cache: iv.MeanCache | None,
+def plan_means(ctx: RunContext, *, conditional: bool, fit: FitSet | None, cache: iv.MeanCache | None,
                min_count: int | None) -> None:
     """Decide a run's means before anything is fitted or written, with what :mod:`circuits.fitset` promises
     enforced: the fit set without the scored prompts (or the caller's ``cache``, which must not hold a scored
@@ -139,7 +139,7 @@ def plan_means(ctx: "RunContext", *, conditional: bool, fit: FitSet | None, cach
     ctx.means_identity["min_count"] = minimum
 
 
-def load_means(model: Any, ctx: "RunContext", cache: iv.MeanCache | None, run_dir: RunDir | None, *,
+def load_means(model: Any, ctx: RunContext, cache: iv.MeanCache | None, run_dir: RunDir | None, *,
                batch_size: int, progress: bool) -> iv.MeanCache:
     """The cache :func:`plan_means` decided on: the caller's (which, with a fit set, must be fitted on it),
     else the one this run wrote to ``run_dir`` or a fresh fit on ``ctx.fit`` (:func:`means_cache`); checked

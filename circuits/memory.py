@@ -17,9 +17,10 @@ Units: bytes throughout (``GiB`` = 2**30 bytes in messages).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 

@@ -12,9 +12,10 @@ resumes), ``necessity.json`` (all blocks and the run identity) and ``report.html
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -22,9 +23,9 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
+from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, faithfulness
 from circuits.records import RecordSchema, faithfulness_fields, layer_field
-from circuits.analyses import Analysis, RunContext, configured
 from circuits.runner import execute
 from circuits.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
@@ -61,7 +62,7 @@ class NecessityResult:
     n_resumed: int = 0
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "NecessityResult":
+    def load(cls, run_dir: str | Path) -> NecessityResult:
         """The sweep stored in ``run_dir`` (``af1 necessity --out``, :func:`necessity_sweep` with ``out_dir``):
         the blocks of ``necessity.jsonl`` in the order of ``necessity.json`` (block order while unfinished)."""
         from circuits.runs import read_json_object, read_jsonl
@@ -112,7 +113,7 @@ class NecessityConfig:
     batch_size: int = 128
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> "NecessityConfig":
+    def validate(self, info: Any = None) -> NecessityConfig:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
         check_int("seed", self.seed, -(2**63))
         check_positive("batch_size", self.batch_size)
@@ -129,7 +130,7 @@ class NecessityConfig:
 def necessity_sweep(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     *,
     config: NecessityConfig | None = None,
     layers: Sequence[int] | None = None,

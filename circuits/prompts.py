@@ -58,7 +58,7 @@ class Prompts:
     """
 
     tokens: Int[torch.Tensor, "batch pos"]
-    answers: Int[torch.Tensor, "batch"]
+    answers: Int[torch.Tensor, " batch"]
     prompts: list[str]
     answer_values: list[int | str]
     base_accuracy: float
@@ -85,7 +85,7 @@ class Prompts:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    def subset(self, keep: torch.Tensor | None, n: int) -> "Prompts":
+    def subset(self, keep: torch.Tensor | None, n: int) -> Prompts:
         """The first ``n`` prompts among those ``keep`` (``[batch]`` bool; ``None``: all) marks, with the
         same counts."""
         idx = torch.arange(len(self)) if keep is None else keep.nonzero().flatten()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from circuits import files
 from circuits.errors import ArgumentError
-
 
 PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("directory", "embed", "cdn")

@@ -38,9 +38,10 @@ File names live in :mod:`circuits.files`.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -102,7 +103,7 @@ class Run:
         self.created = False
         self.lock: DirLock | None = None
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         if self.path.exists() and not self.path.is_dir():
             raise RunMismatchError(f"--out {self.path} exists and is not a directory; choose a directory")
         self.created = not self.path.exists()

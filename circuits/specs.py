@@ -52,7 +52,7 @@ class ModelSpec:
     max_memory: Any = None
     remote: bool = False
 
-    def load(self, *, estimate: "PromptSpec | None" = None, batch_size: int = 128, means: bool = True) -> Any:
+    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any:
         """The model, in eval mode. A pretrained model that runs here first prints the memory it will need
         (and, with ``means``, the cost of fitting its means) for the prompts of ``estimate`` in batches of
         ``batch_size``."""
@@ -98,7 +98,7 @@ class PromptSpec:
 
         return prompts_label(self.prompts) if self.prompts is not None else tasks.task_label(self.task)
 
-    def validate(self) -> "PromptSpec":
+    def validate(self) -> PromptSpec:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
         if (self.task is None) == (self.prompts is None):
             raise ArgumentError(ONE_SOURCE)

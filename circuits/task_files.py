@@ -40,8 +40,9 @@ import json
 import operator
 import re
 import string
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 

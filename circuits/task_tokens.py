@@ -20,8 +20,9 @@ Conventions:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, PromptError
 
@@ -166,8 +167,8 @@ def answer_forms(
 
 
 def filter_single_token(
-    ds: "Dataset", model_or_tokenizer: Any, strict: bool = False, verbose: bool = True
-) -> "tuple[Dataset, int]":
+    ds: Dataset, model_or_tokenizer: Any, strict: bool = False, verbose: bool = True
+) -> tuple[Dataset, int]:
     """Keep the rows whose numbers (every operand in the prompt, and the answer as it follows the
     prompt, see :func:`answer_form`) are each a single token, not ``<unk>``. A string answer (a lookup column,
     e.g. ``" Paris"``) must be one token; the prompt's digits are then not checked.
@@ -240,7 +241,7 @@ def filter_single_token(
     return Dataset.from_dict(cols), dropped
 
 
-def answer_token_ids(model: Any, answers: Sequence[Any]) -> "torch.Tensor":
+def answer_token_ids(model: Any, answers: Sequence[Any]) -> torch.Tensor:
     """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
 
     An integer answer is looked up as ``str(answer)``, falling back to the space-prefixed form
@@ -307,8 +308,8 @@ class Layout:
         key: what groups the rows: the token length, or the layout key of :mod:`circuits.digits`.
     """
 
-    tokens: "torch.Tensor"
-    answers: "torch.Tensor"
+    tokens: torch.Tensor
+    answers: torch.Tensor
     prompts: list[str]
     answer_values: list[int | str]
     indices: list[int]
@@ -325,7 +326,7 @@ class Layout:
         return int(self.tokens.shape[0])
 
 
-def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> list[Layout]:
+def to_layouts(model: Any, ds: Dataset, prepend_bos: bool | None = None) -> list[Layout]:
     """Tokenise ``ds["prompt"]`` with the model and group rows by token length.
 
     BOS per :func:`resolve_bos` (``None``: the model's default). Answer ids come from the
@@ -380,8 +381,8 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
 
 
 def filter_correct(
-    model: Any, ds: "Dataset", batch_size: int = 256, prepend_bos: bool | None = None
-) -> "tuple[Dataset, float]":
+    model: Any, ds: Dataset, batch_size: int = 256, prepend_bos: bool | None = None
+) -> tuple[Dataset, float]:
     """Keep the rows the model answers correctly: argmax of the float32 logits at the last position
     equals the answer token. Rows are grouped by layout (token length, BOS per ``prepend_bos`` as in
     :func:`to_layouts`) internally, so no padding is used.

@@ -7,8 +7,8 @@ from .base import Intervention
 from .cache import MeanCache
 from .peek import Peek
 from .types import InterventionError
-from .vocab import ABLATIONS, Ablation, config_problem
 from .validation import check_choice
+from .vocab import ABLATIONS, Ablation, config_problem
 
 
 def af1_subgraph(

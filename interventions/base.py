@@ -7,9 +7,10 @@ An intervention is data (printable, comparable, serialisable with :meth:`Interve
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -19,7 +20,7 @@ from .types import InterventionError
 
 HookBody = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
 
-REGISTRY: dict[str, type["Intervention"]] = {}
+REGISTRY: dict[str, type[Intervention]] = {}
 
 OMIT_DEFAULT = "omit_default"
 """``dataclasses.field(metadata={OMIT_DEFAULT: True})``: left out of specs and reprs at its default."""
@@ -85,7 +86,7 @@ class Intervention:
         return out
 
     @staticmethod
-    def from_dict(spec: dict[str, Any], cache: MeanCache | None = None) -> "Intervention":
+    def from_dict(spec: dict[str, Any], cache: MeanCache | None = None) -> Intervention:
         """Rebuild an intervention from :meth:`to_dict` output.
 
         A spec that references a cache uses ``cache`` when given (its hash must match), else loads the

@@ -13,8 +13,9 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ PROBES: dict[str, tuple[Callable[[int], str], Callable[[torch.Tensor], torch.Ten
     "resid_post": (resid_post, lambda r: r.roll(1, dims=-1), "CAMA, MeanAblation and ZeroAblation"),
 }
 
-_VERDICTS: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def edit_kind(name: str) -> str | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -11,8 +12,8 @@ from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .entries import UncoveredEntryError
-from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
 from .readout import answer_positions, answer_readout
+from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
 from .validation import check_choice, check_tokens
 
 

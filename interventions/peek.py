@@ -11,8 +11,9 @@ that expose no pattern) apply the same restriction as a per-block mask of allowe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

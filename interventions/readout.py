@@ -9,7 +9,7 @@ and sends 16 bytes per prompt instead of the vocabulary (512 kB per prompt for L
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 
 READOUT = ("answer_logit", "best_other_logit", "logsumexp", "argmax")
 """The columns of :func:`answer_readout` (logits in float32; ``argmax`` a token id stored as a float)."""

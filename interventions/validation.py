@@ -10,7 +10,8 @@ Torch is imported only by the tensor checks.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import InterventionError
 

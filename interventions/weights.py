@@ -11,7 +11,7 @@ import torch
 
 __all__ = ["weights_sha256"]
 
-_WEIGHT_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+_WEIGHT_HASHES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 
 
 def weights_sha256(module: torch.nn.Module) -> str | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from circuits.errors import ArgumentError
 from circuits.validation import check_int, check_positive
@@ -264,7 +265,7 @@ def check_common(args: argparse.Namespace) -> None:
     check_specs(specs_of(args))
 
 
-def check_specs(specs: "CommandSpecs") -> None:
+def check_specs(specs: CommandSpecs) -> None:
     """The checks of a model command's specs before anything loads: the model name, ``--remote``, the prompt
     counts and seed, the batch size and placement, the task or prompt dataset, the device and ``--out``."""
     model, prompts = specs.model, specs.prompts

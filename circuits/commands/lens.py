@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from circuits import files
-from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, add_task_arguments,
-                                      batch_size_argument, set_prompt_defaults)
+from circuits.commands.common import (
+    add_backend_argument,
+    add_prompt_format_arguments,
+    add_task_arguments,
+    batch_size_argument,
+    set_prompt_defaults,
+)
 from circuits.vocab import DECODES
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -147,9 +148,9 @@ class CounterfactualSet:
     position 0; answers are token ids)."""
 
     tokens: Int[torch.Tensor, "batch pos"]
-    answers: Int[torch.Tensor, "batch"]
+    answers: Int[torch.Tensor, " batch"]
     counter_tokens: Int[torch.Tensor, "batch pos"]
-    counter_answers: Int[torch.Tensor, "batch"]
+    counter_answers: Int[torch.Tensor, " batch"]
     prompts: list[str]
     counter_prompts: list[str]
     n_dropped: int

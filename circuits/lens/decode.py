@@ -29,7 +29,8 @@ Metrics, per prompt and (block, sub-layer), computed on the decoded logits at th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,8 +62,8 @@ def decode_states(
 
 def _metrics(
     logits: Float[torch.Tensor, "batch d_vocab"],
-    answers: Int[torch.Tensor, "batch"],
-    answer_values: Float[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
+    answer_values: Float[torch.Tensor, " batch"],
     table: NumericTable,
     track: Int[torch.Tensor, "batch n_track"],
     top_k: int,

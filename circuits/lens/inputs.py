@@ -7,8 +7,9 @@ layout; a dataset is grouped by layout (largest first).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -32,7 +33,7 @@ class PromptGroup:
     """
 
     tokens: Int[torch.Tensor, "n pos"]
-    answers: Int[torch.Tensor, "n"]
+    answers: Int[torch.Tensor, " n"]
     prompts: list[str]
     answer_values: list[float]
     indices: list[int]

@@ -9,21 +9,21 @@ probability, one block at a time (:func:`interchange`). Counterfactual pairs com
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Int
 
 import interventions as iv
+from circuits.errors import ArgumentError
 from interventions.adapter import attn_out
 from interventions.validation import check_tokens
 
 from .capture import block_list, capture_last
 from .result import json_ready
-
-from circuits.errors import ArgumentError
 
 __all__ = ["InterchangeResult", "interchange"]
 
@@ -96,10 +96,10 @@ def _token_ids(what: str, ids: Any, n: int) -> torch.Tensor:
 def interchange(
     model: Any,
     tokens: Int[torch.Tensor, "batch pos"],
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     counter_tokens: Int[torch.Tensor, "batch pos"],
     *,
-    counter_answers: Int[torch.Tensor, "batch"] | None = None,
+    counter_answers: Int[torch.Tensor, " batch"] | None = None,
     layers: Sequence[int] | None = None,
     batch_size: int = 64,
     label: str = "",

@@ -13,8 +13,9 @@ the interchange drops per block. The page is built by the shared offline writer 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

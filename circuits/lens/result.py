@@ -67,7 +67,7 @@ class LensResult:
         return out
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "LensResult":
+    def load(cls, run_dir: str | Path) -> LensResult:
         """The early decoding stored in ``run_dir`` (``af1 lens --out``): the settings and prompts of
         ``lens.json``, the per-prompt arrays of ``lens.npz`` (written since this release; an older directory
         raises ``FileNotFoundError`` saying to rerun it) and the interchange checks."""

@@ -4,9 +4,10 @@ are part of the file format), the :class:`PruneResult` and its ``summary.json``.
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ class CurvePoint:
         return out
 
     @classmethod
-    def from_dict(cls, row: Mapping[str, Any]) -> "CurvePoint":
+    def from_dict(cls, row: Mapping[str, Any]) -> CurvePoint:
         data = {k: row[k] for k in CURVE_FIELDS}
         data["removed"] = tuple(row["removed"]) if row["removed"] is not None else None
         data["heads_kept"] = [tuple(h) for h in row["heads_kept"]]
@@ -92,7 +93,7 @@ class PruneResult:
     key_labels: list[str]
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "PruneResult":
+    def load(cls, run_dir: str | Path) -> PruneResult:
         """The pruning run stored in ``run_dir`` (``af1 prune --out``, :func:`prune_heads` with ``out_dir``),
         without a model: the configuration from ``run.json``, the curve from ``curve.jsonl`` and the target,
         the smallest head set, its attention and the timings from ``summary.json`` (``FileNotFoundError``

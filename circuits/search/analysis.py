@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,21 +15,20 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
+from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, bootstrap_ci, summarize
 from circuits.fitset import FitSet, FitSpec, fit_set_of
-from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
-from circuits.analyses import Analysis, RunContext, configured
 from circuits.logs import get_logger
+from circuits.outcomes import PromptOutcomes, decode_mask
+from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
-from circuits.outcomes import PromptOutcomes, decode_mask
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult, config_row
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
 from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
 from interventions.types import Tokens
-
 
 NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """Keys of ``meta`` that describe a run rather than determine its results."""
@@ -37,7 +37,7 @@ NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 def search_af1(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     *,
     config: SearchConfig | None = None,
     cache: iv.MeanCache | None = None,

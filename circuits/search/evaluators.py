@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -18,10 +19,9 @@ from jaxtyping import Float
 import interventions as iv
 from circuits.errors import ArgumentError, PromptError
 from circuits.faithfulness import answer_width, last_token_metrics
+from circuits.validation import check_choice
 from interventions.readout import answer_positions, readout_metrics
 from interventions.types import Tokens
-from circuits.validation import check_choice
-
 
 PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer prob, logit diff
 

@@ -16,7 +16,6 @@ from circuits.logs import get_logger
 from circuits.sweep.config import Cell, SweepConfig
 
 
-
 @dataclass
 class CellResult:
     """One row of the sweep's table.
@@ -62,7 +61,7 @@ class SweepResult:
     out_dir: Path | None = None
 
     @classmethod
-    def load(cls, out: str | Path) -> "SweepResult":
+    def load(cls, out: str | Path) -> SweepResult:
         """The sweep of ``out`` (its ``summary.json``; ``FileNotFoundError`` while it has not finished)."""
         import dataclasses
 
@@ -154,7 +153,6 @@ def cell_folder(out: Path, cell: Cell) -> Path:
     """The run directory of ``cell``: ``<out>/cells/<model>/<task>/<ablation>-seed<seed>``, each part one plain
     folder name (a task or model name holding ``/`` or ``..`` is refused, so no cell lies outside ``out``)."""
     from circuits.atomic import inside, safe_name
-
     from circuits.sweep.config import slug, task_slug
 
     parts = (safe_name(slug(cell.model), "model"), safe_name(task_slug(cell.task), "task"),

@@ -59,7 +59,7 @@ def held_out_tuples() -> dict[str, set[tuple[int, ...]]]:
     return out
 
 
-def own_frozen(spec: "_tasks.TaskSpec") -> set[tuple[int, ...]]:
+def own_frozen(spec: _tasks.TaskSpec) -> set[tuple[int, ...]]:
     """Operand tuples of a task file's own frozen set (empty for catalogue tasks, whose sets
     :func:`held_out_tuples` already holds, and for a task without one)."""
     path = _tasks.frozen_path(spec)
@@ -68,7 +68,7 @@ def own_frozen(spec: "_tasks.TaskSpec") -> set[tuple[int, ...]]:
     return {tuple(int(x) for x in json.loads(line)["operands"]) for line in path.read_text().splitlines() if line.strip()}
 
 
-def template_ids(spec: "_tasks.TaskSpec", tokenizer) -> list[int]:
+def template_ids(spec: _tasks.TaskSpec, tokenizer) -> list[int]:
     """Token ids of ``spec.template`` (without BOS) with operand slots as ``-1 - operand_index``."""
     probe = {k: 900 + i for i, k in enumerate(spec.operand_names)}  # numbers outside the vocab range
     # Pre-tokenizer pieces, not tokens: the probe numbers are not in the vocabulary on purpose.
@@ -184,7 +184,7 @@ def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.
             for n in sorted(groups)]
 
 
-def logits(model, tokens) -> "torch.Tensor":  # noqa: F821
+def logits(model, tokens) -> torch.Tensor:  # noqa: F821
     """``[batch, pos, vocab]`` logits of a ``HookedTransformer``/``TransformerBridge`` or a Hugging Face
     causal LM (whose forward returns an output with ``.logits``)."""
     out = model(tokens)

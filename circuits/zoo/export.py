@@ -137,7 +137,7 @@ def refit_markdown(refit: dict) -> str:
     fit, val = refit["fit"], refit["val"]
     how = ("folded exactly: after the final LayerNorm the logits change by at most "
            f"{fit['max_logit_change']:.1e} (float32 rounding)" if refit["method"] == "fold" else
-           f"distilled: the mean KL divergence from the biased model"
+           "distilled: the mean KL divergence from the biased model"
            + (f" plus {refit['ce_weight']} x the answer's cross-entropy" if refit["ce_weight"] else "")
            + f", minimised over W_U alone with L-BFGS ({refit['lbfgs_evaluations']} evaluations)")
     return (f"Last step ({refit.get('wall_time_s', '?')} s): the unembedding bias b_U the HookedTransformer was trained "

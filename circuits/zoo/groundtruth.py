@@ -47,8 +47,7 @@ from typing import Any
 
 from circuits.atomic import write_text
 from circuits.errors import ModelLoadError
-from circuits.zoo import MODELS_DIR
-from circuits.zoo import trainer
+from circuits.zoo import MODELS_DIR, trainer
 from circuits.zoo.data import accuracy, build_splits, layout_batches
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass

@@ -90,7 +90,7 @@ class Structure:
                 "windows": {str(b): list(ws) for b, ws in zip(self.blocks, self.windows)}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Structure":
+    def from_dict(cls, d: dict[str, Any]) -> Structure:
         """Inverse of :meth:`to_dict`."""
         w, t = int(d["wait"]), int(d["transfer"])
         blocks = [str(b) for b in range(w + 1, w + 1 + t)]
@@ -105,7 +105,7 @@ class Structure:
             raise ArgumentError(f"structure heads {self.heads} out of range for {n_heads} heads")
 
 
-def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int) -> "torch.Tensor":  # noqa: F821
+def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int) -> torch.Tensor:  # noqa: F821
     """Boolean ``[n_layers, n_heads, seq_len, seq_len]`` (query, key): True where ``structure`` allows the
     link (causal links only)."""
     import torch
@@ -168,7 +168,7 @@ class ScoreHooks:
         self.penalty = None
 
 
-def forbidden_mass(model: Any, structure: Structure, tokens: "torch.Tensor", batch_size: int = 512) -> dict:  # noqa: F821
+def forbidden_mass(model: Any, structure: Structure, tokens: torch.Tensor, batch_size: int = 512) -> dict:  # noqa: F821
     """Attention that forbidden keys receive in a plain forward pass of ``model`` (a ``HookedTransformer``,
     no hooks added) on ``tokens`` ``[batch, pos]`` (one layout). Returns ``max_key`` (largest pattern entry
     of any forbidden key, a fraction of its row), ``max_row`` (largest summed forbidden mass of a query

@@ -50,7 +50,7 @@ def build_backend(vocab: dict[str, int]):
     return tok
 
 
-def wrap(backend) -> "transformers.PreTrainedTokenizerFast":  # noqa: F821
+def wrap(backend) -> transformers.PreTrainedTokenizerFast:  # noqa: F821
     """Wrap a :class:`tokenizers.Tokenizer` as a Hugging Face fast tokenizer with BOS/PAD/UNK set."""
     from transformers import PreTrainedTokenizerFast
 

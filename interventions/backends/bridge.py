@@ -27,7 +27,8 @@ import functools
 import os
 import sys
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -48,7 +49,7 @@ class StopForward(Exception):
 
 
 BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
-_BLOCK_INPUTS: "weakref.WeakKeyDictionary[Any, dict[tuple, BlockInputs]]" = weakref.WeakKeyDictionary()
+_BLOCK_INPUTS: weakref.WeakKeyDictionary[Any, dict[tuple, BlockInputs]] = weakref.WeakKeyDictionary()
 
 
 class BridgeAdapter(ModelAdapter):
@@ -90,7 +91,7 @@ class BridgeAdapter(ModelAdapter):
             x = self.model.unembed(self.model.ln_final(x))
         return x
 
-    def block_inputs(self, n_pos: int, positions: Int[torch.Tensor, "pos"] | None,
+    def block_inputs(self, n_pos: int, positions: Int[torch.Tensor, " pos"] | None,
                      device: torch.device) -> BlockInputs:
         """The arguments after the hidden states with which the model's forward pass calls block 0, for
         one sequence of ``n_pos`` tokens at token positions ``positions`` (default ``0..n_pos-1``):
@@ -168,7 +169,7 @@ class BridgeAdapter(ModelAdapter):
                            f"check that the model's blocks are registered as model.blocks")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def transformer_lens_major() -> int:
     """Major version of the installed TransformerLens (read once)."""
     import importlib.metadata

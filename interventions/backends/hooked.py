@@ -11,7 +11,8 @@ attention stores them (after any q/k norm or clipping, before rotary).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -66,7 +67,7 @@ class HookedAdapter(ModelAdapter):
             return self.model(resid, start_at_layer=start, past_kv_cache=kv)
 
     @contextlib.contextmanager
-    def rotary_shift(self, layers: "range", shifts: Int[torch.Tensor, "m"] | None) -> Iterator[None]:
+    def rotary_shift(self, layers: range, shifts: Int[torch.Tensor, " m"] | None) -> Iterator[None]:
         """Inside the ``with`` block, rotate the queries and keys of the last ``m`` positions by ``shifts`` more
         positions (token positions; 0 leaves a position as it is) in blocks ``layers`` (0-indexed).
         Nothing happens for models without rotary positions or when every shift is 0."""
@@ -80,7 +81,7 @@ class HookedAdapter(ModelAdapter):
             yield
 
     @staticmethod
-    def rotation(attn: Any, shifts: Int[torch.Tensor, "m"]) -> Any:
+    def rotation(attn: Any, shifts: Int[torch.Tensor, " m"]) -> Any:
         """A hook for ``hook_rot_q``/``hook_rot_k`` (``[batch, pos, heads, d_head]``) of attention module
         ``attn`` rotating its last ``len(shifts)`` positions by ``shifts``."""
         rd, n_table = int(attn.cfg.rotary_dim), attn.rotary_cos.shape[0]

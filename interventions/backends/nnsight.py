@@ -22,7 +22,8 @@ Importing this module does not import nnsight; building a model does.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ class HookPoint:
 
     def __init__(self, name: str):
         self.name = name
-        self._forward_hooks: "OrderedDict[int, HookFn]" = OrderedDict()
+        self._forward_hooks: OrderedDict[int, HookFn] = OrderedDict()
         self.levels: dict[int, int] = {}
         self.on_fire: dict[int, Callable[[], None]] = {}
         self.permanent: set[int] = set()

@@ -26,8 +26,9 @@ points whose hooks ran; nothing else comes back from a remote run. This module n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import einops
 import torch
