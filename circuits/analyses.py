@@ -136,7 +136,8 @@ class RunContext:
         fit = self.fit
         how = ("the caller's cache" if fit is None else
                f"{len(fit)} fit prompts ({'the whole layout' if fit.whole else 'a sample'} of task {fit.task}, "
-               f"population {fit.spec.population}, seed {fit.spec.seed})" if fit.task else f"{len(fit)} given fit prompts")
+               f"population {fit.spec.population}, seed {fit.spec.seed})"
+               if fit.task else f"{len(fit)} given fit prompts")
         return f"Means: {how}, none of them scored; {self.coverage.line()}."
 
     @property

@@ -88,7 +88,7 @@ def head_attribution_per_prompt(
             z_seen: dict[int, torch.Tensor] = {}
             leaves: dict[int, torch.Tensor] = {}
 
-            def make(layer: int):
+            def make(layer: int, leaves: dict[int, torch.Tensor], z_seen: dict[int, torch.Tensor]):
                 def fn(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
                     # z after every earlier hook of this point (e.g. a HeadAblation of removed heads).
                     leaf = torch.zeros_like(z, requires_grad=True)
@@ -99,7 +99,7 @@ def head_attribution_per_prompt(
                 return fn
 
             # The leaf hooks go in after the interventions' hooks, so they see the intervened z.
-            leaf_hooks = [(hooks.z(layer), make(layer)) for layer in layers]
+            leaf_hooks = [(hooks.z(layer), make(layer, leaves, z_seen)) for layer in layers]
             with iv.apply(model, list(interventions)), ad.hooks(leaf_hooks):
                 logits = model(batch)
             _, _, diff = last_token_metrics(answer_positions(logits, ans), ans)
@@ -107,13 +107,13 @@ def head_attribution_per_prompt(
             grad = dict(zip(layers, grads))
             cols = []
             for layer, head in heads:
-                z = z_seen[layer][:, :, head].float()
+                z_head = z_seen[layer][:, :, head].float()
                 if method == "zero":
-                    target = torch.zeros_like(z)
+                    target = torch.zeros_like(z_head)
                 else:
                     assert cache is not None
-                    target = cache.on("z_mean", z.device, z.dtype)[layer][:, head].expand_as(z)
-                cols.append((grad[layer][:, :, head].float() * (target - z)).sum(dim=(1, 2)))
+                    target = cache.on("z_mean", z_head.device, z_head.dtype)[layer][:, head].expand_as(z_head)
+                cols.append((grad[layer][:, :, head].float() * (target - z_head)).sum(dim=(1, 2)))
             out.append(torch.stack(cols, dim=1).detach().cpu())
     return torch.cat(out)
 

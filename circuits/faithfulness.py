@@ -127,7 +127,8 @@ def answer_logits(model: Any, tokens: Tokens, answers: torch.Tensor, interventio
     return last_logits(model, tokens, interventions, batch_size=batch_size, n_answer=answer_width(answers))
 
 
-def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_size: int = 128) -> Bool[torch.Tensor, " batch"]:
+def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *,
+                 batch_size: int = 128) -> Bool[torch.Tensor, " batch"]:
     """Which prompts the unmodified model answers correctly (argmax at the last position; for ``[batch, k]``
     answers, every answer token the argmax of its position under teacher forcing)."""
     correct, _, _ = last_token_metrics(answer_logits(model, tokens, answers, batch_size=batch_size), answers)

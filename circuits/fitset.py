@@ -132,7 +132,8 @@ def fit_set_of(fit: FitSet | FitSpec | None, fit_tokens: Int[torch.Tensor, "n_fi
         task = (meta or {}).get("task")
         if not task or model is None or tokens is None:
             raise ArgumentError("fit=FitSpec(...) is drawn from a task's prompts: name the task with "
-                                "meta={'task': NAME}, or pass fit=circuits.fitset.draw_fit_set(model, NAME, tokens, spec)")
+                                "meta={'task': NAME}, or pass "
+                                "fit=circuits.fitset.draw_fit_set(model, NAME, tokens, spec)")
         return draw_fit_set(model, str(task), tokens, fit)
     if fit_tokens is None:
         return fit
@@ -189,7 +190,8 @@ def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], 
             if top_up > TOP_UP_ROUNDS:
                 break
     tokens = torch.stack(rows) if rows else torch.zeros(0, n_pos, dtype=torch.long)
-    return FitSet(tokens=tokens, spec=spec, task=tasks.task_label(task), whole=n_drawn >= space and n_skipped == 0, n_drawn=n_drawn)
+    return FitSet(tokens=tokens, spec=spec, task=tasks.task_label(task), whole=n_drawn >= space and n_skipped == 0,
+                  n_drawn=n_drawn)
 
 
 def pick_covered(candidates: Int[torch.Tensor, "n pos"], pool: Int[torch.Tensor, "m pos"], n: int,

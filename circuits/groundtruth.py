@@ -32,8 +32,8 @@ from circuits import files
 from circuits.errors import ArgumentError, ModelLoadError
 from circuits.vocab import ABLATIONS
 
-__all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
-           "cpr_cmd", "recover", "run_recovery"]
+__all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall",
+           "curve_by_size", "cpr_cmd", "recover", "run_recovery"]
 
 
 
@@ -122,7 +122,8 @@ def planted_structure(name: str):
                         f"{', '.join(planted_models()) or '(none)'}")
 
 
-def precision_recall(found: Sequence[tuple[int, int]] | None, planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
+def precision_recall(found: Sequence[tuple[int, int]] | None,
+                     planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
     """``(precision, recall)`` of the head set ``found`` against ``planted`` (``(block, head)`` pairs);
     ``found=None`` (no set reaches the target) scores ``(0, 0)``; an empty ``found`` has precision 1."""
     if found is None:
@@ -189,7 +190,8 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
     at = selected if selected is not None and selected[1] >= 1 else planted
     pruned = execute(PRUNE, model, prompts.tokens, prompts.answers,
                      PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target),
-                     out_dir=sub(prune_folder(planted, at)), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
+                     out_dir=sub(prune_folder(planted, at)), fit=prompts.fit, meta=meta, prompts=prompts.records(),
+                     progress=progress)
     heads = sorted(structure.head_set)
     found = sorted(tuple(h) for h in pruned.smallest_head_set) if pruned.smallest_head_set is not None else None
     prec, rec = precision_recall(found, heads)

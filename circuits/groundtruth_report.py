@@ -92,8 +92,8 @@ def curve_svg(rows: Sequence[Any], title: str, width: int = 480, height: int = 2
                      f'stroke-dasharray="{"" if i == 0 else f"{2 + 3 * i},{2 * i}"}"/>')
         parts.append(f'<text x="{left + pw + 8}" y="{top + 14 + 30 * i}" fill="{color}">{r.ablation}: CPR {r.cpr:.2f}, '
                      f'CMD {r.cmd:.2f}</text>')
-        parts.append(f'<text x="{left + pw + 8}" y="{top + 27 + 30 * i}" fill="{color}">pruned at {_config(r.pruned_at)}, '
-                     f'{kmax} heads</text>')
+        parts.append(f'<text x="{left + pw + 8}" y="{top + 27 + 30 * i}" fill="{color}">'
+                     f'pruned at {_config(r.pruned_at)}, {kmax} heads</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -2,8 +2,8 @@
 
 ``logging.getLogger("circuits")`` (or a child, ``circuits.lens``) is where the library reports what it skips,
 resumes or converts; the ``af1`` command line shows them (:func:`cli_handler`: information on stdout, warnings on
-stderr), a notebook shows them once logging is configured (``logging.basicConfig(level=logging.INFO)``). TransformerLens's
-"Moving model to device" and "Loaded pretrained model" lines are not printed: models are moved with
+stderr), a notebook shows them once logging is configured (``logging.basicConfig(level=logging.INFO)``).
+TransformerLens's "Moving model to device" and "Loaded pretrained model" lines are not printed: models are moved with
 :func:`quiet_to` and loaded under :func:`quiet_stdout` (the lines go to the logger at DEBUG).
 """
 

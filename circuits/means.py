@@ -3,9 +3,9 @@ and checked when a run resumes.
 
 :func:`plan_means` decides the means before anything is written and enforces what :mod:`circuits.fitset`
 promises (no scored prompt among the fit prompts, at least ``min_count`` fit prompts behind every mean a
-scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run wrote (bound to the fit set by the fit prompts' digests)
-or fits a new one; :func:`keep_means` saves it; :func:`check_current` refuses directories written when the
-means were fitted on the scored prompts themselves.
+scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run
+wrote (bound to the fit set by the fit prompts' digests) or fits a new one; :func:`keep_means` saves it;
+:func:`check_current` refuses directories written when the means were fitted on the scored prompts themselves.
 """
 
 from __future__ import annotations

@@ -167,8 +167,9 @@ def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> Neces
             blocks.append(known[layer])
             n_resumed += 1
             continue
-        r = faithfulness(model, ctx.tokens, ctx.answers, [iv.Peek([layer], mode="self", queries="last", n_last=answer_width(ctx.answers))],
-                         assume_correct=True, batch_size=config.batch_size, n_boot=config.n_boot, seed=config.seed)
+        peek = iv.Peek([layer], mode="self", queries="last", n_last=answer_width(ctx.answers))
+        r = faithfulness(model, ctx.tokens, ctx.answers, [peek], assume_correct=True,
+                         batch_size=config.batch_size, n_boot=config.n_boot, seed=config.seed)
         b = BlockNecessity(layer=layer, **r.to_dict())
         blocks.append(b)
         ctx.store.append(b.to_dict())

@@ -193,7 +193,8 @@ def keep_prepared(run_dir: Any, prepared: Prepared, keep: torch.Tensor) -> None:
                "keep": keep.to(torch.uint8).contiguous()}
     if p.fit is not None:
         tensors["fit_tokens"] = p.fit.tokens.long().contiguous()
-    meta = {"key": prepared.key, "prompts": list(p.prompts), "answer_values": [answer_value(v) for v in p.answer_values],
+    meta = {"key": prepared.key, "prompts": list(p.prompts),
+            "answer_values": [answer_value(v) for v in p.answer_values],
             "answer_texts": None if p.answer_texts is None else list(p.answer_texts), "layout": _plain(p.layout),
             "counts": _plain({k: getattr(p, k) for k in _COUNTS}),
             "fit": None if p.fit is None else {"spec": p.fit.spec.identity(), "task": p.fit.task,

@@ -107,16 +107,17 @@ class PromptSpec:
         if self.source not in SOURCES:
             raise ArgumentError(f"source={self.source!r} is not valid: choose one of {', '.join(SOURCES)}")
         if self.numbers not in NUMBERS:
-            raise ArgumentError(f"numbers={self.numbers!r} is not valid: choose one of {', '.join(NUMBERS)} (--numbers)")
+            raise ArgumentError(f"numbers={self.numbers!r} is not valid: choose one of {', '.join(NUMBERS)} "
+                                "(--numbers)")
         self.fit.validate()
         self.format.validate()
         return self
 
     def prepare(self, model: Any, *, means: str | None = None, progress: bool = True,
                 batch_size: int = 128) -> Any:
-        """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional means, ``"mean"`` or
-        ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA, prompts reading an
-        entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
+        """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional
+        means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
+        prompts reading an entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
         ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set."""
         from circuits import loading  # loading.prepare_prompts: the one place prompts are drawn
         from circuits.fitset import draw_fit_set

@@ -243,7 +243,8 @@ def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]) -> tuple[list[st
             raise fail(field, "give either range = [lo, hi] (integers) or values = [\"...\", ...] (strings)")
         if "range" in slot:
             r = slot["range"]
-            if (not isinstance(r, list) or len(r) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in r)):
+            if (not isinstance(r, list) or len(r) != 2
+                    or any(isinstance(x, bool) or not isinstance(x, int) for x in r)):
                 raise fail(f"{field}.range", f"{r!r} must be [lo, hi], two integers")
             if r[0] > r[1]:
                 raise fail(f"{field}.range", f"{r!r} is empty: lo {r[0]} is above hi {r[1]}")
@@ -308,7 +309,8 @@ def catalogue_fields(folder: str | Path) -> dict[str, dict[str, Any]]:
     index = read_mapping(folder / CATALOGUE)
     names = index.get("tasks")
     if not isinstance(names, list) or not names or any(not isinstance(n, str) for n in names):
-        raise ArgumentError(f"task catalogue {folder / CATALOGUE}: tasks: must list the task names, e.g. tasks = [\"add\"]")
+        raise ArgumentError(f"task catalogue {folder / CATALOGUE}: tasks: must list the task names, "
+                            f"e.g. tasks = [\"add\"]")
     out = {}
     for name in names:
         path = folder / f"{name}.toml"

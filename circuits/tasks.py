@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -206,7 +206,7 @@ def load_task(path: str | Path) -> TaskSpec:
     return _load_file(str(p), (st.st_mtime_ns, st.st_size))
 
 
-TaskLike = Union[str, Path, TaskSpec]
+TaskLike = str | Path | TaskSpec
 
 
 def get_task(task: TaskLike) -> TaskSpec:

@@ -239,7 +239,8 @@ class ModelAdapter:
         seen: dict[str, torch.Tensor] = {}
 
         def keep(name: str, total: bool) -> HookFn:
-            return lambda act, hook=None: seen.__setitem__(name, act.detach().double().sum(0) if total else act.detach())
+            return lambda act, hook=None: seen.__setitem__(
+                name, act.detach().double().sum(0) if total else act.detach())
 
         with self.hooks([(n, keep(n, False)) for n in names] + [(n, keep(n, True)) for n in summed]):
             self.run_to_resid(tokens)
@@ -334,7 +335,8 @@ class ModelAdapter:
                                         f"of resid, shape ({resid.shape[1]},)")
         return self.forward_from(resid, start, stop, positions)
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
+                     positions: torch.Tensor | None) -> torch.Tensor:
         """:meth:`run_from` after its arguments were checked: what a backend implements."""
         raise NotImplementedError(self.missing("run_from"))
 

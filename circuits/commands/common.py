@@ -86,7 +86,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`, :mod:`circuits.prompt_data`)."""
+    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`,
+    :mod:`circuits.prompt_data`)."""
     parser.add_argument("--task", default=None, help="task name (see circuits.tasks.list_tasks()) or the path of a "
                         "task file (.toml / .json; see docs/tasks.md)")
     parser.add_argument("--prompts", default=None, help="instead of --task: a prompt dataset, .jsonl or .csv with "

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
           f"{first['label'] if first else 'nowhere'}; final answer_prob {rows[-1]['answer_prob']:.3f}")
     for r in result.interchanges:
         best = max(r.rows(), key=lambda x: x["drop"])
-        print(f"af1 lens: interchange {r.label}: largest drop {best['drop']:.3f} at block {best['layer']} (n={len(r.clean_prob)})")
+        print(f"af1 lens: interchange {r.label}: largest drop {best['drop']:.3f} at block {best['layer']} "
+              f"(n={len(r.clean_prob)})")
     print(f"af1 lens: wrote {out / 'lens.json'} and {out / 'report.html'}")
     return 0

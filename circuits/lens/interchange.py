@@ -135,7 +135,7 @@ def interchange(
                       disable=not progress):
         sl = slice(start, start + batch_size)
         toks, ctoks, ans = tokens[sl].to(device), counter_tokens[sl].to(device), answers[sl].to(device)
-        store = capture_last(ad, names, lambda: model(ctoks))
+        store = capture_last(ad, names, lambda: model(ctoks))  # noqa: B023 (called at once, in this iteration)
         logits = model(toks)[:, -1].float()
         clean.append(logits.softmax(-1).gather(-1, ans[:, None])[:, 0].cpu())
         bp, bt, bcp, bct = [], [], [], []

@@ -65,7 +65,8 @@ def prune_heads(
     ``tokens``: ``[batch, pos]`` prompts of one layout (BOS at 0); ``answers``: answer token ids.
     Prompts the unmodified model gets wrong are dropped first (``n_dropped``). The means for
     ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``) come from ``cache``,
-    ``fit_tokens`` or ``fit`` (a ``FitSet``, or a ``FitSpec`` drawn for ``meta["task"]``), never from the scored prompts (as in :func:`circuits.search.search_af1`).
+    ``fit_tokens`` or ``fit`` (a ``FitSet``, or a ``FitSpec`` drawn for ``meta["task"]``), never from the scored
+    prompts (as in :func:`circuits.search.search_af1`).
     ``meta`` (e.g. ``model``, ``task``, ``source``) is part of the run's identity (except the keys
     ``command``, ``base_accuracy`` and ``n_checked``, which describe it) and is copied into
     ``summary.json``. ``prompts``: records aligned with ``tokens`` (e.g. ``{"prompt", "answer"}``)

@@ -79,7 +79,8 @@ def kept_heads_figure(result: PruneResult) -> Any:
     z = [[1.0 if (layer, head) in kept else 0.0 for head in range(n_heads)] for layer in layers]
     hover = [
         [
-            f"L{layer} H{head}: " + ("kept" if (layer, head) in kept else f"removed at step {step_of.get((layer, head))}")
+            f"L{layer} H{head}: "
+            + ("kept" if (layer, head) in kept else f"removed at step {step_of.get((layer, head))}")
             for head in range(n_heads)
         ]
         for layer in layers

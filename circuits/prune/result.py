@@ -203,7 +203,8 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
         "n_prompts": result.n_prompts,
         "n_dropped": result.n_dropped,
         "n_transfer_heads": len(result.transfer_heads),
-        "smallest_head_set": [list(h) for h in result.smallest_head_set] if result.smallest_head_set is not None else None,
+        "smallest_head_set": ([list(h) for h in result.smallest_head_set]
+                              if result.smallest_head_set is not None else None),
         "smallest_n_heads": len(result.smallest_head_set) if result.smallest_head_set is not None else None,
         "smallest_step": result.smallest_step,
         "smallest_faithfulness": result.smallest_faithfulness,

@@ -72,6 +72,7 @@ from circuits.validation import check_config
 __all__ = [
     "BatchedEvaluator", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator",
     "FastEvaluator", "make_evaluator",
-    "NaiveEvaluator", "PerPrompt", "SEARCH", "SearchConfig", "SearchResult", "run_search", "check_config", "configurations", "load_summary", "scan",
+    "NaiveEvaluator", "PerPrompt", "SEARCH", "SearchConfig", "SearchResult", "run_search", "check_config",
+    "configurations", "load_summary", "scan",
     "search_af1", "select", "smallest_transfers", "two_position_exact", "write_outputs",
 ]

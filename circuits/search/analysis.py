@@ -87,7 +87,8 @@ def search_af1(
         batch_size: prompts per forward pass (default 128). ``progress``: show tqdm bars.
         method: ``"fast"`` (default, exact shortcuts) or ``"naive"`` (one full forward pass per configuration); on a
             backend that skips no blocks but runs several configurations per pass (nnsight) both evaluate
-            ``configs_per_pass`` configurations per forward pass (see :func:`~circuits.search.evaluators.make_evaluator`).
+            ``configs_per_pass`` configurations per forward pass (see
+            :func:`~circuits.search.evaluators.make_evaluator`).
         configs_per_pass: configurations of one wait evaluated in one forward pass where the backend allows
             it (a remote search needs about ``1 / configs_per_pass`` as many requests; default 8).
         n_boot: bootstrap resamples per confidence interval (default 1000).

@@ -263,7 +263,8 @@ class FastEvaluator(Evaluator):
         if not self.states:
             self.states = [self.start(wait, sl) for sl in self.batches()]
         if transfer < self.depth:
-            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order ({transfer} < {self.depth})")
+            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order "
+                               f"({transfer} < {self.depth})")
         while self.depth < transfer:
             self.advance()
         start = wait + 1 + transfer

@@ -23,7 +23,8 @@ class CellResult:
     ``status``: ``"ok"`` or ``"error"`` (then ``error`` says why). ``faithfulness``/``ci_low``/``ci_high``:
     of the selected configuration (search; ``selected`` is ``False`` when none reaches the threshold and
     the row shows the most faithful one), of the fixed configuration (fixed), the smallest per-block
-    faithfulness (necessity, ``wait`` = that block) or the final answer probability (lens); ``faith_by_wait``: per wait, the best faithfulness evaluated (search);
+    faithfulness (necessity, ``wait`` = that block) or the final answer probability (lens); ``faith_by_wait``: per
+    wait, the best faithfulness evaluated (search);
     ``path``: the cell's run directory relative to the sweep's ``--out``.
     """
 

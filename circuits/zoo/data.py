@@ -20,8 +20,9 @@ from circuits import tasks as _tasks
 from circuits.errors import ArgumentError
 from circuits.zoo.tokenizer import MAX_NUMBER
 
-__all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch", "layout_batches",
-           "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh", "FRESH_SEEDS", "FRESH_N"]
+__all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch",
+           "layout_batches", "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh",
+           "FRESH_SEEDS", "FRESH_N"]
 
 FRESH_SEEDS = (1, 7, 123)
 """Seeds of the fresh draws on the cards (the frozen sets use the catalogue's ``frozen_seed``, 1234)."""
@@ -65,7 +66,8 @@ def own_frozen(spec: _tasks.TaskSpec) -> set[tuple[int, ...]]:
     path = _tasks.frozen_path(spec)
     if spec.path is None or not path.exists():
         return set()
-    return {tuple(int(x) for x in json.loads(line)["operands"]) for line in path.read_text().splitlines() if line.strip()}
+    return {tuple(int(x) for x in json.loads(line)["operands"])
+            for line in path.read_text().splitlines() if line.strip()}
 
 
 def template_ids(spec: _tasks.TaskSpec, tokenizer) -> list[int]:

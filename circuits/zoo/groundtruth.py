@@ -104,7 +104,8 @@ class GroundTruthConfig:
     description: str = ""
 
 
-def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: list[list[str]], **kw) -> GroundTruthConfig:
+def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: list[list[str]],
+        **kw) -> GroundTruthConfig:
     s = Structure(wait, transfer, tuple(tuple(h) for h in heads), tuple(tuple(w) for w in windows))
     return GroundTruthConfig(name=name, structure=s.to_dict(), **kw)
 
@@ -189,7 +190,8 @@ def train_config(cfg: GroundTruthConfig):
         batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, min_lr_frac=cfg.min_lr_frac,
         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_every=cfg.eval_every,
         ckpt_every=cfg.eval_every, eval_n=cfg.eval_n, stop_at=cfg.stop_at, stop_after=1,
-        max_wall_s=cfg.max_wall_s, init_from=cfg.base, phases=[], task_weights=cfg.task_weights, description=desc, **arch)
+        max_wall_s=cfg.max_wall_s, init_from=cfg.base, phases=[], task_weights=cfg.task_weights, description=desc,
+        **arch)
 
 
 def _new(cfg: GroundTruthConfig, tcfg) -> Any:
@@ -332,8 +334,9 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
             state["history"].append({"step": step, "ce": round(ce.item(), 4), "penalty": round(hooks.penalty.item(), 5),
                                      "hard": hooks.hard, "val": ev["plain"], "val_masked": ev["masked"],
                                      "max_key": ev["max_key"], "wall_s": round(state["wall_s"], 1)})
-            log(f"{cfg.name} step {step} {state['wall_s']:.0f}s hard={hooks.hard} bias={hooks.bias:.1f} ce {ce.item():.4f} pen "
-                f"{hooks.penalty.item():.4f} mass {ev['max_key']:.2e} min-val masked {min(ev['masked'].values()):.3f} "
+            log(f"{cfg.name} step {step} {state['wall_s']:.0f}s hard={hooks.hard} bias={hooks.bias:.1f} "
+                f"ce {ce.item():.4f} pen {hooks.penalty.item():.4f} mass {ev['max_key']:.2e} "
+                f"min-val masked {min(ev['masked'].values()):.3f} "
                 f"plain {min(ev['plain'].values()):.3f} " + " ".join(f"{k}={v:.3f}" for k, v in ev["plain"].items()))
             if (cfg.pen_when > 0 and state.get("pen_from") is None and step >= cfg.pen_start
                     and min(ev["masked"].values()) >= cfg.pen_when):

@@ -27,8 +27,8 @@ from typing import Any
 
 from circuits.errors import ArgumentError, ModelLoadError
 
-__all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
-           "hooked_state", "load_hf", "read_meta", "save_hf"]
+__all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked",
+           "hooked_config", "hooked_state", "load_hf", "read_meta", "save_hf"]
 
 WEIGHTS, BIAS, META = "model.safetensors", "unembed_bias.safetensors", "zoo.json"
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -271,7 +271,8 @@ def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -
     """Write ``hf_model`` (config + ``model.safetensors``), ``tokenizer`` (``tokenizer.json`` +
     ``tokenizer_config.json``) and ``meta`` (``zoo.json``, if any) into ``folder``; files of a previous
     format in the folder are replaced (a former ``unembed_bias.safetensors`` is removed).
-    :class:`~circuits.errors.ArgumentError` if the model's ``lm_head`` has a bias: refit it away first (:mod:`circuits.zoo.refit`)."""
+    :class:`~circuits.errors.ArgumentError` if the model's ``lm_head`` has a bias: refit it away first
+    (:mod:`circuits.zoo.refit`)."""
     from safetensors.torch import save_file
 
     from circuits.atomic import write_files, write_text, write_with

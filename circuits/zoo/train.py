@@ -58,8 +58,9 @@ __all__ = ["train", "run_phase", "MODELS_DIR",
            # re-exported from the modules above
            "ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "get_config",
            "phase_configs", "TaskData", "accuracy", "build_splits", "evaluate_frozen", "held_out_tuples",
-           "sample_batch", "template_ids", "new_model", "init_from_folder", "require_hooked", "number_features", "digit_features",
-           "init_number_features", "load_weights", "lr_at", "optimizer_step", "export", "build_tokenizer"]
+           "sample_batch", "template_ids", "new_model", "init_from_folder", "require_hooked", "number_features",
+           "digit_features", "init_number_features", "load_weights", "lr_at", "optimizer_step", "export",
+           "build_tokenizer"]
 
 
 def train(name: str, out_dir: str | Path | None = None, resume: bool = True, steps: int | None = None,

@@ -77,7 +77,8 @@ class BridgeAdapter(ModelAdapter):
         args, kwargs = self.block0_call(lambda: self.model(tokens))
         return args[0] if args else kwargs["hidden_states"]
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
+                     positions: torch.Tensor | None) -> torch.Tensor:
         """:meth:`ModelAdapter.run_from`: only the block modules ``model.blocks[start..stop-1]`` run, with
         :meth:`block_inputs` (then ``model.ln_final`` and ``model.unembed`` when ``stop`` is None)."""
         x = resid

@@ -33,7 +33,8 @@ class HookedAdapter(ModelAdapter):
     def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=0)
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
+                     positions: torch.Tensor | None) -> torch.Tensor:
         """:meth:`ModelAdapter.run_from`: ``start_at_layer`` / ``stop_at_layer``, so only blocks
         ``start..stop-1`` run; explicit positions re-rotate queries and keys (:meth:`rotary_shift`)."""
         shifts = None if positions is None else positions.to(torch.long).cpu() - torch.arange(resid.shape[1])

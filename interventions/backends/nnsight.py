@@ -61,8 +61,8 @@ class NNsightAdapter(ModelAdapter):
         out = super().intervention_hooks(item, ctx)
         impl = self.model.cfg.attn_implementation
         if "flash" in impl and any(name.endswith(".attn.hook_attn_mask") for name, _ in out):
-            raise InterventionError(f"{type(item).__name__} needs attention that takes a mask of allowed keys, but this "
-                                    f"model runs {impl}: load it with attn_implementation='sdpa' or 'eager'")
+            raise InterventionError(f"{type(item).__name__} needs attention that takes a mask of allowed keys, "
+                                    f"but this model runs {impl}: load it with attn_implementation='sdpa' or 'eager'")
         return out
 
     def token_module(self) -> torch.nn.Module:
@@ -106,7 +106,8 @@ class NNsightAdapter(ModelAdapter):
         out = self.read(tokens, names, summed=summed)
         return {name: out[name].detach() for name in (*names, *summed)}
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
+                     positions: torch.Tensor | None) -> torch.Tensor:
         """:meth:`ModelAdapter.run_from` as one whole pass: placeholder token ids (the first token of the
         vocabulary) run through blocks ``0..start-1``, whose result is then replaced by ``resid``."""
         n = self.info.n_layers

@@ -137,7 +137,8 @@ class NNsightModel(torch.nn.Module):
         self.cfg.device, self.cfg.dtype = param.device, param.dtype
         self.tokenizer = tokenizer
         self.remote = remote
-        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in point_names(self.cfg.n_layers, self.layout.mid_norm is None)}
+        names = point_names(self.cfg.n_layers, self.layout.mid_norm is None)
+        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in names}
         self.usage = Usage()
 
     # --- TransformerLens surface ------------------------------------------------------------
@@ -172,7 +173,8 @@ class NNsightModel(torch.nn.Module):
         texts = [text] if isinstance(text, str) else list(text)
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         if prepend_bos if prepend_bos is not None else self.cfg.default_prepend_bos:
-            bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+            bos = (self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None
+                   else self.tokenizer.eos_token_id)
             ids = [[bos] + list(row) for row in ids]
         if len({len(row) for row in ids}) != 1:
             raise InterventionError("to_tokens got texts of different token lengths: tokenize one layout at a time")

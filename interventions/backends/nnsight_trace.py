@@ -21,7 +21,8 @@ activations to return, and whether to return logits (``"all"`` positions, the ``
 A hook is ``fn(activation, hook)`` returning ``None`` (observe) or the replacement, as on
 TransformerLens. Only points with hooks, reads or sums are touched. :func:`run_trace` returns, per
 invoke, the activations read (or their sums over the batch), the logits asked for and the names of the
-points whose hooks ran; nothing else comes back from a remote run. This module never imports nnsight: the model wrapper passes the trace.
+points whose hooks ran; nothing else comes back from a remote run. This module never imports nnsight: the model
+wrapper passes the trace.
 """
 
 from __future__ import annotations
