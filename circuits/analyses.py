@@ -43,9 +43,10 @@ class AnalysisConfig(Protocol):
     :class:`~interventions.ModelInfo`, or ``None`` before loading). ``validate`` is the one check of the
     config's values: the runner does not check them again."""
 
-    batch_size: int
+    @property
+    def batch_size(self) -> int: ...
 
-    def validate(self, info: Any = None) -> Any: ...
+    def validate(self, info: Any, /) -> Any: ...
 
 
 C = TypeVar("C", bound=AnalysisConfig)

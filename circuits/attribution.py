@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -71,7 +71,7 @@ def head_attribution_per_prompt(
     check_choice("attribution method", method, HEAD_METHODS)
     if method == "mean" and not isinstance(cache, iv.MeanCache):
         raise InterventionError("method='mean' needs cache=MeanCache.fit(model, tokens)")
-    heads = [tuple(h) for h in heads]
+    heads = [cast(Head, tuple(h)) for h in heads]
     if not heads:
         raise InterventionError("heads is empty: give at least one (layer, head) pair")
     ad = adapt(model)
@@ -135,4 +135,4 @@ def head_attribution(
         model, tokens, answers, heads, interventions, method=method, cache=cache, batch_size=batch_size
     )
     sums = per_prompt.sum(0).tolist()
-    return {tuple(h): float(v) for h, v in zip(heads, sums)}
+    return {cast(Head, tuple(h)): float(v) for h, v in zip(heads, sums)}

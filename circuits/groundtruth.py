@@ -26,11 +26,11 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from circuits import files
 from circuits.errors import ArgumentError, ModelLoadError
-from circuits.vocab import ABLATIONS
+from circuits.vocab import ABLATIONS, Ablation
 
 __all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall",
            "curve_by_size", "cpr_cmd", "recover", "run_recovery"]
@@ -167,7 +167,7 @@ def cpr_cmd(curve: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return cpr, cmd
 
 
-def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, *, task: str,
+def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: Ablation, *, task: str,
             threshold: float = 0.9, target: float = 0.9, out_dir: str | Path | None = None,
             progress: bool = False) -> Recovery:
     """Search (grid ``"full"``) and prune (exact greedy, zero ablation of heads) ``model`` with
@@ -271,8 +271,9 @@ def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablatio
             prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
             for a in ablations:
                 where = Path(out_dir) / files.RUNS_DIR / name / task / a if out_dir is not None else None
-                row = recover(model, name, structure, prompts, a, task=task, threshold=threshold, target=target,
-                              out_dir=where, progress=progress)
+                # ablations were checked against ABLATIONS by run_recovery.
+                row = recover(model, name, structure, prompts, cast(Ablation, a), task=task, threshold=threshold,
+                              target=target, out_dir=where, progress=progress)
                 if log is not None:
                     log(f"{name} {task} {a}: selected {row.selected} (planted {row.planted}), heads "
                         f"{row.found_heads} (planted {row.planted_heads}) P {row.precision:.2f} R {row.recall:.2f} "

@@ -36,7 +36,7 @@ class _Console(logging.StreamHandler):
         super().__init__()
         self.stderr = stderr
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr if self.stderr else sys.stdout
 

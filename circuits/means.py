@@ -59,7 +59,7 @@ def means_cache(model: Any, fit_tokens: torch.Tensor, run_dir: RunDir | None, *,
     ``run_dir`` (checked against its recorded content hash and against the fit set it must have been
     fitted on), else a fresh :meth:`~interventions.MeanCache.fit`. :func:`keep_means` saves it."""
     recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
-    path = run_dir.checked_artifact(files.MEANS) if recorded else None
+    path = run_dir.checked_artifact(files.MEANS) if run_dir is not None and recorded else None
     if path is not None:
         cache = iv.MeanCache.load(path)
         if not fitted_on(cache, fit_tokens):

@@ -74,7 +74,9 @@ class NecessityResult:
         summary = read_json_object(path / files.NECESSITY_SUMMARY) if (path / files.NECESSITY_SUMMARY).is_file() else {}
         names = BlockNecessity.__dataclass_fields__
         rows = summary.get("blocks") or sorted(read_jsonl(path / files.NECESSITY_RESULTS), key=lambda r: r["layer"])
-        blocks = [BlockNecessity(**{k: float("nan") if rec.get(k) is None else rec[k] for k in names}) for rec in rows]
+        values: list[dict[str, Any]] = [{k: float("nan") if rec.get(k) is None else rec[k] for k in names}
+                                        for rec in rows]
+        blocks = [BlockNecessity(**v) for v in values]
         return cls(blocks=blocks, n_prompts=int(summary.get("n_prompts", identity.get("n_prompts", 0))),
                    seconds=float(summary.get("seconds", 0.0)), n_resumed=int(summary.get("n_resumed", 0)))
 

@@ -222,7 +222,8 @@ def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any])
         raise bad(f"its parts disagree on the number of prompts ({n})")
     if any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in values):
         raise bad("answer_values must be integers or strings (the answers of a task of text answers)")
-    counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
+    raw_counts = meta.get("counts")
+    counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
     spec = meta["key"]["spec"]
     fit = None
     if meta.get("fit") is not None:

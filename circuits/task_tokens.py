@@ -209,6 +209,7 @@ def filter_single_token(
         if not is_number(text):
             pass  # a string answer (a lookup): the prompt's digits are text, not operands
         elif fast:
+            assert enc is not None  # encoded above: there are prompts
             spans = list(zip(enc["input_ids"][i], enc["offset_mapping"][i]))
             for m in _NUMBER.finditer(prompt):
                 a, b = m.span()
@@ -363,6 +364,7 @@ def to_layouts(model: Any, ds: Dataset, prepend_bos: bool | None = None) -> list
     layouts = []
     for key, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), len(rows[kv[1][0]]), str(kv[0]))):
         if multi is None:
+            assert ans_ids is not None  # single-token answers: looked up above
             lay_answers = ans_ids[idx].clone()
         else:
             lay_answers = torch.tensor([multi[i] for i in idx], dtype=torch.long)
@@ -407,7 +409,7 @@ def filter_correct(
                 ans = lay.answers[s : s + batch_size]
                 logits = answer_positions(model(lay.tokens[s : s + batch_size].to(dev), return_type="logits"), ans)
                 hit = (logits.float().argmax(-1).cpu() == ans)
-                hit = (hit if ans.ndim == 1 else hit.all(dim=1)).tolist()
-                correct += [lay.indices[s + j] for j, h in enumerate(hit) if h]
+                hits = (hit if ans.ndim == 1 else hit.all(dim=1)).tolist()
+                correct += [lay.indices[s + j] for j, h in enumerate(hits) if h]
     correct.sort()
     return ds.select(correct), len(correct) / len(ds)

@@ -239,8 +239,10 @@ class ModelAdapter:
         seen: dict[str, torch.Tensor] = {}
 
         def keep(name: str, total: bool) -> HookFn:
-            return lambda act, hook=None: seen.__setitem__(
-                name, act.detach().double().sum(0) if total else act.detach())
+            def store(act: torch.Tensor, hook: Any = None) -> None:
+                seen[name] = act.detach().double().sum(0) if total else act.detach()
+
+            return store
 
         with self.hooks([(n, keep(n, False)) for n in names] + [(n, keep(n, True)) for n in summed]):
             self.run_to_resid(tokens)

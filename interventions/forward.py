@@ -157,13 +157,14 @@ def run_many(
     ad = adapt(model)
     if not ad.capabilities.configs_per_pass:
         outs = []
+        answer_ids: Sequence[torch.Tensor] = answers if answers is not None else ()  # checked above for "answer"
         for i, (tokens, interventions) in enumerate(runs):
             items = checked(ad, interventions)
             if items:
                 out = run(model, tokens, items)
             else:  # on the model's device, as in run()
                 out = model(check_tokens(tokens, d_vocab=ad.info.d_vocab).to(ad.device()))
-            outs.append(answer_readout(answer_positions(out, answers[i]), answers[i]) if logits == "answer" else
+            outs.append(answer_readout(answer_positions(out, answer_ids[i]), answer_ids[i]) if logits == "answer" else
                         out[:, -1:] if logits == "last" else out)
         return outs
     prepared = []

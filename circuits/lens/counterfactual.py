@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -134,7 +134,7 @@ def counterfactual_rows(
                         "counter_operands": new, "row": i})
         else:
             flipped = _flip_operator(sp, index)
-            a = flipped.answer(ops)
+            a = cast(int, flipped.answer(ops))  # operators are flipped in arithmetic tasks only: an int
             if not 0 <= a <= sp.answer_max:
                 continue
             out.append({**pair, "counter_prompt": flipped.prompt(ops), "counter_answer": a,

@@ -88,7 +88,7 @@ def prompt_groups(
     elif len(prompts) != tokens.shape[0]:
         raise ArgumentError(f"prompts has {len(prompts)} entries for {tokens.shape[0]} prompts")
     if answer_values is None:
-        vals = [float(table.value(int(a))) if table.value(int(a)) is not None else float("nan") for a in ids]
+        vals = [float(v) if (v := table.value(int(a))) is not None else float("nan") for a in ids]
     else:
         vals = [float(v) for v in answer_values]
         if len(vals) != tokens.shape[0]:

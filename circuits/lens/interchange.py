@@ -68,6 +68,7 @@ class InterchangeResult:
                 "answer_top1": float(self.orig_top1[:, j].mean()),
             }
             if self.counter_prob is not None:
+                assert self.counter_top1 is not None  # written together with counter_prob
                 row["counter_prob"] = float(self.counter_prob[:, j].mean())
                 row["counter_top1"] = float(self.counter_top1[:, j].mean())
             out.append(row)

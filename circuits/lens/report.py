@@ -193,7 +193,8 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:
 
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        # numpy's stub types **kwds together with its allow_pickle: bool keyword.
+        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

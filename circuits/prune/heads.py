@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float
@@ -43,7 +43,7 @@ def head_attention(
     interventions' masks), averaged over prompts, per key position ``0 .. pos-1`` (BOS at 0)."""
     tokens = check_tokens(tokens)
     ad = adapt(model)
-    heads = sorted({tuple(h) for h in heads})
+    heads = sorted({cast(Head, tuple(h)) for h in heads})
     for layer, head in heads:
         ad.info.check_head(layer, head)
     layers = sorted({layer for layer, _ in heads})

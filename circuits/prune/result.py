@@ -7,7 +7,7 @@ import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -124,7 +124,8 @@ class PruneResult:
             attribution_passes_total=int(summary["attribution_passes_total"]), passes_run=int(summary["passes_run"]),
             seconds=float(summary["seconds"]), seconds_run=float(summary["seconds_run"]),
             n_prompts=int(summary["n_prompts"]), n_dropped=int(summary["n_dropped"]),
-            attention={tuple(int(x) for x in k.split(".")): v for k, v in (attention.get("heads") or {}).items()},
+            attention={cast(Head, tuple(int(x) for x in k.split("."))): v
+                       for k, v in (attention.get("heads") or {}).items()},
             key_labels=list(attention.get("key_labels") or []),
         )
 

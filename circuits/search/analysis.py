@@ -6,7 +6,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from circuits.search.results import ConfigResult, SearchResult, config_row
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
 from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
 from interventions.types import Tokens
+
+if TYPE_CHECKING:
+    from circuits.search.fixed import FixedConfig
 
 NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """Keys of ``meta`` that describe a run rather than determine its results."""
@@ -182,7 +185,7 @@ def scored_texts(ctx: RunContext) -> list[str]:
     return [str(r["prompt"]) for r in search_prompt_records(ctx)]
 
 
-def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def search_identity(config: SearchConfig | FixedConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
     """The run identity of a search (the keys of the first release, so that its directories resume)."""
     ad = iv.adapt(model)
     return {
@@ -196,7 +199,7 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
     }
 
 
-def search_schema(config: SearchConfig, info: Any, n_prompts: int) -> RecordSchema:
+def search_schema(config: SearchConfig | FixedConfig, info: Any, n_prompts: int) -> RecordSchema:
     """The schema of a ``results.jsonl`` line of this run (ranges of this model and prompt count)."""
     return record_schema(info.n_layers, n_prompts, config.ablation, seed=config.seed, n_boot=config.n_boot)
 

@@ -222,6 +222,7 @@ class FastEvaluator(Evaluator):
         resid = torch.empty(b, self.n_pos, self.bos.shape[-1], device=self.device, dtype=self.dtype)
         resid[:, 0] = self.bos[wait]
         if self.ablation == "cama":
+            assert self.entry_idx is not None  # set in __init__ for CAMA
             table = self.cache.on("cond_mean", self.device, self.dtype)[wait]
             resid[:, 1:] = table[self.entry_idx[sl, 1:].to(self.device)]
         elif self.ablation == "mean":
@@ -238,6 +239,7 @@ class FastEvaluator(Evaluator):
     @torch.inference_mode()
     def advance(self) -> None:
         """Apply one more transfer block (last token full peek, others self peek) to every batch."""
+        assert self.wait is not None, "advance() follows begin_wait()"
         layer = self.wait + 1 + self.depth
         peek = [iv.Peek([layer], mode="self", queries="others", n_last=self.n_answer)]
         for i, resid in enumerate(self.states):

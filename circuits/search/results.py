@@ -168,8 +168,8 @@ class SearchResult:
         faith = self.faithfulness_map()
         chosen = select(faith, threshold)
         selected = self.result(*chosen) if chosen is not None else None
-        same = (selected is None) == (self.selected is None) and (
-            selected is None or selected.config == self.selected.config)
+        same = (selected is None and self.selected is None) or (
+            selected is not None and self.selected is not None and selected.config == self.selected.config)
         return replace(self, threshold=threshold, selected=selected,
                        smallest_transfer=smallest_transfers(faith, self.n_layers, threshold),
                        interventions=list(self.interventions) if same else [])

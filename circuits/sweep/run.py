@@ -73,7 +73,8 @@ class SweepResult:
             raise FileNotFoundError(f"{path} holds no {files.SUMMARY}: not a finished sweep")
         summary = read_json_object(path / files.SUMMARY)
         names = {f.name for f in dataclasses.fields(SweepConfig)} - {"extra"}
-        raw = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items() if k in names}
+        raw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
+                               if k in names}
         config = SweepConfig(**raw)
         known = {f.name for f in dataclasses.fields(CellResult)}
         cells = [CellResult(**{k: v for k, v in c.items() if k in known}) for c in summary.get("cells", [])]

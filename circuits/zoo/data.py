@@ -12,13 +12,16 @@ function of its seed whether or not it was interrupted.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from circuits import tasks as _tasks
 from circuits.errors import ArgumentError
 from circuits.zoo.tokenizer import MAX_NUMBER
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch",
            "layout_batches", "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh",

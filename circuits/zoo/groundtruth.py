@@ -110,7 +110,7 @@ def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: li
     return GroundTruthConfig(name=name, structure=s.to_dict(), **kw)
 
 
-PENALTY_PHASES = (
+PENALTY_PHASES: tuple[dict[str, Any], ...] = (
     {"lr": 2e-4, "warmup": 20, "steps": 6000, "pen_weight": 1.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
      "max_wall_s": 1800, "seed": 5},
     {"lr": 1e-4, "warmup": 20, "steps": 4000, "pen_weight": 5.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
@@ -176,7 +176,7 @@ def train_config(cfg: GroundTruthConfig):
     """The :class:`~circuits.zoo.recipes.TrainConfig` recorded for (and used by) ``cfg``: the architecture
     and data of ``cfg.arch_of`` with ``cfg``'s optimisation (one phase)."""
     base = get_config(cfg.arch_of)
-    arch = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
+    arch: dict[str, Any] = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
     s = Structure.from_dict(cfg.structure)
     desc = cfg.description or (
         f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth "
@@ -315,11 +315,12 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
         hooks.hard = state["hard"] and step >= cfg.ramp_steps
         hooks.bias = cfg.ramp_bias * min(1.0, step / cfg.ramp_steps) if cfg.ramp_steps > 0 else 0.0
         hooks.reset()
-        ce = 0.0
+        ce: Any = 0.0  # a tensor once the first group's loss is added
         with model.hooks(fwd_hooks=hooks.hooks() + dropout):
             for toks, ans in groups:
                 logits = trainer.last_logits(model, torch.from_numpy(toks))
                 ce = ce + F.cross_entropy(logits, torch.from_numpy(ans), reduction="sum") / tcfg.batch_size
+        assert hooks.penalty is not None  # the score hooks ran in the passes above
         loss = ce + penalty_weight(cfg, step, state.get("pen_from")) * hooks.penalty / len(groups)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -61,10 +61,10 @@ def hf_config(cfg, tokenizer) -> Any:
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.bos_token_id,
                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     if cfg.arch == "gpt2":
-        config = tf.GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.n_ctx, n_embd=cfg.d_model,
-                               n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
-                               activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0,
-                               embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+        config: tf.PretrainedConfig = tf.GPT2Config(
+            vocab_size=len(tokenizer), n_positions=cfg.n_ctx, n_embd=cfg.d_model, n_layer=cfg.n_layers,
+            n_head=cfg.n_heads, n_inner=cfg.d_mlp, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)
     elif cfg.arch == "llama":
         config = tf.LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=cfg.n_ctx,
                                 hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
@@ -99,8 +99,8 @@ def hf_from_hooked(cfg_dict: dict, state: dict, tokenizer=None) -> tuple[Any, An
     if tokenizer is not None:
         hf.config.bos_token_id = hf.config.eos_token_id = tokenizer.bos_token_id
         hf.config.pad_token_id = tokenizer.pad_token_id
-    has_bias = b_U is not None and bool(b_U.abs().max() > 0)
-    return hf.eval(), (b_U.detach().float().clone() if has_bias else None)
+    bias = b_U.detach().float().clone() if b_U is not None and bool(b_U.abs().max() > 0) else None
+    return hf.eval(), bias
 
 
 def hf_state_from_hooked(cfg_dict: dict, state: dict) -> dict:

@@ -69,6 +69,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     model = zoo.load(cfg.base)  # same architecture, weights and tokenizer as the base model
     attach_planted_mask(model, cfg.planted)
     opt = trainer.make_optimizer(model, tcfg)
+    assert model.tokenizer is not None  # zoo models ship their tokenizer
     state = trainer.start(model, opt, tcfg, ckpt_dir, resume, len(model.tokenizer))
     if state["step"]:
         get_logger("zoo").info("resuming %s from step %s", cfg.name, state["step"])

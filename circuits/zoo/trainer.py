@@ -23,10 +23,13 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.zoo.build import load_weights
 from circuits.zoo.hf import is_hf
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "checkpoint_step",
            "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
@@ -40,7 +43,7 @@ def lr_at(step: int, cfg: Any) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def make_optimizer(model, cfg: Any) -> torch.optim.AdamW:  # noqa: F821
+def make_optimizer(model, cfg: Any) -> torch.optim.AdamW:
     """AdamW with ``cfg.lr``/``cfg.betas``; ``cfg.weight_decay`` on every matrix except the token and
     position embeddings (``embed``/``pos_embed`` of a HookedTransformer, ``nn.Embedding`` modules of a
     Hugging Face model), no decay on vectors."""

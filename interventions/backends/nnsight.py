@@ -113,7 +113,10 @@ class NNsightAdapter(ModelAdapter):
         n = self.info.n_layers
         tokens = torch.zeros(resid.shape[:2], dtype=torch.long)
         entry = resid_pre(start) if start < n else resid_post(n - 1)
-        hooks = {entry: [lambda act, hook=None: resid.to(act.dtype)]}
+        def enter(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            return resid.to(act.dtype)
+
+        hooks: dict[str, list[HookFn]] = {entry: [enter]}
         if stop is None:
             return self.model.run([Invoke(tokens, hooks=hooks, logits="all")])[0]["logits"]
         exit_name = resid_pre(stop) if stop < n else resid_post(n - 1)

@@ -59,7 +59,7 @@ class HookPoint:
     def __init__(self, name: str):
         self.name = name
         self._forward_hooks: OrderedDict[int, HookFn] = OrderedDict()
-        self.levels: dict[int, int] = {}
+        self.levels: dict[int, int | None] = {}
         self.on_fire: dict[int, Callable[[], None]] = {}
         self.permanent: set[int] = set()
         self.next_id = 0
