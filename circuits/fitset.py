@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError
 from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE, POPULATIONS
@@ -220,7 +220,8 @@ def pick_covered(candidates: Int[torch.Tensor, "n pos"], pool: Int[torch.Tensor,
     return picked, aside
 
 
-def split_whole(fit: FitSet, scored: Int[torch.Tensor, "batch pos"], n: int) -> tuple[torch.Tensor, FitSet]:
+def split_whole(fit: FitSet, scored: Int[torch.Tensor, "batch pos"],
+                n: int) -> tuple[Bool[torch.Tensor, " batch"], FitSet]:
     """For a fit set that holds the layout's whole prompt space apart from the drawn ``scored`` prompts: ``(keep,
     fit)``, ``keep`` (``[batch]`` bool) marking the first ``n`` scored prompts that :func:`pick_covered` can back
     from the rest of the space, and the fit set that is the space without them (the prompts set aside go back into

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from jaxtyping import Int
 
 import interventions as iv
 from circuits import files
@@ -53,7 +54,7 @@ def check_current(path: Path) -> None:
         )
 
 
-def means_cache(model: Any, fit_tokens: torch.Tensor, run_dir: RunDir | None, *, batch_size: int,
+def means_cache(model: Any, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir: RunDir | None, *, batch_size: int,
                 progress: bool) -> iv.MeanCache:
     """The means cache fitted on ``fit_tokens``, without writing anything: the one this run wrote to
     ``run_dir`` (checked against its recorded content hash and against the fit set it must have been
@@ -78,7 +79,7 @@ def means_cache(model: Any, fit_tokens: torch.Tensor, run_dir: RunDir | None, *,
     return cache
 
 
-def fitted_on(cache: iv.MeanCache, fit_tokens: torch.Tensor) -> bool:
+def fitted_on(cache: iv.MeanCache, fit_tokens: Int[torch.Tensor, "n_fit pos"]) -> bool:
     """Whether ``cache`` was fitted on exactly the prompts ``fit_tokens`` (by their digests)."""
     return cache.fit_rows is not None and cache.n_prompts == len(fit_tokens) and torch.equal(
         cache.fit_rows, torch.unique(row_digests(fit_tokens)))

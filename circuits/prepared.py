@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jaxtyping import Bool
 
 from circuits import files
 from circuits.errors import CorruptRunError
@@ -175,7 +176,7 @@ def load(folder: str | Path, key: Mapping[str, Any]) -> Prepared | None:
     return Prepared(key=dict(key), prompts=_prompts(path, tensors, meta), keep=tensors["keep"].bool(), source=path)
 
 
-def keep_prepared(run_dir: Any, prepared: Prepared, keep: torch.Tensor) -> None:
+def keep_prepared(run_dir: Any, prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> None:
     """After the run identity is checked: a reloaded file must be bound to it
     (:meth:`~circuits.runs.RunDir.checked_artifact` refuses another run's); prompts prepared by this run (or
     reloaded from another folder, a sweep's cell of the same prompts) are written to ``run_dir`` with ``keep``

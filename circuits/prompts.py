@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError, PromptError
 from circuits.task_checks import check_slot_tokens
@@ -85,7 +85,7 @@ class Prompts:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    def subset(self, keep: torch.Tensor | None, n: int) -> Prompts:
+    def subset(self, keep: Bool[torch.Tensor, " batch"] | None, n: int) -> Prompts:
         """The first ``n`` prompts among those ``keep`` (``[batch]`` bool; ``None``: all) marks, with the
         same counts."""
         idx = torch.arange(len(self)) if keep is None else keep.nonzero().flatten()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Int
 
 from circuits import files
 from circuits.errors import CorruptRunError, RunMismatchError, one_line
@@ -354,7 +355,7 @@ def _short(value: Any) -> Any:
     return value
 
 
-def tokens_sha256(tokens: torch.Tensor, answers: torch.Tensor) -> str:
+def tokens_sha256(tokens: Int[torch.Tensor, "batch pos"], answers: Int[torch.Tensor, " batch *k"]) -> str:
     """Content hash of the evaluation prompts and answers (part of a run's identity)."""
     h = hashlib.sha256()
     h.update(str(tuple(tokens.shape)).encode())

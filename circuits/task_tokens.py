@@ -29,6 +29,7 @@ from circuits.errors import ArgumentError, PromptError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from datasets import Dataset
+    from jaxtyping import Int
 
 __all__ = ["Layout", "answer_form", "answer_forms", "answer_value", "answer_token_ids", "check_prepend_bos",
            "filter_correct", "filter_single_token", "number_tokens", "resolve_bos", "single_token_ranges", "to_layouts"]
@@ -242,7 +243,7 @@ def filter_single_token(
     return Dataset.from_dict(cols), dropped
 
 
-def answer_token_ids(model: Any, answers: Sequence[Any]) -> torch.Tensor:
+def answer_token_ids(model: Any, answers: Sequence[Any]) -> Int[torch.Tensor, " n"]:
     """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
 
     An integer answer is looked up as ``str(answer)``, falling back to the space-prefixed form

@@ -248,8 +248,9 @@ class ModelAdapter:
             self.run_to_resid(tokens)
         return seen
 
-    def run_configs(self, runs: Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]],
-                    logits: str = "last", answers: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def run_configs(self, runs: Sequence[tuple[Int[torch.Tensor, "batch pos"], dict[str, list[HookFn]]]],
+                    logits: str = "last", answers: Sequence[Int[torch.Tensor, " batch *k"]] | None = None,
+                    ) -> list[Float[torch.Tensor, " batch *rest"]]:
         """Logits of several prompt batches in one forward pass, each with its own hooks (``(tokens, {hook
         name: functions})``; every batch of one length). ``logits``: ``"last"`` (``[batch, 1, d_vocab]``),
         ``"all"`` positions, or ``"answer"`` (``[batch, 4]`` readout for each run's ``answers``, see
@@ -264,7 +265,7 @@ class ModelAdapter:
         return self.model.register_forward_pre_hook(fn, with_kwargs=True)
 
     # --- identity ----------------------------------------------------------------------------
-    def embedding_matrix(self) -> torch.Tensor:
+    def embedding_matrix(self) -> Float[torch.Tensor, "d_vocab d_model"]:
         return self.model.W_E
 
     def fingerprint(self) -> str:
@@ -317,7 +318,7 @@ class ModelAdapter:
         start: int,
         stop: int | None = None,
         positions: Int[torch.Tensor, " pos"] | None = None,
-    ) -> torch.Tensor:
+    ) -> Float[torch.Tensor, "batch pos d_out"]:
         """Run blocks ``start .. stop-1`` (0-indexed) on ``resid``, the residual entering block ``start``
         (``start = n_layers``: none). ``stop=None``: continue through the final norm and unembedding and
         return logits ``[batch, pos, d_vocab]``; otherwise return the residual entering block ``stop``
@@ -337,8 +338,8 @@ class ModelAdapter:
                                         f"of resid, shape ({resid.shape[1]},)")
         return self.forward_from(resid, start, stop, positions)
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
-                     positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`run_from` after its arguments were checked: what a backend implements."""
         raise NotImplementedError(self.missing("run_from"))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from jaxtyping import Int
 
 from .adapter import ModelInfo
 from .cache import MeanCache
@@ -29,12 +30,12 @@ OMIT_DEFAULT = "omit_default"
 class ForwardContext:
     """What hooks may know about the forward pass that is running: its token ids."""
 
-    def __init__(self, tokens: torch.Tensor | None = None):
+    def __init__(self, tokens: Int[torch.Tensor, "batch pos"] | None = None):
         self.fixed_tokens = tokens
-        self.tokens: torch.Tensor | None = tokens
+        self.tokens: Int[torch.Tensor, "batch pos"] | None = tokens
         self.n_forwards = 0
 
-    def require_tokens(self, who: str) -> torch.Tensor:
+    def require_tokens(self, who: str) -> Int[torch.Tensor, "batch pos"]:
         if self.tokens is None:
             raise InterventionError(
                 f"{who} needs the token ids of the forward pass, but none were seen: call the model "

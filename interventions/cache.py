@@ -228,7 +228,7 @@ class MeanCache:
             return torch.zeros(len(toks), dtype=torch.bool)
         return (self.counts(toks)[:, 1:] > 0).all(dim=1)
 
-    def contains(self, tokens: Tokens) -> torch.Tensor:
+    def contains(self, tokens: Tokens) -> Bool[torch.Tensor, " batch"]:
         """``[batch]`` bool: which prompts of ``tokens`` were in the fit set (by digest). Raises
         :class:`CacheMismatchError` for a cache saved before fit digests were kept (format version 1)."""
         if self.fit_rows is None:
@@ -268,7 +268,7 @@ class MeanCache:
             self._lookup = EntryIndexer(table, self.n_prompts)
         return self._lookup
 
-    def layer(self, name: str, layer: int) -> torch.Tensor:
+    def layer(self, name: str, layer: int) -> Float[torch.Tensor, "*shape"]:
         """A copy of ``cond_mean``, ``pos_mean`` or ``z_mean`` of block ``layer`` (0-indexed) that shares no
         storage with the cache (so a hook holding it carries one block's means, not every block's). One
         copy per block (memoised): the configurations of one wait in one request share it."""
@@ -277,7 +277,7 @@ class MeanCache:
             self._layer_copies[name, layer] = getattr(self, name)[layer].clone()
         return self._layer_copies[name, layer]
 
-    def on(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def on(self, name: str, device: torch.device, dtype: torch.dtype) -> Float[torch.Tensor, "*shape"]:
         """``cond_mean``, ``pos_mean`` or ``z_mean`` on ``device``/``dtype`` (memoised)."""
         key = (name, torch.device(device), dtype)
         if key not in self._device_copies:

@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from jaxtyping import Float
 
 from .hooks import HookFn, new_hook_level, pattern, resid_post, z
 from .types import InterventionError
 
 
-def self_only(pattern_: torch.Tensor) -> torch.Tensor:
+def self_only(pattern_: Float[torch.Tensor, "*batch q k"]) -> Float[torch.Tensor, "*batch q k"]:
     """The attention pattern in which every query attends only to itself (same shape and dtype)."""
     n_q, n_k = pattern_.shape[-2:]
     return torch.eye(n_q, n_k, dtype=pattern_.dtype, device=pattern_.device).expand_as(pattern_).clone()

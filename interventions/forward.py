@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 
 from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
@@ -140,8 +141,8 @@ def run_many(
     runs: Sequence[tuple[Tokens, Intervention | Sequence[Intervention]]],
     *,
     logits: str = "last",
-    answers: Sequence[torch.Tensor] | None = None,
-) -> list[torch.Tensor]:
+    answers: Sequence[Int[torch.Tensor, " batch *k"]] | None = None,
+) -> list[Float[torch.Tensor, " batch *rest"]]:
     """Logits of several prompt batches, each under its own interventions: ``runs`` is a list of
     ``(tokens, interventions)``, every ``tokens`` ``[batch, pos]`` of one ``pos``. Per run, ``logits="last"``
     returns ``[batch, 1, d_vocab]`` (the last position), ``"all"`` every position, and ``"answer"`` the

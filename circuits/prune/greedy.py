@@ -232,8 +232,8 @@ def check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoin
 
 def finish(
     model: Any,
-    tok: torch.Tensor,
-    ans: torch.Tensor,
+    tok: Int[torch.Tensor, "batch pos"],
+    ans: Int[torch.Tensor, " batch *k"],
     cfg: PruneConfig,
     base: list[iv.Intervention],
     cache: iv.MeanCache | None,

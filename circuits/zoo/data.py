@@ -22,6 +22,7 @@ from circuits.zoo.tokenizer import MAX_NUMBER
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float
 
 __all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch",
            "layout_batches", "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh",
@@ -189,7 +190,7 @@ def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.
             for n in sorted(groups)]
 
 
-def logits(model, tokens) -> torch.Tensor:  # noqa: F821
+def logits(model, tokens) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """``[batch, pos, vocab]`` logits of a ``HookedTransformer``/``TransformerBridge`` or a Hugging Face
     causal LM (whose forward returns an output with ``.logits``)."""
     out = model(tokens)

@@ -29,6 +29,7 @@ from circuits.errors import ArgumentError
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Bool, Int
 
 __all__ = ["WINDOWS", "Structure", "window_keys", "allowed_mask", "ScoreHooks", "forbidden_mass"]
 
@@ -110,7 +111,8 @@ class Structure:
             raise ArgumentError(f"structure heads {self.heads} out of range for {n_heads} heads")
 
 
-def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int) -> torch.Tensor:  # noqa: F821
+def allowed_mask(structure: Structure, n_layers: int, n_heads: int,
+                 seq_len: int) -> Bool[torch.Tensor, "n_layers n_heads seq_len seq_len"]:
     """Boolean ``[n_layers, n_heads, seq_len, seq_len]`` (query, key): True where ``structure`` allows the
     link (causal links only)."""
     import torch
@@ -175,7 +177,8 @@ class ScoreHooks:
         self.penalty = None
 
 
-def forbidden_mass(model: Any, structure: Structure, tokens: torch.Tensor, batch_size: int = 512) -> dict:  # noqa: F821
+def forbidden_mass(model: Any, structure: Structure, tokens: Int[torch.Tensor, "batch pos"],
+                   batch_size: int = 512) -> dict:
     """Attention that forbidden keys receive in a plain forward pass of ``model`` (a ``HookedTransformer``,
     no hooks added) on ``tokens`` ``[batch, pos]`` (one layout). Returns ``max_key`` (largest pattern entry
     of any forbidden key, a fraction of its row), ``max_row`` (largest summed forbidden mass of a query

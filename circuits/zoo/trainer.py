@@ -30,6 +30,7 @@ from circuits.zoo.hf import is_hf
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float
 
 __all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "checkpoint_step",
            "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
@@ -162,7 +163,7 @@ def start(model, opt, cfg: Any, ckpt_dir: Path, resume: bool, d_vocab: int,
     return {"step": 0, "wall_s": 0.0, "history": [], "good_evals": 0, "d_vocab": d_vocab}
 
 
-def last_logits(model, tokens, last=None) -> torch.Tensor:  # noqa: F821
+def last_logits(model, tokens, last=None) -> Float[torch.Tensor, "batch d_vocab"]:
     """Logits ``[batch, vocab]`` at index ``last`` of each row (``None``: the final position). On a
     ``HookedTransformer`` only that position is normed and unembedded, on a Hugging Face causal LM only
     that position goes through ``lm_head``."""
@@ -178,7 +179,7 @@ def last_logits(model, tokens, last=None) -> torch.Tensor:  # noqa: F821
     return model.unembed(model.ln_final(resid[:, None]))[:, 0]
 
 
-def optimizer_step(model, opt, tokens, answers, grad_clip: float, last=None) -> torch.Tensor:  # noqa: F821
+def optimizer_step(model, opt, tokens, answers, grad_clip: float, last=None) -> Float[torch.Tensor, ""]:
     """One optimiser step on the cross-entropy of ``answers`` predicted at index ``last`` of each row
     (``None``: the final position), gradient norm clipped to ``grad_clip``. Returns the loss."""
     import torch

@@ -33,15 +33,17 @@ class HookedAdapter(ModelAdapter):
     def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=0)
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
-                     positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`ModelAdapter.run_from`: ``start_at_layer`` / ``stop_at_layer``, so only blocks
         ``start..stop-1`` run; explicit positions re-rotate queries and keys (:meth:`rotary_shift`)."""
         shifts = None if positions is None else positions.to(torch.long).cpu() - torch.arange(resid.shape[1])
         with self.rotary_shift(range(start, self.info.n_layers if stop is None else stop), shifts):
             return self.model(resid, start_at_layer=start, stop_at_layer=stop)
 
-    def bos_key_values(self, bos: Int[torch.Tensor, "1 1"]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def bos_key_values(
+        self, bos: Int[torch.Tensor, "1 1"]
+    ) -> list[tuple[Float[torch.Tensor, "n_kv_heads d_head"], Float[torch.Tensor, "n_kv_heads d_head"]]]:
         """Per block ``(key, value)``, each ``[n_kv_heads, d_head]``, of ``bos`` at position 0."""
         from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 

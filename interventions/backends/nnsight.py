@@ -68,7 +68,7 @@ class NNsightAdapter(ModelAdapter):
     def token_module(self) -> torch.nn.Module:
         return self.model
 
-    def embedding_matrix(self) -> torch.Tensor:
+    def embedding_matrix(self) -> Float[torch.Tensor, "d_vocab d_model"]:
         return self.model.W_E
 
     def fingerprint(self) -> str:
@@ -85,8 +85,8 @@ class NNsightAdapter(ModelAdapter):
         return torch.device("cpu") if device.type == "meta" else device
 
     # --- running ----------------------------------------------------------------------------
-    def read(self, tokens: torch.Tensor, names: Sequence[str], hooks: dict[str, list[HookFn]] | None = None,
-             summed: Sequence[str] = ()) -> dict:
+    def read(self, tokens: Int[torch.Tensor, "batch pos"], names: Sequence[str],
+             hooks: dict[str, list[HookFn]] | None = None, summed: Sequence[str] = ()) -> dict:
         """One pass over ``tokens`` returning ``{name: activation}`` for ``names`` and the batch sums for
         ``summed`` (no logits)."""
         inv = Invoke(tokens, hooks=dict(hooks or {}), reads=tuple(names), sums=tuple(summed), logits="none")
@@ -106,8 +106,8 @@ class NNsightAdapter(ModelAdapter):
         out = self.read(tokens, names, summed=summed)
         return {name: out[name].detach() for name in (*names, *summed)}
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None,
-                     positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`ModelAdapter.run_from` as one whole pass: placeholder token ids (the first token of the
         vocabulary) run through blocks ``0..start-1``, whose result is then replaced by ``resid``."""
         n = self.info.n_layers
@@ -122,8 +122,9 @@ class NNsightAdapter(ModelAdapter):
         exit_name = resid_pre(stop) if stop < n else resid_post(n - 1)
         return self.read(tokens, [exit_name], hooks)[exit_name]
 
-    def run_configs(self, runs: Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]],
-                    logits: str = "last", answers: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def run_configs(self, runs: Sequence[tuple[Int[torch.Tensor, "batch pos"], dict[str, list[HookFn]]]],
+                    logits: str = "last", answers: Sequence[Int[torch.Tensor, " batch *k"]] | None = None,
+                    ) -> list[Float[torch.Tensor, " batch *rest"]]:
         """:meth:`ModelAdapter.run_configs`: one invoke per run, all in one trace (the ``"answer"`` readout is
         computed there). A run with per-head attention masks (a head-level :class:`~interventions.Peek`) has a
         trace of its own: the invokes of a trace join their masks, which must then have one shape."""
