@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 from jaxtyping import Bool, Int
@@ -42,9 +43,10 @@ class AnalysisConfig(Protocol):
     :class:`~interventions.ModelInfo`, or ``None`` before loading). ``validate`` is the one check of the
     config's values: the runner does not check them again."""
 
-    batch_size: int
+    @property
+    def batch_size(self) -> int: ...
 
-    def validate(self, info: Any = None) -> Any: ...
+    def validate(self, info: Any, /) -> Any: ...
 
 
 C = TypeVar("C", bound=AnalysisConfig)
@@ -78,7 +80,7 @@ class MemoryStore:
 class DirStore:
     """A :class:`ResultStore` backed by a run directory's JSONL results file, validated on read."""
 
-    def __init__(self, run_dir: "RunDir", schema: RecordSchema | None):
+    def __init__(self, run_dir: RunDir, schema: RecordSchema | None):
         self.run_dir = run_dir
         numbered = run_dir.load_numbered_records()
         self.loaded = schema.validate(run_dir.results_path, numbered) if schema else [r for _, r in numbered]
@@ -104,11 +106,11 @@ class RunContext:
     """
 
     tokens: Int[torch.Tensor, "n pos"]
-    answers: Int[torch.Tensor, "n *k"]
+    answers: Int[torch.Tensor, " n *k"]
     n_given: int
     keep: Bool[torch.Tensor, " n_given"]
     given_tokens: Int[torch.Tensor, "n_given pos"]
-    given_answers: Int[torch.Tensor, "n_given *k"]
+    given_answers: Int[torch.Tensor, " n_given *k"]
     cache: iv.MeanCache | None
     store: ResultStore
     progress: bool
@@ -135,7 +137,8 @@ class RunContext:
         fit = self.fit
         how = ("the caller's cache" if fit is None else
                f"{len(fit)} fit prompts ({'the whole layout' if fit.whole else 'a sample'} of task {fit.task}, "
-               f"population {fit.spec.population}, seed {fit.spec.seed})" if fit.task else f"{len(fit)} given fit prompts")
+               f"population {fit.spec.population}, seed {fit.spec.seed})"
+               if fit.task else f"{len(fit)} given fit prompts")
         return f"Means: {how}, none of them scored; {self.coverage.line()}."
 
     @property
@@ -195,7 +198,7 @@ class Analysis(Generic[C, R]):
     results_file: str | None
     identity: Callable[[C, RunContext, Any], dict[str, Any]]
     run: Callable[[Any, C, RunContext], R]
-    write: Callable[[R, "RunDir", RunContext], None]
+    write: Callable[[R, RunDir, RunContext], None]
     validate: Callable[[C, Any], None] = validate_config
     means: Callable[[C], str | None] = no_means
     schema: Callable[[C, Any, int], RecordSchema | None] = no_schema

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from circuits import files
 from circuits.errors import RunDirError

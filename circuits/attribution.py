@@ -18,24 +18,23 @@ head in the last block) and the best other token does not change; otherwise it i
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float, Int
 
 import interventions as iv
-from interventions import adapter as hooks
-from interventions.adapter import adapt
-from interventions.types import Head, InterventionError, Tokens
 from circuits.validation import check_choice
 from circuits.vocab import HEAD_METHODS
+from interventions import adapter as hooks
+from interventions.adapter import adapt
+from interventions.readout import answer_positions
+from interventions.types import Head, InterventionError, Tokens
 from interventions.validation import check_answers
 
-from interventions.readout import answer_positions
-
 from .faithfulness import last_token_metrics
-
 
 
 @contextmanager
@@ -55,7 +54,7 @@ def frozen_parameters(model: Any) -> Iterator[None]:
 def head_attribution_per_prompt(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     heads: Sequence[Head],
     interventions: Sequence[iv.Intervention] = (),
     *,
@@ -72,7 +71,7 @@ def head_attribution_per_prompt(
     check_choice("attribution method", method, HEAD_METHODS)
     if method == "mean" and not isinstance(cache, iv.MeanCache):
         raise InterventionError("method='mean' needs cache=MeanCache.fit(model, tokens)")
-    heads = [tuple(h) for h in heads]
+    heads = [cast(Head, tuple(h)) for h in heads]
     if not heads:
         raise InterventionError("heads is empty: give at least one (layer, head) pair")
     ad = adapt(model)
@@ -89,7 +88,7 @@ def head_attribution_per_prompt(
             z_seen: dict[int, torch.Tensor] = {}
             leaves: dict[int, torch.Tensor] = {}
 
-            def make(layer: int):
+            def make(layer: int, leaves: dict[int, torch.Tensor], z_seen: dict[int, torch.Tensor]):
                 def fn(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
                     # z after every earlier hook of this point (e.g. a HeadAblation of removed heads).
                     leaf = torch.zeros_like(z, requires_grad=True)
@@ -100,7 +99,7 @@ def head_attribution_per_prompt(
                 return fn
 
             # The leaf hooks go in after the interventions' hooks, so they see the intervened z.
-            leaf_hooks = [(hooks.z(layer), make(layer)) for layer in layers]
+            leaf_hooks = [(hooks.z(layer), make(layer, leaves, z_seen)) for layer in layers]
             with iv.apply(model, list(interventions)), ad.hooks(leaf_hooks):
                 logits = model(batch)
             _, _, diff = last_token_metrics(answer_positions(logits, ans), ans)
@@ -108,13 +107,13 @@ def head_attribution_per_prompt(
             grad = dict(zip(layers, grads))
             cols = []
             for layer, head in heads:
-                z = z_seen[layer][:, :, head].float()
+                z_head = z_seen[layer][:, :, head].float()
                 if method == "zero":
-                    target = torch.zeros_like(z)
+                    target = torch.zeros_like(z_head)
                 else:
                     assert cache is not None
-                    target = cache.on("z_mean", z.device, z.dtype)[layer][:, head].expand_as(z)
-                cols.append((grad[layer][:, :, head].float() * (target - z)).sum(dim=(1, 2)))
+                    target = cache.on("z_mean", z_head.device, z_head.dtype)[layer][:, head].expand_as(z_head)
+                cols.append((grad[layer][:, :, head].float() * (target - z_head)).sum(dim=(1, 2)))
             out.append(torch.stack(cols, dim=1).detach().cpu())
     return torch.cat(out)
 
@@ -122,7 +121,7 @@ def head_attribution_per_prompt(
 def head_attribution(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     heads: Sequence[Head],
     interventions: Sequence[iv.Intervention] = (),
     *,
@@ -136,4 +135,4 @@ def head_attribution(
         model, tokens, answers, heads, interventions, method=method, cache=cache, batch_size=batch_size
     )
     sums = per_prompt.sum(0).tolist()
-    return {tuple(h): float(v) for h, v in zip(heads, sums)}
+    return {cast(Head, tuple(h)): float(v) for h, v in zip(heads, sums)}

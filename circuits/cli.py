@@ -17,7 +17,7 @@ import importlib
 import logging
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from circuits.errors import describe, internal_error
 

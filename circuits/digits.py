@@ -52,7 +52,7 @@ def number_roles(prompt: str, offsets: list[tuple[int, int]]) -> tuple[int, ...]
     return tuple(roles)
 
 
-def filter_multi_token(ds: "Dataset", model_or_tokenizer: Any) -> "tuple[Dataset, int]":
+def filter_multi_token(ds: Dataset, model_or_tokenizer: Any) -> tuple[Dataset, int]:
     """The rows whose numbers can be written as several tokens (see the module docstring), with the columns
     ``answer_text`` (the answer as written after the prompt), ``answer_ids`` (its tokens) and ``layout`` (a
     key: token length, answer length and roles). Returns ``(kept, n_dropped)``."""

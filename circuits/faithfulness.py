@@ -8,17 +8,18 @@ the answer and the best other token of the whole vocabulary (negative = wrong), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 
 import interventions as iv
-from interventions.types import InterventionError, Tokens
 from circuits.errors import ArgumentError
 from circuits.validation import check_positive
+from interventions.types import InterventionError, Tokens
 from interventions.validation import check_answers, check_tokens
 
 
@@ -43,8 +44,8 @@ class FaithfulnessResult:
 
 
 def last_token_metrics(
-    last_logits: torch.Tensor, answers: torch.Tensor
-) -> tuple[Bool[torch.Tensor, "batch"], Float[torch.Tensor, "batch"], Float[torch.Tensor, "batch"]]:
+    last_logits: Float[torch.Tensor, "batch *k d_vocab"], answers: Int[torch.Tensor, " batch *k"]
+) -> tuple[Bool[torch.Tensor, " batch"], Float[torch.Tensor, " batch"], Float[torch.Tensor, " batch"]]:
     """Per prompt: argmax == answer, probability of the answer, answer logit minus best other logit.
 
     ``last_logits`` ``[batch, d_vocab]`` with ``answers`` ``[batch]``; or, for answers of ``k`` tokens read
@@ -77,7 +78,12 @@ def bootstrap_ci(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level
 
 
 def summarize(
-    correct: torch.Tensor, prob: torch.Tensor, logit_diff: torch.Tensor, *, n_boot: int = 1000, seed: int = 0
+    correct: Bool[torch.Tensor, " batch"],
+    prob: Float[torch.Tensor, " batch"],
+    logit_diff: Float[torch.Tensor, " batch"],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
 ) -> FaithfulnessResult:
     """Aggregate per-prompt metrics (of base-correct prompts) into a :class:`FaithfulnessResult`."""
     check_positive("n_boot", n_boot)
@@ -100,7 +106,7 @@ def summarize(
 def last_logits(
     model: Any, tokens: Tokens, interventions: Sequence[iv.Intervention] = (), *, batch_size: int = 128,
     n_answer: int = 1,
-) -> torch.Tensor:
+) -> Float[torch.Tensor, "batch *k d_vocab"]:
     """Logits at the last position of every prompt (``[batch, d_vocab]``), under ``interventions``, in batches;
     with ``n_answer = k > 1`` at the last ``k`` positions (``[batch, k, d_vocab]``, an answer of ``k`` tokens
     read under teacher forcing)."""
@@ -115,18 +121,20 @@ def last_logits(
     return torch.cat(out)
 
 
-def answer_width(answers: torch.Tensor) -> int:
+def answer_width(answers: Int[torch.Tensor, " batch *k"]) -> int:
     """Answer tokens per prompt: 1 for ``[batch]`` answers, ``k`` for ``[batch, k]``."""
     return 1 if answers.ndim == 1 else int(answers.shape[1])
 
 
-def answer_logits(model: Any, tokens: Tokens, answers: torch.Tensor, interventions: Sequence[iv.Intervention] = (),
-                  *, batch_size: int = 128) -> torch.Tensor:
+def answer_logits(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"],
+                  interventions: Sequence[iv.Intervention] = (), *,
+                  batch_size: int = 128) -> Float[torch.Tensor, "batch *k d_vocab"]:
     """:func:`last_logits` at the positions that predict ``answers`` (``[batch]`` or ``[batch, k]``)."""
     return last_logits(model, tokens, interventions, batch_size=batch_size, n_answer=answer_width(answers))
 
 
-def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_size: int = 128) -> Bool[torch.Tensor, "batch"]:
+def base_correct(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], *,
+                 batch_size: int = 128) -> Bool[torch.Tensor, " batch"]:
     """Which prompts the unmodified model answers correctly (argmax at the last position; for ``[batch, k]``
     answers, every answer token the argmax of its position under teacher forcing)."""
     correct, _, _ = last_token_metrics(answer_logits(model, tokens, answers, batch_size=batch_size), answers)
@@ -136,7 +144,7 @@ def base_correct(model: Any, tokens: Tokens, answers: torch.Tensor, *, batch_siz
 def faithfulness(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     interventions: Sequence[iv.Intervention],
     *,
     assume_correct: bool = False,
@@ -167,7 +175,7 @@ def faithfulness(
 def prompt_faithfulness(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     interventions: Sequence[iv.Intervention],
     *,
     assume_correct: bool = False,

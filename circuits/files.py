@@ -34,6 +34,7 @@ NO_RESULTS = ".no-results.jsonl"
 """Placeholder results name of analyses without resumable records (never written)."""
 
 RESULT_FILES = frozenset({
-    PROMPTS, MEANS, PREPARED, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS, LENS_ARRAYS,
+    PROMPTS, MEANS, PREPARED, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS,
+    LENS_ARRAYS,
 })
 """Files only af1 writes: a directory holding any of them without ``run.json`` is refused."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError
 from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE, POPULATIONS
@@ -61,7 +61,7 @@ class FitSpec:
     seed: int = 0
     population: str = "all"
 
-    def validate(self) -> "FitSpec":
+    def validate(self) -> FitSpec:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
         for name, lo in (("size", 1), ("min_count", 1), ("seed", 0)):
             value = getattr(self, name)
@@ -90,7 +90,7 @@ class FitSet:
     n_drawn: int = 0
 
     @classmethod
-    def given(cls, tokens: Int[torch.Tensor, "n_fit pos"], min_count: int = DEFAULT_MIN_COUNT) -> "FitSet":
+    def given(cls, tokens: Int[torch.Tensor, "n_fit pos"], min_count: int = DEFAULT_MIN_COUNT) -> FitSet:
         """A fit set of the caller's own tokens (the API's ``fit_tokens``)."""
         return cls(tokens=tokens.long(), spec=FitSpec(size=max(1, int(tokens.shape[0])), min_count=min_count))
 
@@ -104,7 +104,7 @@ class FitSet:
         h.update(self.tokens.cpu().long().contiguous().numpy().tobytes())
         return h.hexdigest()
 
-    def without(self, scored: Int[torch.Tensor, "batch pos"]) -> "FitSet":
+    def without(self, scored: Int[torch.Tensor, "batch pos"]) -> FitSet:
         """This fit set without the rows that are scored prompts."""
         if scored.shape[1] != self.tokens.shape[1] or not len(self.tokens):
             return self
@@ -119,7 +119,7 @@ class FitSet:
                 "sha256": self.sha256}
 
 
-def fit_set_of(fit: "FitSet | FitSpec | None", fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
+def fit_set_of(fit: FitSet | FitSpec | None, fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
                min_count: int | None = None, *, model: Any = None,
                tokens: Int[torch.Tensor, "batch pos"] | None = None, meta: Any = None) -> FitSet | None:
     """The API's spellings of a fit set as one: a :class:`FitSet` itself; a :class:`FitSpec`, drawn now for
@@ -132,7 +132,8 @@ def fit_set_of(fit: "FitSet | FitSpec | None", fit_tokens: Int[torch.Tensor, "n_
         task = (meta or {}).get("task")
         if not task or model is None or tokens is None:
             raise ArgumentError("fit=FitSpec(...) is drawn from a task's prompts: name the task with "
-                                "meta={'task': NAME}, or pass fit=circuits.fitset.draw_fit_set(model, NAME, tokens, spec)")
+                                "meta={'task': NAME}, or pass "
+                                "fit=circuits.fitset.draw_fit_set(model, NAME, tokens, spec)")
         return draw_fit_set(model, str(task), tokens, fit)
     if fit_tokens is None:
         return fit
@@ -189,7 +190,8 @@ def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], 
             if top_up > TOP_UP_ROUNDS:
                 break
     tokens = torch.stack(rows) if rows else torch.zeros(0, n_pos, dtype=torch.long)
-    return FitSet(tokens=tokens, spec=spec, task=tasks.task_label(task), whole=n_drawn >= space and n_skipped == 0, n_drawn=n_drawn)
+    return FitSet(tokens=tokens, spec=spec, task=tasks.task_label(task), whole=n_drawn >= space and n_skipped == 0,
+                  n_drawn=n_drawn)
 
 
 def pick_covered(candidates: Int[torch.Tensor, "n pos"], pool: Int[torch.Tensor, "m pos"], n: int,
@@ -218,7 +220,8 @@ def pick_covered(candidates: Int[torch.Tensor, "n pos"], pool: Int[torch.Tensor,
     return picked, aside
 
 
-def split_whole(fit: FitSet, scored: Int[torch.Tensor, "batch pos"], n: int) -> tuple[torch.Tensor, FitSet]:
+def split_whole(fit: FitSet, scored: Int[torch.Tensor, "batch pos"],
+                n: int) -> tuple[Bool[torch.Tensor, " batch"], FitSet]:
     """For a fit set that holds the layout's whole prompt space apart from the drawn ``scored`` prompts: ``(keep,
     fit)``, ``keep`` (``[batch]`` bool) marking the first ``n`` scored prompts that :func:`pick_covered` can back
     from the rest of the space, and the fit set that is the space without them (the prompts set aside go back into

@@ -42,7 +42,7 @@ class PromptFormat:
     separator: str = "\n"
     examples_seed: int = EXAMPLES_SEED
 
-    def validate(self) -> "PromptFormat":
+    def validate(self) -> PromptFormat:
         if isinstance(self.shots, bool) or not isinstance(self.shots, int) or not 0 <= self.shots <= 64:
             raise ArgumentError(f"shots={self.shots!r} must be an integer in 0..64 (--shots)")
         if not isinstance(self.chat, bool):
@@ -68,7 +68,7 @@ class PromptFormat:
         """The solved examples: ``{"prompt", "answer", "answer_text", "operands"}`` rows of ``task`` (a name, task
         file or spec); ``prompt`` without the task's own ``prefix``, ``answer_text`` as written after it."""
         from circuits import tasks
-        from circuits.task_tokens import answer_string, answer_value, answer_texts_of
+        from circuits.task_tokens import answer_string, answer_texts_of, answer_value
 
         if not self.shots:
             return []
@@ -89,16 +89,15 @@ class PromptFormat:
         """BOS for prompts of this format: none with the chat template (it brings its own start token)."""
         return False if self.chat and prepend_bos is None else prepend_bos
 
-    def apply(self, ds: "Dataset", task: str, model_or_tokenizer: Any) -> "Dataset":
+    def apply(self, ds: Dataset, task: str, model_or_tokenizer: Any) -> Dataset:
         """``ds`` (rows of :func:`circuits.tasks.build_task`) in this format, without the rows whose operands
         are those of a solved example; the zero-shot format returns ``ds`` itself."""
         if self.zero_shot:
             return ds
         from datasets import Dataset
 
-        from circuits.task_tokens import tokenizer_of
-
         from circuits import tasks
+        from circuits.task_tokens import tokenizer_of
 
         shown = {tuple(e["operands"]) for e in self.examples(task)}
         rows = ds.to_dict()

@@ -3,7 +3,8 @@ works without it."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["dataframe", "require_pandas"]
 

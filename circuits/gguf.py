@@ -88,11 +88,11 @@ def gguf_file(name: str | os.PathLike) -> Path:
     except metadata.PackageNotFoundError:
         raise ModelLoadError(f"model {name!r} is the GGUF file of the {source.distribution} package, which is not "
                              f"installed: {source.install}") from None
-    path = next((Path(dist.locate_file(f)) for f in dist.files or () if f.as_posix() == source.path), None)
-    if path is None or not path.is_file():
+    found = next((Path(str(dist.locate_file(f))) for f in dist.files or () if f.as_posix() == source.path), None)
+    if found is None or not found.is_file():
         raise ModelLoadError(f"model {name!r}: {source.distribution} is installed without {source.path}; "
                              f"reinstall it: {source.install} --force-reinstall")
-    return path.resolve()
+    return found.resolve()
 
 
 def cache_root() -> Path:

@@ -23,16 +23,17 @@ ordinary, resumable run directory under ``<out>/<model>/<ablation>/{search,prune
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, cast
 
 from circuits import files
 from circuits.errors import ArgumentError, ModelLoadError
-from circuits.vocab import ABLATIONS
+from circuits.vocab import ABLATIONS, Ablation
 
-__all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall", "curve_by_size",
-           "cpr_cmd", "recover", "run_recovery"]
+__all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall",
+           "curve_by_size", "cpr_cmd", "recover", "run_recovery"]
 
 
 
@@ -121,7 +122,8 @@ def planted_structure(name: str):
                         f"{', '.join(planted_models()) or '(none)'}")
 
 
-def precision_recall(found: Sequence[tuple[int, int]] | None, planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
+def precision_recall(found: Sequence[tuple[int, int]] | None,
+                     planted: Sequence[tuple[int, int]]) -> tuple[float, float]:
     """``(precision, recall)`` of the head set ``found`` against ``planted`` (``(block, head)`` pairs);
     ``found=None`` (no set reaches the target) scores ``(0, 0)``; an empty ``found`` has precision 1."""
     if found is None:
@@ -165,7 +167,7 @@ def cpr_cmd(curve: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return cpr, cmd
 
 
-def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, *, task: str,
+def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: Ablation, *, task: str,
             threshold: float = 0.9, target: float = 0.9, out_dir: str | Path | None = None,
             progress: bool = False) -> Recovery:
     """Search (grid ``"full"``) and prune (exact greedy, zero ablation of heads) ``model`` with
@@ -188,7 +190,8 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: str, 
     at = selected if selected is not None and selected[1] >= 1 else planted
     pruned = execute(PRUNE, model, prompts.tokens, prompts.answers,
                      PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target),
-                     out_dir=sub(prune_folder(planted, at)), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
+                     out_dir=sub(prune_folder(planted, at)), fit=prompts.fit, meta=meta, prompts=prompts.records(),
+                     progress=progress)
     heads = sorted(structure.head_set)
     found = sorted(tuple(h) for h in pruned.smallest_head_set) if pruned.smallest_head_set is not None else None
     prec, rec = precision_recall(found, heads)
@@ -268,8 +271,9 @@ def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablatio
             prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
             for a in ablations:
                 where = Path(out_dir) / files.RUNS_DIR / name / task / a if out_dir is not None else None
-                row = recover(model, name, structure, prompts, a, task=task, threshold=threshold, target=target,
-                              out_dir=where, progress=progress)
+                # ablations were checked against ABLATIONS by run_recovery.
+                row = recover(model, name, structure, prompts, cast(Ablation, a), task=task, threshold=threshold,
+                              target=target, out_dir=where, progress=progress)
                 if log is not None:
                     log(f"{name} {task} {a}: selected {row.selected} (planted {row.planted}), heads "
                         f"{row.found_heads} (planted {row.planted_heads}) P {row.precision:.2f} R {row.recall:.2f} "

@@ -8,8 +8,9 @@ import csv
 import html
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from circuits import files
 from circuits.atomic import safe_name
@@ -91,8 +92,8 @@ def curve_svg(rows: Sequence[Any], title: str, width: int = 480, height: int = 2
                      f'stroke-dasharray="{"" if i == 0 else f"{2 + 3 * i},{2 * i}"}"/>')
         parts.append(f'<text x="{left + pw + 8}" y="{top + 14 + 30 * i}" fill="{color}">{r.ablation}: CPR {r.cpr:.2f}, '
                      f'CMD {r.cmd:.2f}</text>')
-        parts.append(f'<text x="{left + pw + 8}" y="{top + 27 + 30 * i}" fill="{color}">pruned at {_config(r.pruned_at)}, '
-                     f'{kmax} heads</text>')
+        parts.append(f'<text x="{left + pw + 8}" y="{top + 27 + 30 * i}" fill="{color}">'
+                     f'pruned at {_config(r.pruned_at)}, {kmax} heads</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -140,7 +141,7 @@ class GroundTruthResult:
         self.meta = dict(meta or {})
 
     @classmethod
-    def load(cls, out_dir: str | Path) -> "GroundTruthResult":
+    def load(cls, out_dir: str | Path) -> GroundTruthResult:
         """The rows of ``out_dir/summary.json`` (``FileNotFoundError`` while the command has not finished)."""
         path = Path(out_dir) / files.SUMMARY
         if not path.is_file():
@@ -188,9 +189,8 @@ class GroundTruthResult:
 
     def prune(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:
         """The pruning run of one row (:class:`~circuits.prune.PruneResult`)."""
-        from circuits.prune.result import PruneResult
-
         from circuits.groundtruth import prune_folder
+        from circuits.prune.result import PruneResult
 
         row = next((r for r in self.rows if (r.model, r.task, r.ablation) == (model, task, ablation)), None)
         which = prune_folder(row.planted, row.pruned_at) if row is not None else "prune"

@@ -21,6 +21,7 @@ from typing import Any
 from circuits import placement
 from circuits.backend_loaders import LoadRequest, get_loader, remote_backends
 from circuits.errors import AF1Error, ArgumentError, ModelLoadError
+
 # Documented here (docs/prompts.md); circuits.specs draws every prompt set through loading.prepare_prompts,
 # which tests replace with stand-ins.
 from circuits.prompts import check_bos, prepare_prompts  # noqa: F401

@@ -28,7 +28,7 @@ class DirLock:
         self.path = Path(path)
         self.fd: int | None = None
 
-    def acquire(self) -> "DirLock":
+    def acquire(self) -> DirLock:
         fd = os.open(str(self.path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,7 +69,7 @@ class DirLock:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "DirLock":
+    def __enter__(self) -> DirLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

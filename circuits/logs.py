@@ -2,8 +2,8 @@
 
 ``logging.getLogger("circuits")`` (or a child, ``circuits.lens``) is where the library reports what it skips,
 resumes or converts; the ``af1`` command line shows them (:func:`cli_handler`: information on stdout, warnings on
-stderr), a notebook shows them once logging is configured (``logging.basicConfig(level=logging.INFO)``). TransformerLens's
-"Moving model to device" and "Loaded pretrained model" lines are not printed: models are moved with
+stderr), a notebook shows them once logging is configured (``logging.basicConfig(level=logging.INFO)``).
+TransformerLens's "Moving model to device" and "Loaded pretrained model" lines are not printed: models are moved with
 :func:`quiet_to` and loaded under :func:`quiet_stdout` (the lines go to the logger at DEBUG).
 """
 
@@ -13,7 +13,8 @@ import contextlib
 import io
 import logging
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["LOGGER", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
 
@@ -35,7 +36,7 @@ class _Console(logging.StreamHandler):
         super().__init__()
         self.stderr = stderr
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr if self.stderr else sys.stdout
 

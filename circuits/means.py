@@ -3,9 +3,9 @@ and checked when a run resumes.
 
 :func:`plan_means` decides the means before anything is written and enforces what :mod:`circuits.fitset`
 promises (no scored prompt among the fit prompts, at least ``min_count`` fit prompts behind every mean a
-scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run wrote (bound to the fit set by the fit prompts' digests)
-or fits a new one; :func:`keep_means` saves it; :func:`check_current` refuses directories written when the
-means were fitted on the scored prompts themselves.
+scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run
+wrote (bound to the fit set by the fit prompts' digests) or fits a new one; :func:`keep_means` saves it;
+:func:`check_current` refuses directories written when the means were fitted on the scored prompts themselves.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from jaxtyping import Int
 
 import interventions as iv
 from circuits import files
 from circuits.errors import CorruptRunError, FitSetError, RunMismatchError
 from circuits.fitset import DEFAULT_MIN_COUNT, FitSet
 from circuits.runs import RunDir, read_json_object
-from interventions.coverage import Coverage, entry_counts, row_digests
 from circuits.validation import check_positive
+from interventions.coverage import Coverage, entry_counts, row_digests
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.analyses import RunContext
@@ -53,13 +54,13 @@ def check_current(path: Path) -> None:
         )
 
 
-def means_cache(model: Any, fit_tokens: torch.Tensor, run_dir: RunDir | None, *, batch_size: int,
+def means_cache(model: Any, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir: RunDir | None, *, batch_size: int,
                 progress: bool) -> iv.MeanCache:
     """The means cache fitted on ``fit_tokens``, without writing anything: the one this run wrote to
     ``run_dir`` (checked against its recorded content hash and against the fit set it must have been
     fitted on), else a fresh :meth:`~interventions.MeanCache.fit`. :func:`keep_means` saves it."""
     recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
-    path = run_dir.checked_artifact(files.MEANS) if recorded else None
+    path = run_dir.checked_artifact(files.MEANS) if run_dir is not None and recorded else None
     if path is not None:
         cache = iv.MeanCache.load(path)
         if not fitted_on(cache, fit_tokens):
@@ -78,7 +79,7 @@ def means_cache(model: Any, fit_tokens: torch.Tensor, run_dir: RunDir | None, *,
     return cache
 
 
-def fitted_on(cache: iv.MeanCache, fit_tokens: torch.Tensor) -> bool:
+def fitted_on(cache: iv.MeanCache, fit_tokens: Int[torch.Tensor, "n_fit pos"]) -> bool:
     """Whether ``cache`` was fitted on exactly the prompts ``fit_tokens`` (by their digests)."""
     return cache.fit_rows is not None and cache.n_prompts == len(fit_tokens) and torch.equal(
         cache.fit_rows, torch.unique(row_digests(fit_tokens)))
@@ -95,7 +96,7 @@ def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
     run_dir.record_artifact(files.MEANS)
 
 
-def plan_means(ctx: "RunContext", *, conditional: bool, fit: FitSet | None, cache: iv.MeanCache | None,
+def plan_means(ctx: RunContext, *, conditional: bool, fit: FitSet | None, cache: iv.MeanCache | None,
                min_count: int | None) -> None:
     """Decide a run's means before anything is fitted or written, with what :mod:`circuits.fitset` promises
     enforced: the fit set without the scored prompts (or the caller's ``cache``, which must not hold a scored
@@ -139,7 +140,7 @@ def plan_means(ctx: "RunContext", *, conditional: bool, fit: FitSet | None, cach
     ctx.means_identity["min_count"] = minimum
 
 
-def load_means(model: Any, ctx: "RunContext", cache: iv.MeanCache | None, run_dir: RunDir | None, *,
+def load_means(model: Any, ctx: RunContext, cache: iv.MeanCache | None, run_dir: RunDir | None, *,
                batch_size: int, progress: bool) -> iv.MeanCache:
     """The cache :func:`plan_means` decided on: the caller's (which, with a fit set, must be fitted on it),
     else the one this run wrote to ``run_dir`` or a fresh fit on ``ctx.fit`` (:func:`means_cache`); checked

@@ -17,9 +17,10 @@ Units: bytes throughout (``GiB`` = 2**30 bytes in messages).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -172,8 +173,8 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
     file is converted first (once, :func:`circuits.gguf.resolve`, whose
     :class:`~circuits.errors.ModelLoadError` propagates) and its folder read. ``n_pos`` is the longest
     tokenised prompt of a sample of the task in the prompt format ``fmt`` (a
-    :class:`~circuits.formats.PromptFormat`; ``None``: zero-shot) plus BOS. ``None`` when the config or tokenizer cannot be read,
-    or no model can be built from the config."""
+    :class:`~circuits.formats.PromptFormat`; ``None``: zero-shot) plus BOS. ``None`` when the config or tokenizer
+    cannot be read, or no model can be built from the config."""
     from transformers import AutoConfig, AutoTokenizer
 
     from circuits import gguf, tasks

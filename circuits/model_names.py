@@ -15,9 +15,10 @@ import difflib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["cached_config", "check_model_name", "close_names", "hf_cache_dir", "in_hf_cache", "n_layers_of",
            "offline"]
@@ -72,7 +73,7 @@ def in_hf_cache(name: str) -> bool:
 def cached_config(name: str) -> dict[str, Any] | None:
     """The ``config.json`` of ``name``: a zoo model's, a local folder's or a cached snapshot's (``None``: none
     found here; nothing is downloaded)."""
-    from circuits.zoo import MODELS_DIR, ALIASES
+    from circuits.zoo import ALIASES, MODELS_DIR
 
     candidates = [MODELS_DIR / ALIASES.get(name, name) / "config.json", Path(name).expanduser() / "config.json"]
     folder = _cache_folder(name)

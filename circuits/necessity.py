@@ -12,9 +12,10 @@ resumes), ``necessity.json`` (all blocks and the run identity) and ``report.html
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -22,9 +23,9 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
+from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, faithfulness
 from circuits.records import RecordSchema, faithfulness_fields, layer_field
-from circuits.analyses import Analysis, RunContext, configured
 from circuits.runner import execute
 from circuits.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
@@ -61,7 +62,7 @@ class NecessityResult:
     n_resumed: int = 0
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "NecessityResult":
+    def load(cls, run_dir: str | Path) -> NecessityResult:
         """The sweep stored in ``run_dir`` (``af1 necessity --out``, :func:`necessity_sweep` with ``out_dir``):
         the blocks of ``necessity.jsonl`` in the order of ``necessity.json`` (block order while unfinished)."""
         from circuits.runs import read_json_object, read_jsonl
@@ -73,7 +74,9 @@ class NecessityResult:
         summary = read_json_object(path / files.NECESSITY_SUMMARY) if (path / files.NECESSITY_SUMMARY).is_file() else {}
         names = BlockNecessity.__dataclass_fields__
         rows = summary.get("blocks") or sorted(read_jsonl(path / files.NECESSITY_RESULTS), key=lambda r: r["layer"])
-        blocks = [BlockNecessity(**{k: float("nan") if rec.get(k) is None else rec[k] for k in names}) for rec in rows]
+        values: list[dict[str, Any]] = [{k: float("nan") if rec.get(k) is None else rec[k] for k in names}
+                                        for rec in rows]
+        blocks = [BlockNecessity(**v) for v in values]
         return cls(blocks=blocks, n_prompts=int(summary.get("n_prompts", identity.get("n_prompts", 0))),
                    seconds=float(summary.get("seconds", 0.0)), n_resumed=int(summary.get("n_resumed", 0)))
 
@@ -112,7 +115,7 @@ class NecessityConfig:
     batch_size: int = 128
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> "NecessityConfig":
+    def validate(self, info: Any = None) -> NecessityConfig:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
         check_int("seed", self.seed, -(2**63))
         check_positive("batch_size", self.batch_size)
@@ -129,7 +132,7 @@ class NecessityConfig:
 def necessity_sweep(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     *,
     config: NecessityConfig | None = None,
     layers: Sequence[int] | None = None,
@@ -166,8 +169,9 @@ def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> Neces
             blocks.append(known[layer])
             n_resumed += 1
             continue
-        r = faithfulness(model, ctx.tokens, ctx.answers, [iv.Peek([layer], mode="self", queries="last", n_last=answer_width(ctx.answers))],
-                         assume_correct=True, batch_size=config.batch_size, n_boot=config.n_boot, seed=config.seed)
+        peek = iv.Peek([layer], mode="self", queries="last", n_last=answer_width(ctx.answers))
+        r = faithfulness(model, ctx.tokens, ctx.answers, [peek], assume_correct=True,
+                         batch_size=config.batch_size, n_boot=config.n_boot, seed=config.seed)
         b = BlockNecessity(layer=layer, **r.to_dict())
         blocks.append(b)
         ctx.store.append(b.to_dict())

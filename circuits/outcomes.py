@@ -10,8 +10,9 @@ configuration flip" without a model (:meth:`circuits.search.SearchResult.prompt_
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -133,14 +134,15 @@ class PromptOutcomes:
     prompts the unmodified model gets wrong); ``None``: row ``i`` is prompt ``i``."""
 
     @classmethod
-    def from_metrics(cls, correct: Any, prob: Any, logit_diff: Any, prompts: Sequence[str] | None = None) -> "PromptOutcomes":
+    def from_metrics(cls, correct: Any, prob: Any, logit_diff: Any,
+                     prompts: Sequence[str] | None = None) -> PromptOutcomes:
         """From the three per-prompt tensors of :func:`circuits.faithfulness.last_token_metrics`."""
         as_np = lambda t: np.asarray(t.detach().cpu().double().numpy() if hasattr(t, "detach") else t)  # noqa: E731
         return cls(as_np(correct).astype(bool), as_np(prob).astype(np.float64), as_np(logit_diff).astype(np.float64),
                    list(prompts) if prompts is not None else None)
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], prompts: Sequence[str] | None = None) -> "PromptOutcomes | None":
+    def from_record(cls, record: Mapping[str, Any], prompts: Sequence[str] | None = None) -> PromptOutcomes | None:
         """The outcomes a results record holds (``None`` for a record of an earlier release, which has none)."""
         if not isinstance(record.get("prompt_faithful"), str):
             return None
@@ -194,6 +196,7 @@ class PromptOutcomes:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PromptOutcomes):
             return NotImplemented
-        same = lambda a, b: (a is None) == (b is None) and (a is None or np.allclose(a, b, atol=10 ** -DIGITS, equal_nan=True))  # noqa: E731
+        same = lambda a, b: (a is None) == (b is None) and (  # noqa: E731
+            a is None or np.allclose(a, b, atol=10 ** -DIGITS, equal_nan=True))
         return bool(np.array_equal(self.faithful, other.faithful) and same(self.answer_prob, other.answer_prob)
                     and same(self.logit_diff, other.logit_diff))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["package_path", "materialize"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def package_path(*parts: str) -> Path:
     """A file-system path to ``circuits/<parts...>`` of the imported package, e.g. ``package_path("data")``.
 

@@ -24,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
+from jaxtyping import Bool
 
 from circuits import files
 from circuits.errors import CorruptRunError
@@ -174,7 +176,7 @@ def load(folder: str | Path, key: Mapping[str, Any]) -> Prepared | None:
     return Prepared(key=dict(key), prompts=_prompts(path, tensors, meta), keep=tensors["keep"].bool(), source=path)
 
 
-def keep_prepared(run_dir: Any, prepared: Prepared, keep: torch.Tensor) -> None:
+def keep_prepared(run_dir: Any, prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> None:
     """After the run identity is checked: a reloaded file must be bound to it
     (:meth:`~circuits.runs.RunDir.checked_artifact` refuses another run's); prompts prepared by this run (or
     reloaded from another folder, a sweep's cell of the same prompts) are written to ``run_dir`` with ``keep``
@@ -192,7 +194,8 @@ def keep_prepared(run_dir: Any, prepared: Prepared, keep: torch.Tensor) -> None:
                "keep": keep.to(torch.uint8).contiguous()}
     if p.fit is not None:
         tensors["fit_tokens"] = p.fit.tokens.long().contiguous()
-    meta = {"key": prepared.key, "prompts": list(p.prompts), "answer_values": [answer_value(v) for v in p.answer_values],
+    meta = {"key": prepared.key, "prompts": list(p.prompts),
+            "answer_values": [answer_value(v) for v in p.answer_values],
             "answer_texts": None if p.answer_texts is None else list(p.answer_texts), "layout": _plain(p.layout),
             "counts": _plain({k: getattr(p, k) for k in _COUNTS}),
             "fit": None if p.fit is None else {"spec": p.fit.spec.identity(), "task": p.fit.task,
@@ -220,7 +223,8 @@ def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any])
         raise bad(f"its parts disagree on the number of prompts ({n})")
     if any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in values):
         raise bad("answer_values must be integers or strings (the answers of a task of text answers)")
-    counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
+    raw_counts = meta.get("counts")
+    counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
     spec = meta["key"]["spec"]
     fit = None
     if meta.get("fit") is not None:

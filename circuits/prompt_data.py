@@ -216,10 +216,11 @@ def slot_layouts(layouts: list[Any], ds: Any, model: Any, where: str) -> list[An
     tok = tokenizer_of(model)
     out = []
     for lay in layouts:
-        keys = []
+        keys: list[tuple[tuple[int, int], ...]] = []
         for prompt, offs, i in zip(lay.prompts, encode_texts(tok, lay.prompts, offsets=True)["offset_mapping"],
                                    lay.indices):
-            key, taken = [], []
+            key: list[tuple[int, int]] = []
+            taken: list[tuple[int, int]] = []
             for c in slots:
                 v = values[c][i]
                 pattern = (rf"(?<!\d){int(v)}(?!\d)" if isinstance(v, int) and not isinstance(v, bool)
@@ -234,12 +235,12 @@ def slot_layouts(layouts: list[Any], ds: Any, model: Any, where: str) -> list[An
                 hit = [k for k, (s, e) in enumerate(offs) if s < b and e > a]
                 key.append((hit[0], hit[-1]) if hit else (-1, -1))
             keys.append(tuple(key))
-        for key in dict.fromkeys(keys):
-            idx = [j for j, k in enumerate(keys) if k == key]
+        for layout_key in dict.fromkeys(keys):
+            idx = [j for j, k in enumerate(keys) if k == layout_key]
             out.append(Layout(tokens=lay.tokens[idx], answers=lay.answers[idx], prompts=[lay.prompts[j] for j in idx],
                               answer_values=[lay.answer_values[j] for j in idx], indices=[lay.indices[j] for j in idx],
                               answer_texts=None if lay.answer_texts is None else [lay.answer_texts[j] for j in idx],
-                              bos=lay.bos, key=(lay.key, key)))
+                              bos=lay.bos, key=(lay.key, layout_key)))
     return sorted(out, key=lambda x: (-len(x), x.n_pos))
 
 

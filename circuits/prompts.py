@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError, PromptError
 from circuits.task_checks import check_slot_tokens
@@ -58,7 +58,7 @@ class Prompts:
     """
 
     tokens: Int[torch.Tensor, "batch pos"]
-    answers: Int[torch.Tensor, "batch"]
+    answers: Int[torch.Tensor, " batch"]
     prompts: list[str]
     answer_values: list[int | str]
     base_accuracy: float
@@ -85,7 +85,7 @@ class Prompts:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    def subset(self, keep: torch.Tensor | None, n: int) -> "Prompts":
+    def subset(self, keep: Bool[torch.Tensor, " batch"] | None, n: int) -> Prompts:
         """The first ``n`` prompts among those ``keep`` (``[batch]`` bool; ``None``: all) marks, with the
         same counts."""
         idx = torch.arange(len(self)) if keep is None else keep.nonzero().flatten()
@@ -125,6 +125,7 @@ def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "C
     from circuits import tasks
 
     bos = tasks.resolve_bos(model, True)
+    assert bos is not None  # prepend_bos=True: a token id, or resolve_bos raised
     first = tokens[:, 0]
     if not bool((first == bos).all()):
         raise PromptError(f"{what} need BOS (token {bos}) at position 0 of every prompt, but this model does "
@@ -162,7 +163,7 @@ def _merge(pieces: list[Any]) -> dict[str, Any]:
         "answers": torch.cat([torch.as_tensor(p.answers, dtype=torch.long) for p in pieces]),
         "prompts": [x for p in pieces for x in p.prompts],
         "answer_values": [answer_value(v) for p in pieces for v in p.answer_values],
-        "answer_texts": None if any(t is None for t in texts) else [x for t in texts for x in t],
+        "answer_texts": None if any(t is None for t in texts) else [x for t in texts if t is not None for x in t],
     }
 
 

@@ -10,9 +10,10 @@ file, the line and the field.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from circuits.errors import CorruptRunError
 from circuits.outcomes import record_problem

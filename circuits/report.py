@@ -3,20 +3,21 @@
 Reports open without a network. By default (:data:`PLOTLYJS` ``"directory"``) the reports of one output
 directory share one ``plotly.min.js`` written next to the first of them (or found in a directory above,
 e.g. a sweep's root for its cells' reports) instead of embedding its 4.8 MB each; ``AF1_PLOTLYJS=embed``
-embeds it in every page as before, ``AF1_PLOTLYJS=cdn`` links the CDN copy (needs a network). Figures: the faithfulness heatmap over
-``wait`` x ``transfer`` with the selected configuration marked, and a bar chart of faithfulness per block.
+embeds it in every page as before, ``AF1_PLOTLYJS=cdn`` links the CDN copy (needs a network). Figures: the
+faithfulness heatmap over ``wait`` x ``transfer`` with the selected configuration marked, and a bar chart of
+faithfulness per block.
 """
 
 from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from circuits import files
 from circuits.errors import ArgumentError
-
 
 PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("directory", "embed", "cdn")
@@ -122,7 +123,8 @@ def search_heatmap(result: Any, title: str = "AF1 search") -> Any:
     transfers = list(range(0, n + 1))
     z: list[list[float | None]] = [[None] * len(transfers) for _ in waits]
     text: list[list[str]] = [[""] * len(transfers) for _ in waits]
-    hover: list[list[str]] = [["not a configuration" if t > n - 1 - w else "not evaluated" for t in transfers] for w in waits]
+    hover: list[list[str]] = [["not a configuration" if t > n - 1 - w else "not evaluated" for t in transfers]
+                              for w in waits]
     for r in result.results:
         z[r.wait + 1][r.transfer] = r.faithfulness
         text[r.wait + 1][r.transfer] = f"{r.faithfulness:.2f}"
@@ -213,7 +215,8 @@ def necessity_figure(layers: Sequence[int], faith: Sequence[float], ci: Sequence
                        arrayminus=[f - lo for f, (lo, _) in zip(faith, ci)])
     fig = go.Figure(go.Bar(x=list(layers), y=list(faith), error_y=error_y, name="faithfulness"))
     # The values above the interval's top (or the bar), where the error bars do not hide them.
-    tops = [hi if ci is not None and not math.isnan(hi) else f for f, (_, hi) in zip(faith, ci or [(0, math.nan)] * len(faith))]
+    tops = [hi if ci is not None and not math.isnan(hi) else f
+            for f, (_, hi) in zip(faith, ci or [(0, math.nan)] * len(faith))]
     for x, f, top in zip(layers, faith, tops):
         fig.add_annotation(x=x, y=min(top, 1.0) + 0.02, text=f"{f:.2f}", showarrow=False, yanchor="bottom")
     fig.update_layout(title=title, xaxis=dict(title="block where the last token self-peeks", dtick=1),

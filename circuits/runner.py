@@ -38,11 +38,13 @@ File names live in :mod:`circuits.files`.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
+from jaxtyping import Bool, Int
 
 import interventions as iv
 from circuits import files
@@ -67,7 +69,8 @@ LABELS = ("model", "task", "source", "numbers", "format")
 prompts' hash already determine the results, so they are compared only when both identities hold them."""
 
 
-def check_inputs(model: Any, tokens: Any, answers: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def check_inputs(model: Any, tokens: Any,
+                 answers: Any) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, " batch *k"]]:
     """Tokens and answers checked as the analyses need them: a ``[batch, pos]`` id tensor of one layout
     with BOS at position 0 and no padding, and one answer token id per prompt."""
     info = iv.adapt(model).info
@@ -102,7 +105,7 @@ class Run:
         self.created = False
         self.lock: DirLock | None = None
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         if self.path.exists() and not self.path.is_dir():
             raise RunMismatchError(f"--out {self.path} exists and is not a directory; choose a directory")
         self.created = not self.path.exists()
@@ -166,7 +169,7 @@ class Memory:
     def keep_means(self, cache: iv.MeanCache) -> None:
         """Nothing to keep."""
 
-    def keep_prepared(self, prepared: Any, keep: torch.Tensor) -> None:
+    def keep_prepared(self, prepared: Any, keep: Bool[torch.Tensor, " n"]) -> None:
         """Nothing to keep."""
 
     def write_prompts(self, records: list[dict[str, Any]] | None) -> None:
@@ -200,7 +203,7 @@ class Directory(Memory):
         assert self.run_dir is not None
         keep_means(self.run_dir, cache)
 
-    def keep_prepared(self, prepared: Any, keep: torch.Tensor) -> None:
+    def keep_prepared(self, prepared: Any, keep: Bool[torch.Tensor, " n"]) -> None:
         assert self.run_dir is not None
         keep_prepared(self.run_dir, prepared, keep)
 
@@ -284,7 +287,7 @@ def info_of(model: Any) -> Any:
     return iv.adapt(model).info
 
 
-def known_keep(prepared: Any, tokens: Any) -> torch.Tensor | None:
+def known_keep(prepared: Any, tokens: Any) -> Bool[torch.Tensor, " n"] | None:
     """Which of ``tokens`` the unmodified model answers correctly, as the reloaded prepared prompts recorded it
     (``None``: not known, or ``tokens`` are not those prompts)."""
     if prepared is None or prepared.keep is None or not torch.is_tensor(tokens):
@@ -295,7 +298,7 @@ def known_keep(prepared: Any, tokens: Any) -> torch.Tensor | None:
 def scored_context(analysis: Analysis[Any, Any], model: Any, tokens: Any, answers: Any, config: Any, *,
                    meta: Mapping[str, Any] | None,
                    prompts: Sequence[Mapping[str, Any]] | None, progress: bool,
-                   keep: torch.Tensor | None = None) -> RunContext:
+                   keep: Bool[torch.Tensor, " n"] | None = None) -> RunContext:
     """Validate ``config`` (:attr:`Analysis.validate`) and the inputs, keep the prompts the unmodified model
     answers correctly (when the analysis scores only those; ``keep``: which they are, known from an earlier run
     of the same model on the same prompts) and return the :class:`RunContext` (without means yet)."""

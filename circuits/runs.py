@@ -23,11 +23,13 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Int
 
 from circuits import files
 from circuits.errors import CorruptRunError, RunMismatchError, one_line
@@ -200,7 +202,7 @@ class RunDir:
         """Keys compared only when both identities hold them: labels (the model's name, the task's) that the
         rest of the identity already pins down, and keys older releases recorded (the search's threshold)."""
 
-    def open(self) -> "RunDir":
+    def open(self) -> RunDir:
         """Create the directory or check that it belongs to this command (raises
         :class:`RunMismatchError` otherwise), and record the identity in ``run.json``."""
         if self.path.exists() and not self.path.is_dir():
@@ -353,7 +355,7 @@ def _short(value: Any) -> Any:
     return value
 
 
-def tokens_sha256(tokens: "torch.Tensor", answers: "torch.Tensor") -> str:
+def tokens_sha256(tokens: Int[torch.Tensor, "batch pos"], answers: Int[torch.Tensor, " batch *k"]) -> str:
     """Content hash of the evaluation prompts and answers (part of a run's identity)."""
     h = hashlib.sha256()
     h.update(str(tuple(tokens.shape)).encode())

@@ -52,7 +52,7 @@ class ModelSpec:
     max_memory: Any = None
     remote: bool = False
 
-    def load(self, *, estimate: "PromptSpec | None" = None, batch_size: int = 128, means: bool = True) -> Any:
+    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any:
         """The model, in eval mode. A pretrained model that runs here first prints the memory it will need
         (and, with ``means``, the cost of fitting its means) for the prompts of ``estimate`` in batches of
         ``batch_size``."""
@@ -98,7 +98,7 @@ class PromptSpec:
 
         return prompts_label(self.prompts) if self.prompts is not None else tasks.task_label(self.task)
 
-    def validate(self) -> "PromptSpec":
+    def validate(self) -> PromptSpec:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
         if (self.task is None) == (self.prompts is None):
             raise ArgumentError(ONE_SOURCE)
@@ -107,16 +107,17 @@ class PromptSpec:
         if self.source not in SOURCES:
             raise ArgumentError(f"source={self.source!r} is not valid: choose one of {', '.join(SOURCES)}")
         if self.numbers not in NUMBERS:
-            raise ArgumentError(f"numbers={self.numbers!r} is not valid: choose one of {', '.join(NUMBERS)} (--numbers)")
+            raise ArgumentError(f"numbers={self.numbers!r} is not valid: choose one of {', '.join(NUMBERS)} "
+                                "(--numbers)")
         self.fit.validate()
         self.format.validate()
         return self
 
     def prepare(self, model: Any, *, means: str | None = None, progress: bool = True,
                 batch_size: int = 128) -> Any:
-        """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional means, ``"mean"`` or
-        ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA, prompts reading an
-        entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
+        """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional
+        means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
+        prompts reading an entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
         ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set."""
         from circuits import loading  # loading.prepare_prompts: the one place prompts are drawn
         from circuits.fitset import draw_fit_set

@@ -70,8 +70,8 @@ def check_slot_tokens(spec: Any, tokenizer: Any) -> None:
     varying = {name: c for name, c in counts.items() if len(set(c.values())) > 1}
     if len(varying) > 1:
         (first, c1), (second, _) = list(varying.items())[:2]
-        lo = min(c1, key=c1.get)
-        hi = max(c1, key=c1.get)
+        lo = min(c1, key=c1.__getitem__)
+        hi = max(c1, key=c1.__getitem__)
         where = f"task file {spec.path}" if spec.path else f"task {spec.name!r}"
         raise ArgumentError(f"{where}: slots.{first}: values take different numbers of tokens ({lo!r} {c1[lo]}, "
                             f"{hi!r} {c1[hi]}) and so do those of slots.{second}: prompts of one token length would "

@@ -40,8 +40,9 @@ import json
 import operator
 import re
 import string
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, cast
 
 import numpy as np
 
@@ -145,7 +146,8 @@ def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
             return -value if isinstance(node.op, ast.USub) else value
         if isinstance(node, ast.Name):
             return np.asarray(columns[node.id], dtype=np.int64)
-        return np.int64(node.value)  # an integer constant (checked by expression_slots)
+        constant = cast(ast.Constant, node)  # an integer constant (checked by expression_slots)
+        return np.int64(cast(int, constant.value))
 
     n = len(next(iter(columns.values()))) if columns else 0
     return np.broadcast_to(np.asarray(walk(_parse(text)), dtype=np.int64), (n,)).copy()
@@ -206,12 +208,12 @@ def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None)
     if lo > hi:
         raise fail("answer_min", f"{lo} is above answer_max {hi}")
     fields["answer_min"], fields["answer_max"] = lo, hi
-    for key, default in (("prefix", ""), ("answer_format", "{}"), ("group", "custom"), ("style", "custom"),
-                         ("card", "")):
-        value = raw.get(key, default)
-        if not isinstance(value, str):
-            raise fail(key, f"{value!r} must be a string")
-        fields[key] = value
+    for key, text_default in (("prefix", ""), ("answer_format", "{}"), ("group", "custom"), ("style", "custom"),
+                              ("card", "")):
+        text = raw.get(key, text_default)
+        if not isinstance(text, str):
+            raise fail(key, f"{text!r} must be a string")
+        fields[key] = text
     fmt = fields["answer_format"]
     if fmt.count("{}") != 1 or fmt.replace("{}", "").count("{") or fmt.replace("{}", "").count("}"):
         raise fail("answer_format", f"{fmt!r} must hold the answer once as {{}}, e.g. \" {{}}\" for a leading space")
@@ -228,12 +230,15 @@ def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None)
     return fields
 
 
-def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]) -> tuple[list[str], list[Any], list[tuple[int, int]]]:
+def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]
+           ) -> tuple[list[str], list[tuple[str, ...] | None], list[tuple[int, int]]]:
     """``(names, values, ranges)``: per slot its string values (``None`` for an integer range) and its range
     (the index range ``(0, len - 1)`` for string values)."""
     if not isinstance(raw, dict) or not raw:
         raise fail("slots", "must be a table of slots, e.g. [slots] A = { range = [0, 99] }")
-    names, values, ranges = [], [], []
+    names: list[str] = []
+    values: list[tuple[str, ...] | None] = []
+    ranges: list[tuple[int, int]] = []
     for name, slot in raw.items():
         field = f"slots.{name}"
         if not name.isidentifier():
@@ -242,7 +247,8 @@ def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]) -> tuple[list[st
             raise fail(field, "give either range = [lo, hi] (integers) or values = [\"...\", ...] (strings)")
         if "range" in slot:
             r = slot["range"]
-            if (not isinstance(r, list) or len(r) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in r)):
+            if (not isinstance(r, list) or len(r) != 2
+                    or any(isinstance(x, bool) or not isinstance(x, int) for x in r)):
                 raise fail(f"{field}.range", f"{r!r} must be [lo, hi], two integers")
             if r[0] > r[1]:
                 raise fail(f"{field}.range", f"{r!r} is empty: lo {r[0]} is above hi {r[1]}")
@@ -307,7 +313,8 @@ def catalogue_fields(folder: str | Path) -> dict[str, dict[str, Any]]:
     index = read_mapping(folder / CATALOGUE)
     names = index.get("tasks")
     if not isinstance(names, list) or not names or any(not isinstance(n, str) for n in names):
-        raise ArgumentError(f"task catalogue {folder / CATALOGUE}: tasks: must list the task names, e.g. tasks = [\"add\"]")
+        raise ArgumentError(f"task catalogue {folder / CATALOGUE}: tasks: must list the task names, "
+                            f"e.g. tasks = [\"add\"]")
     out = {}
     for name in names:
         path = folder / f"{name}.toml"

@@ -20,14 +20,16 @@ Conventions:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, PromptError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from datasets import Dataset
+    from jaxtyping import Int
 
 __all__ = ["Layout", "answer_form", "answer_forms", "answer_value", "answer_token_ids", "check_prepend_bos",
            "filter_correct", "filter_single_token", "number_tokens", "resolve_bos", "single_token_ranges", "to_layouts"]
@@ -166,8 +168,8 @@ def answer_forms(
 
 
 def filter_single_token(
-    ds: "Dataset", model_or_tokenizer: Any, strict: bool = False, verbose: bool = True
-) -> "tuple[Dataset, int]":
+    ds: Dataset, model_or_tokenizer: Any, strict: bool = False, verbose: bool = True
+) -> tuple[Dataset, int]:
     """Keep the rows whose numbers (every operand in the prompt, and the answer as it follows the
     prompt, see :func:`answer_form`) are each a single token, not ``<unk>``. A string answer (a lookup column,
     e.g. ``" Paris"``) must be one token; the prompt's digits are then not checked.
@@ -208,6 +210,7 @@ def filter_single_token(
         if not is_number(text):
             pass  # a string answer (a lookup): the prompt's digits are text, not operands
         elif fast:
+            assert enc is not None  # encoded above: there are prompts
             spans = list(zip(enc["input_ids"][i], enc["offset_mapping"][i]))
             for m in _NUMBER.finditer(prompt):
                 a, b = m.span()
@@ -240,7 +243,7 @@ def filter_single_token(
     return Dataset.from_dict(cols), dropped
 
 
-def answer_token_ids(model: Any, answers: Sequence[Any]) -> "torch.Tensor":
+def answer_token_ids(model: Any, answers: Sequence[Any]) -> Int[torch.Tensor, " n"]:
     """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
 
     An integer answer is looked up as ``str(answer)``, falling back to the space-prefixed form
@@ -307,8 +310,8 @@ class Layout:
         key: what groups the rows: the token length, or the layout key of :mod:`circuits.digits`.
     """
 
-    tokens: "torch.Tensor"
-    answers: "torch.Tensor"
+    tokens: torch.Tensor
+    answers: torch.Tensor
     prompts: list[str]
     answer_values: list[int | str]
     indices: list[int]
@@ -325,7 +328,7 @@ class Layout:
         return int(self.tokens.shape[0])
 
 
-def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> list[Layout]:
+def to_layouts(model: Any, ds: Dataset, prepend_bos: bool | None = None) -> list[Layout]:
     """Tokenise ``ds["prompt"]`` with the model and group rows by token length.
 
     BOS per :func:`resolve_bos` (``None``: the model's default). Answer ids come from the
@@ -362,6 +365,7 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
     layouts = []
     for key, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), len(rows[kv[1][0]]), str(kv[0]))):
         if multi is None:
+            assert ans_ids is not None  # single-token answers: looked up above
             lay_answers = ans_ids[idx].clone()
         else:
             lay_answers = torch.tensor([multi[i] for i in idx], dtype=torch.long)
@@ -380,8 +384,8 @@ def to_layouts(model: Any, ds: "Dataset", prepend_bos: bool | None = None) -> li
 
 
 def filter_correct(
-    model: Any, ds: "Dataset", batch_size: int = 256, prepend_bos: bool | None = None
-) -> "tuple[Dataset, float]":
+    model: Any, ds: Dataset, batch_size: int = 256, prepend_bos: bool | None = None
+) -> tuple[Dataset, float]:
     """Keep the rows the model answers correctly: argmax of the float32 logits at the last position
     equals the answer token. Rows are grouped by layout (token length, BOS per ``prepend_bos`` as in
     :func:`to_layouts`) internally, so no padding is used.
@@ -406,7 +410,7 @@ def filter_correct(
                 ans = lay.answers[s : s + batch_size]
                 logits = answer_positions(model(lay.tokens[s : s + batch_size].to(dev), return_type="logits"), ans)
                 hit = (logits.float().argmax(-1).cpu() == ans)
-                hit = (hit if ans.ndim == 1 else hit.all(dim=1)).tolist()
-                correct += [lay.indices[s + j] for j, h in enumerate(hit) if h]
+                hits = (hit if ans.ndim == 1 else hit.all(dim=1)).tolist()
+                correct += [lay.indices[s + j] for j, h in enumerate(hits) if h]
     correct.sort()
     return ds.select(correct), len(correct) / len(ds)

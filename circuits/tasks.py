@@ -20,17 +20,26 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from circuits.errors import ArgumentError
 from circuits.package_data import package_path
-from circuits.task_files import (CATALOGUE, FROZEN_N, FROZEN_SEED, catalogue_fields, evaluate, legacy_catalogue,
-                                 read_mapping, spec_fields)
+from circuits.task_files import (
+    CATALOGUE,
+    FROZEN_N,
+    FROZEN_SEED,
+    catalogue_fields,
+    evaluate,
+    legacy_catalogue,
+    read_mapping,
+    spec_fields,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -197,7 +206,7 @@ def load_task(path: str | Path) -> TaskSpec:
     return _load_file(str(p), (st.st_mtime_ns, st.st_size))
 
 
-TaskLike = Union[str, Path, TaskSpec]
+TaskLike = str | Path | TaskSpec
 
 
 def get_task(task: TaskLike) -> TaskSpec:
@@ -255,9 +264,9 @@ def task_operands(
 def build_task(
     name: TaskLike, n: int | None = None, seed: int = 0,
     operand_ranges: Sequence[tuple[int, int]] | None = None,
-    exclude: "set[tuple[int, ...]] | None" = None,
+    exclude: set[tuple[int, ...]] | None = None,
     start: int = 0,
-) -> "Dataset":
+) -> Dataset:
     """Prompts of task ``name`` as a Hugging Face :class:`datasets.Dataset`.
 
     The valid operand space (answer within the task's bounds) is enumerated exhaustively, shuffled with
@@ -331,7 +340,7 @@ def frozen_path(name: TaskLike) -> Path:
     return datasets_dir() / "frozen" / f"{spec.name}.jsonl"
 
 
-def frozen_set(name: TaskLike) -> "Dataset":
+def frozen_set(name: TaskLike) -> Dataset:
     """The frozen evaluation set of task ``name`` (generated once with a fixed seed; never used to train
     the zoo models). Columns as :func:`build_task`."""
     from datasets import Dataset
@@ -373,8 +382,15 @@ def write_frozen_sets(names: Sequence[TaskLike] | None = None, overwrite: bool =
 # ------------------------------------------------------------------------------ tokenizer-dependent
 # Filters, answer tokens and layouts live in circuits.task_tokens (they depend on the model's tokenizer).
 from circuits.task_tokens import (  # noqa: E402
-    Layout, answer_form, answer_token_ids, filter_correct, filter_single_token, number_tokens, resolve_bos,
-    single_token_ranges, to_layouts,
+    Layout,
+    answer_form,
+    answer_token_ids,
+    filter_correct,
+    filter_single_token,
+    number_tokens,
+    resolve_bos,
+    single_token_ranges,
+    to_layouts,
 )
 
 __all__ += ["operand_space_size", "number_tokens", "single_token_ranges", "answer_form", "resolve_bos"]

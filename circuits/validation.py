@@ -5,7 +5,8 @@ of :mod:`interventions.validation` raising :class:`~circuits.errors.ArgumentErro
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from circuits.errors import ArgumentError
 from interventions import validation as _v

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from interventions.vocab import (ABLATIONS, BACKENDS, HEAD_METHODS, MEANS_ABLATIONS, Ablation, Backend, HeadMethod,
-                                 config_problem)
+from interventions.vocab import (
+    ABLATIONS,
+    BACKENDS,
+    HEAD_METHODS,
+    MEANS_ABLATIONS,
+    Ablation,
+    Backend,
+    HeadMethod,
+    config_problem,
+)
 
 __all__ = [
     "ABLATIONS", "Ablation", "BACKENDS", "Backend", "DECODES", "DTYPES", "Decode", "Dtype", "GRIDS", "Grid",

@@ -113,7 +113,8 @@ class MeanAblation(Intervention):
         info.check_layer(self.layer, "MeanAblation layer")
 
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
-        fit_pos, positions, table = self.cache.n_pos, self.positions, on_device(self.cache.layer("pos_mean", self.layer))
+        fit_pos, positions = self.cache.n_pos, self.positions
+        table = on_device(self.cache.layer("pos_mean", self.layer))
 
         def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
             n_pos = resid.shape[1]

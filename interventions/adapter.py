@@ -19,16 +19,28 @@ Edits are verified once per model (:mod:`interventions.edits`): a hook added thr
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 
 from .edits import edit_kind, edit_problems, refusing_edits
-from .hooks import (HookFn, attn_mask, attn_out, counting, mlp_out, new_hook_level, pattern, resid_mid,
-                    resid_post, resid_pre, z)
+from .hooks import (
+    HookFn,
+    attn_mask,
+    attn_out,
+    counting,
+    mlp_out,
+    new_hook_level,
+    pattern,
+    resid_mid,
+    resid_post,
+    resid_pre,
+    z,
+)
 from .types import InterventionError
 from .validation import check_choice
 from .vocab import BACKENDS
@@ -108,7 +120,7 @@ class HookScope:
     """Forward hooks added through one adapter under one fresh level, removed together by
     :meth:`remove` (which :meth:`ModelAdapter.hooks` calls on exit, also after an exception)."""
 
-    def __init__(self, adapter: "ModelAdapter"):
+    def __init__(self, adapter: ModelAdapter):
         self.adapter = adapter
         self.level = new_hook_level()
         self.names: list[str] = []
@@ -196,7 +208,7 @@ class ModelAdapter:
             self.hook_point(name).remove_hooks("fwd", level=level)
 
     @contextmanager
-    def hooks(self, fwd_hooks: "Iterable[tuple[str, HookFn]]" = ()) -> Iterator[HookScope]:
+    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> Iterator[HookScope]:
         """Scoped forward hooks, like TransformerLens's ``model.hooks(fwd_hooks=...)``: the hooks in
         ``fwd_hooks`` (``(hook name, fn)`` pairs) and any added to the yielded :class:`HookScope` live
         only inside the ``with`` block and are removed on exit, also after an exception. Other hooks on
@@ -219,22 +231,26 @@ class ModelAdapter:
                 return masks
         return item.hooks(ctx, self.info)
 
-    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: "Sequence[str]",
-                    summed: "Sequence[str]" = ()) -> dict[str, torch.Tensor]:
+    def activations(self, tokens: Int[torch.Tensor, "batch pos"], names: Sequence[str],
+                    summed: Sequence[str] = ()) -> dict[str, torch.Tensor]:
         """``{hook name: activation}`` of one forward pass over ``tokens`` for ``names``, and the activation
         summed over the batch (dimension 0) for ``summed`` (after any hooks at those points; the pass ends
         after the last block). Hooks of the model fire as in any pass."""
         seen: dict[str, torch.Tensor] = {}
 
         def keep(name: str, total: bool) -> HookFn:
-            return lambda act, hook=None: seen.__setitem__(name, act.detach().double().sum(0) if total else act.detach())
+            def store(act: torch.Tensor, hook: Any = None) -> None:
+                seen[name] = act.detach().double().sum(0) if total else act.detach()
+
+            return store
 
         with self.hooks([(n, keep(n, False)) for n in names] + [(n, keep(n, True)) for n in summed]):
             self.run_to_resid(tokens)
         return seen
 
-    def run_configs(self, runs: "Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]]",
-                    logits: str = "last", answers: "Sequence[torch.Tensor] | None" = None) -> list[torch.Tensor]:
+    def run_configs(self, runs: Sequence[tuple[Int[torch.Tensor, "batch pos"], dict[str, list[HookFn]]]],
+                    logits: str = "last", answers: Sequence[Int[torch.Tensor, " batch *k"]] | None = None,
+                    ) -> list[Float[torch.Tensor, " batch *rest"]]:
         """Logits of several prompt batches in one forward pass, each with its own hooks (``(tokens, {hook
         name: functions})``; every batch of one length). ``logits``: ``"last"`` (``[batch, 1, d_vocab]``),
         ``"all"`` positions, or ``"answer"`` (``[batch, 4]`` readout for each run's ``answers``, see
@@ -249,7 +265,7 @@ class ModelAdapter:
         return self.model.register_forward_pre_hook(fn, with_kwargs=True)
 
     # --- identity ----------------------------------------------------------------------------
-    def embedding_matrix(self) -> torch.Tensor:
+    def embedding_matrix(self) -> Float[torch.Tensor, "d_vocab d_model"]:
         return self.model.W_E
 
     def fingerprint(self) -> str:
@@ -301,8 +317,8 @@ class ModelAdapter:
         resid: Float[torch.Tensor, "batch pos d_model"],
         start: int,
         stop: int | None = None,
-        positions: Int[torch.Tensor, "pos"] | None = None,
-    ) -> torch.Tensor:
+        positions: Int[torch.Tensor, " pos"] | None = None,
+    ) -> Float[torch.Tensor, "batch pos d_out"]:
         """Run blocks ``start .. stop-1`` (0-indexed) on ``resid``, the residual entering block ``start``
         (``start = n_layers``: none). ``stop=None``: continue through the final norm and unembedding and
         return logits ``[batch, pos, d_vocab]``; otherwise return the residual entering block ``stop``
@@ -322,7 +338,8 @@ class ModelAdapter:
                                         f"of resid, shape ({resid.shape[1]},)")
         return self.forward_from(resid, start, stop, positions)
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`run_from` after its arguments were checked: what a backend implements."""
         raise NotImplementedError(self.missing("run_from"))
 

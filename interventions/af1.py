@@ -7,8 +7,8 @@ from .base import Intervention
 from .cache import MeanCache
 from .peek import Peek
 from .types import InterventionError
-from .vocab import ABLATIONS, Ablation, config_problem
 from .validation import check_choice
+from .vocab import ABLATIONS, Ablation, config_problem
 
 
 def af1_subgraph(
@@ -48,8 +48,8 @@ def af1_subgraph(
             out.append(MeanAblation(cache, layer=wait))
         else:
             out.append(ZeroAblation(layer=wait))
-    transfer_layers = list(range(wait + 1, wait + 1 + transfer))
-    compute_layers = list(range(wait + 1 + transfer, n_layers))
+    transfer_layers = tuple(range(wait + 1, wait + 1 + transfer))
+    compute_layers = tuple(range(wait + 1 + transfer, n_layers))
     if transfer_layers:
         out.append(Peek(transfer_layers, mode="full", queries="last", n_last=n_last))
         out.append(Peek(transfer_layers, mode="self", queries="others", n_last=n_last))

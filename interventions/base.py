@@ -7,11 +7,13 @@ An intervention is data (printable, comparable, serialisable with :meth:`Interve
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
+from jaxtyping import Int
 
 from .adapter import ModelInfo
 from .cache import MeanCache
@@ -19,7 +21,7 @@ from .types import InterventionError
 
 HookBody = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
 
-REGISTRY: dict[str, type["Intervention"]] = {}
+REGISTRY: dict[str, type[Intervention]] = {}
 
 OMIT_DEFAULT = "omit_default"
 """``dataclasses.field(metadata={OMIT_DEFAULT: True})``: left out of specs and reprs at its default."""
@@ -28,12 +30,12 @@ OMIT_DEFAULT = "omit_default"
 class ForwardContext:
     """What hooks may know about the forward pass that is running: its token ids."""
 
-    def __init__(self, tokens: torch.Tensor | None = None):
+    def __init__(self, tokens: Int[torch.Tensor, "batch pos"] | None = None):
         self.fixed_tokens = tokens
-        self.tokens: torch.Tensor | None = tokens
+        self.tokens: Int[torch.Tensor, "batch pos"] | None = tokens
         self.n_forwards = 0
 
-    def require_tokens(self, who: str) -> torch.Tensor:
+    def require_tokens(self, who: str) -> Int[torch.Tensor, "batch pos"]:
         if self.tokens is None:
             raise InterventionError(
                 f"{who} needs the token ids of the forward pass, but none were seen: call the model "
@@ -85,7 +87,7 @@ class Intervention:
         return out
 
     @staticmethod
-    def from_dict(spec: dict[str, Any], cache: MeanCache | None = None) -> "Intervention":
+    def from_dict(spec: dict[str, Any], cache: MeanCache | None = None) -> Intervention:
         """Rebuild an intervention from :meth:`to_dict` output.
 
         A spec that references a cache uses ``cache`` when given (its hash must match), else loads the

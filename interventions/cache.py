@@ -55,16 +55,16 @@ class MeanCache:
     def __init__(
         self,
         *,
-        entry_pos: Int[torch.Tensor, "n_entries"],
-        entry_tok: Int[torch.Tensor, "n_entries"],
-        entry_count: Int[torch.Tensor, "n_entries"],
+        entry_pos: Int[torch.Tensor, " n_entries"],
+        entry_tok: Int[torch.Tensor, " n_entries"],
+        entry_count: Int[torch.Tensor, " n_entries"],
         cond_mean: Float[torch.Tensor, "n_layers n_entries d_model"],
         pos_mean: Float[torch.Tensor, "n_layers n_pos d_model"],
         z_mean: Float[torch.Tensor, "n_layers n_pos n_heads d_head"],
         n_prompts: int,
         model_signature: dict[str, Any],
         source: str | None = None,
-        fit_rows: Int[torch.Tensor, "n_prompts"] | None = None,
+        fit_rows: Int[torch.Tensor, " n_prompts"] | None = None,
     ):
         self.entry_pos = entry_pos.long()
         self.entry_tok = entry_tok.long()
@@ -91,7 +91,7 @@ class MeanCache:
         *,
         batch_size: int = 64,
         progress: bool = True,
-    ) -> "MeanCache":
+    ) -> MeanCache:
         """Fit the means on ``tokens`` (``[batch, pos]`` long, one layout, BOS at position 0).
 
         Streams over batches of ``batch_size`` prompts: per batch the backend returns the activations
@@ -116,7 +116,7 @@ class MeanCache:
 
     @classmethod
     def from_sums(cls, sums: Sums, model_signature: dict[str, Any],
-                  fit_rows: Int[torch.Tensor, "n_prompts"] | None) -> "MeanCache":
+                  fit_rows: Int[torch.Tensor, " n_prompts"] | None) -> MeanCache:
         """The cache of the float64 sums of :mod:`interventions.cache_sums` (means rounded to float32)."""
         cond_mean, pos_mean, z_mean = sums.means()
         return cls(entry_pos=sums.entry_pos.cpu(), entry_tok=sums.entry_tok.cpu(), entry_count=sums.entry_count.cpu(),
@@ -131,7 +131,7 @@ class MeanCache:
         return Sums(self.entry_pos, self.entry_tok, self.entry_count, self.cond_mean.to(**f64) * counts[None, :, None],
                     self.pos_mean.to(**f64) * self.n_prompts, self.z_mean.to(**f64) * self.n_prompts, self.n_prompts)
 
-    def extend(self, model: Any, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> "MeanCache":
+    def extend(self, model: Any, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> MeanCache:
         """A new cache fitted on this cache's fit prompts plus ``tokens`` (``[batch, pos]``, the same layout,
         BOS at 0), on the model this cache was fitted on; this cache is left unchanged.
 
@@ -176,7 +176,7 @@ class MeanCache:
             )
         return position % self.n_pos
 
-    def mean(self, layer: int, position: int, token: int | None = None) -> Float[torch.Tensor, "d_model"]:
+    def mean(self, layer: int, position: int, token: int | None = None) -> Float[torch.Tensor, " d_model"]:
         """Mean of ``blocks.{layer}.hook_resid_post`` at ``position``.
 
         ``token=None``: the plain mean over all fit prompts. ``token=id``: the mean over fit prompts
@@ -219,7 +219,7 @@ class MeanCache:
         counts = self.counts(tokens) if conditional else torch.full_like(tokens.cpu().long(), self.n_prompts)
         return Coverage.of(counts, tokens.cpu().long(), self.n_prompts, min_count)
 
-    def covers(self, tokens: Tokens) -> Bool[torch.Tensor, "batch"]:
+    def covers(self, tokens: Tokens) -> Bool[torch.Tensor, " batch"]:
         """``[batch]`` bool: which prompts of ``tokens`` CAMA can ablate with this cache (every ``(position,
         token)`` at positions ``>= 1`` held by at least one fit prompt; all False for another prompt length).
         :meth:`coverage` lists the pairs and their counts, ``coverage(tokens).missing`` those never seen."""
@@ -228,7 +228,7 @@ class MeanCache:
             return torch.zeros(len(toks), dtype=torch.bool)
         return (self.counts(toks)[:, 1:] > 0).all(dim=1)
 
-    def contains(self, tokens: Tokens) -> torch.Tensor:
+    def contains(self, tokens: Tokens) -> Bool[torch.Tensor, " batch"]:
         """``[batch]`` bool: which prompts of ``tokens`` were in the fit set (by digest). Raises
         :class:`CacheMismatchError` for a cache saved before fit digests were kept (format version 1)."""
         if self.fit_rows is None:
@@ -258,7 +258,7 @@ class MeanCache:
         """
         return self.indexer()(tokens, positions_from=positions_from, tokenizer=tokenizer)
 
-    def indexer(self) -> "EntryIndexer":
+    def indexer(self) -> EntryIndexer:
         """The ``(position, token) -> entry`` lookup alone (small: ``n_pos x`` largest token id), for hooks that
         should not carry the whole cache (a remote request ships what its hooks hold)."""
         if self._lookup is None:
@@ -268,7 +268,7 @@ class MeanCache:
             self._lookup = EntryIndexer(table, self.n_prompts)
         return self._lookup
 
-    def layer(self, name: str, layer: int) -> torch.Tensor:
+    def layer(self, name: str, layer: int) -> Float[torch.Tensor, "*shape"]:
         """A copy of ``cond_mean``, ``pos_mean`` or ``z_mean`` of block ``layer`` (0-indexed) that shares no
         storage with the cache (so a hook holding it carries one block's means, not every block's). One
         copy per block (memoised): the configurations of one wait in one request share it."""
@@ -277,7 +277,7 @@ class MeanCache:
             self._layer_copies[name, layer] = getattr(self, name)[layer].clone()
         return self._layer_copies[name, layer]
 
-    def on(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def on(self, name: str, device: torch.device, dtype: torch.dtype) -> Float[torch.Tensor, "*shape"]:
         """``cond_mean``, ``pos_mean`` or ``z_mean`` on ``device``/``dtype`` (memoised)."""
         key = (name, torch.device(device), dtype)
         if key not in self._device_copies:
@@ -344,7 +344,7 @@ class MeanCache:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "MeanCache":
+    def load(cls, path: str | Path) -> MeanCache:
         """Read a cache written by :meth:`save`; verifies its metadata, the names, shapes, types and ranges of
         its tensors and its content hash. A file that is not such a cache raises
         :class:`~interventions.types.InterventionError` naming the file and what is wrong."""

@@ -25,9 +25,9 @@ class Sums:
     count ``entry_count``) the residual after every block (``cond``), and per position the residual (``pos``)
     and every query head's ``hook_z`` (``z``)."""
 
-    entry_pos: Int[torch.Tensor, "n_entries"]
-    entry_tok: Int[torch.Tensor, "n_entries"]
-    entry_count: Int[torch.Tensor, "n_entries"]
+    entry_pos: Int[torch.Tensor, " n_entries"]
+    entry_tok: Int[torch.Tensor, " n_entries"]
+    entry_count: Int[torch.Tensor, " n_entries"]
     cond: Float[torch.Tensor, "n_layers n_entries d_model"]
     pos: Float[torch.Tensor, "n_layers n_pos d_model"]
     z: Float[torch.Tensor, "n_layers n_pos n_heads d_head"]

@@ -61,7 +61,8 @@ def _pick_arch(c: dict) -> str:
     rotary = c.get("positional_embedding_type", "standard") == "rotary"
     if c.get("gated_mlp") or norm.startswith("RMS"):
         if not (c.get("gated_mlp") and norm.startswith("RMS") and rotary and not c.get("parallel_attn_mlp")):
-            raise NotImplementedError("RMSNorm/gated-MLP configs must be Llama-shaped (RMS + rotary + gated, sequential)")
+            raise NotImplementedError("RMSNorm/gated-MLP configs must be Llama-shaped "
+                                      "(RMS + rotary + gated, sequential)")
         return "llama"
     if not norm.startswith("LN"):
         raise NotImplementedError(f"normalization_type={c.get('normalization_type')!r} not supported")
@@ -96,12 +97,13 @@ def _ln(sd, key, d, rms=False):
 def _to_gpt2(c, sd):
     import transformers as tf
 
-    L, d, n, h = c["n_layers"], c["d_model"], c["n_heads"], c["d_head"]
+    L, d, n, _ = c["n_layers"], c["d_model"], c["n_heads"], c["d_head"]
     config = tf.GPT2Config(
         vocab_size=c["d_vocab"], n_positions=c["n_ctx"], n_embd=d, n_layer=L, n_head=n,
         n_inner=c["d_mlp"], activation_function=c["act_fn"], layer_norm_epsilon=c.get("eps", 1e-5),
         scale_attn_by_inverse_layer_idx=bool(c.get("scale_attn_by_inverse_layer_idx")),
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     hf = {"transformer.wte.weight": sd["embed.W_E"], "transformer.wpe.weight": sd["pos_embed.W_pos"]}
     for l in range(L):
@@ -277,7 +279,8 @@ def hooked_state_to_hf(cfg_dict: dict, state_dict: dict[str, torch.Tensor]):
     if b_U is not None and bool(b_U.abs().max() > 0):
         with_unembed_bias(model, b_U)
     missing, unexpected = model.load_state_dict({k: v.contiguous() for k, v in hf_sd.items()}, strict=False)
-    missing = [k for k in missing if not k.endswith(("rotary_emb.inv_freq", "attn.bias", "masked_bias", f"{head}.bias"))]
+    ignorable = ("rotary_emb.inv_freq", "attn.bias", "masked_bias", f"{head}.bias")
+    missing = [k for k in missing if not k.endswith(ignorable)]
     if missing or unexpected:
         raise RuntimeError(f"weight conversion mismatch: missing={missing} unexpected={unexpected}")
     return arch, model.to(torch.float32).eval()

@@ -22,7 +22,7 @@ from jaxtyping import Int
 __all__ = ["Coverage", "EntryCount", "entry_counts", "row_digests", "token_text"]
 
 
-def row_digests(tokens: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
+def row_digests(tokens: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, " batch"]:
     """One signed 64-bit BLAKE2b digest of each row's token ids (and its length): equal rows give equal
     digests; two different rows collide with probability about 2**-64."""
     rows = tokens.detach().cpu().long().contiguous().numpy()
@@ -88,7 +88,7 @@ class Coverage:
 
     @classmethod
     def of(cls, counts: Int[torch.Tensor, "batch pos"], tokens: Int[torch.Tensor, "batch pos"], n_fit: int,
-           min_count: int) -> "Coverage":
+           min_count: int) -> Coverage:
         """From per-prompt counts (``counts[b, t]``: fit prompts holding ``tokens[b, t]`` at ``t``)."""
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
         flat = [x[:, 1:].reshape(-1).tolist() for x in (positions, tokens.cpu(), counts.cpu())]

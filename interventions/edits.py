@@ -13,16 +13,18 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
+from jaxtyping import Float
 
 from .hooks import HookFn, new_hook_level, pattern, resid_post, z
 from .types import InterventionError
 
 
-def self_only(pattern_: torch.Tensor) -> torch.Tensor:
+def self_only(pattern_: Float[torch.Tensor, "*batch q k"]) -> Float[torch.Tensor, "*batch q k"]:
     """The attention pattern in which every query attends only to itself (same shape and dtype)."""
     n_q, n_k = pattern_.shape[-2:]
     return torch.eye(n_q, n_k, dtype=pattern_.dtype, device=pattern_.device).expand_as(pattern_).clone()
@@ -36,7 +38,7 @@ PROBES: dict[str, tuple[Callable[[int], str], Callable[[torch.Tensor], torch.Ten
     "resid_post": (resid_post, lambda r: r.roll(1, dims=-1), "CAMA, MeanAblation and ZeroAblation"),
 }
 
-_VERDICTS: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def edit_kind(name: str) -> str | None:

@@ -54,7 +54,7 @@ class UncoveredEntryError(CacheMismatchError):
         return (f"{head}. Fit a cache on prompts that cover them (MeanCache.fit), or add such fit prompts with "
                 f"cache = cache.extend(model, more_fit_tokens); cache.coverage(tokens).missing lists them")
 
-    def with_tokenizer(self, tokenizer: Any) -> "UncoveredEntryError":
+    def with_tokenizer(self, tokenizer: Any) -> UncoveredEntryError:
         """This error naming the tokens as text with ``tokenizer`` (itself when ``tokenizer`` is ``None``)."""
         if tokenizer is None or self.tokenizer is not None:
             return self

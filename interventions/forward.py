@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 
 from .adapter import ModelAdapter, adapt
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .entries import UncoveredEntryError
-from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
 from .readout import answer_positions, answer_readout
+from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
 from .validation import check_choice, check_tokens
 
 
@@ -139,8 +141,8 @@ def run_many(
     runs: Sequence[tuple[Tokens, Intervention | Sequence[Intervention]]],
     *,
     logits: str = "last",
-    answers: Sequence[torch.Tensor] | None = None,
-) -> list[torch.Tensor]:
+    answers: Sequence[Int[torch.Tensor, " batch *k"]] | None = None,
+) -> list[Float[torch.Tensor, " batch *rest"]]:
     """Logits of several prompt batches, each under its own interventions: ``runs`` is a list of
     ``(tokens, interventions)``, every ``tokens`` ``[batch, pos]`` of one ``pos``. Per run, ``logits="last"``
     returns ``[batch, 1, d_vocab]`` (the last position), ``"all"`` every position, and ``"answer"`` the
@@ -156,13 +158,14 @@ def run_many(
     ad = adapt(model)
     if not ad.capabilities.configs_per_pass:
         outs = []
+        answer_ids: Sequence[torch.Tensor] = answers if answers is not None else ()  # checked above for "answer"
         for i, (tokens, interventions) in enumerate(runs):
             items = checked(ad, interventions)
             if items:
                 out = run(model, tokens, items)
             else:  # on the model's device, as in run()
                 out = model(check_tokens(tokens, d_vocab=ad.info.d_vocab).to(ad.device()))
-            outs.append(answer_readout(answer_positions(out, answers[i]), answers[i]) if logits == "answer" else
+            outs.append(answer_readout(answer_positions(out, answer_ids[i]), answer_ids[i]) if logits == "answer" else
                         out[:, -1:] if logits == "last" else out)
         return outs
     prepared = []

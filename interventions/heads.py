@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from . import adapter as hooks
+from .ablation import on_device
 from .adapter import ModelInfo
 from .base import ForwardContext, HookBody, Intervention, to_tuple
-from .ablation import on_device
 from .cache import MeanCache
 from .types import Head, InterventionError
 from .validation import check_choice

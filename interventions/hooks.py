@@ -7,7 +7,8 @@ same hook names; the helpers below build the ones the toolkit uses. Blocks are 0
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -11,10 +11,12 @@ that expose no pattern) apply the same restriction as a per-block mask of allowe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
+from jaxtyping import Bool
 
 from . import adapter as hooks
 from .adapter import ModelInfo
@@ -28,7 +30,7 @@ QUERIES = ("last", "others", "all")
 
 
 def allowed_keys(n_pos: int, mode: str, queries: str, keep_bos: bool = True, device: Any = None,
-                 n_last: int = 1) -> torch.Tensor:
+                 n_last: int = 1) -> Bool[torch.Tensor, "query_pos key_pos"]:
     """Boolean ``[query_pos, key_pos]`` mask of links a :class:`Peek` keeps (rows it does not select
     are fully causal). ``full``: the whole causal row. ``self``: the query itself, plus BOS (key 0)
     when ``keep_bos``. ``n_last``: how many final positions make up ``"last"`` (see :func:`selected_rows`)."""
@@ -42,7 +44,7 @@ def allowed_keys(n_pos: int, mode: str, queries: str, keep_bos: bool = True, dev
     return torch.where(rows[:, None], restricted & causal, causal)
 
 
-def selected_rows(n_pos: int, queries: str, device: Any = None, n_last: int = 1) -> torch.Tensor:
+def selected_rows(n_pos: int, queries: str, device: Any = None, n_last: int = 1) -> Bool[torch.Tensor, " query_pos"]:
     """Boolean ``[query_pos]``: the query rows ``queries`` selects. ``last``: the final ``n_last`` positions
     (``n_pos-n_last .. n_pos-1``; 1: the last prompt token; with an answer of ``k`` tokens read under teacher
     forcing, ``k``: the last prompt token and the first ``k-1`` answer tokens, each predicting the next answer
@@ -114,7 +116,7 @@ class Peek(Intervention):
             for head in self.heads_of(layer) or ():
                 info.check_head(layer, head)
 
-    def allowed(self, n_pos: int, device: Any = None) -> torch.Tensor:
+    def allowed(self, n_pos: int, device: Any = None) -> Bool[torch.Tensor, "query_pos key_pos"]:
         """Boolean ``[query_pos, key_pos]`` mask of the keys this peek lets each query attend to, for prompts
         of ``n_pos`` tokens (rows it does not select keep the whole causal row; see :func:`allowed_keys`)."""
         return allowed_keys(n_pos, self.mode, self.queries, self.keep_bos, device, self.n_last)

@@ -9,13 +9,14 @@ and sends 16 bytes per prompt instead of the vocabulary (512 kB per prompt for L
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 
 READOUT = ("answer_logit", "best_other_logit", "logsumexp", "argmax")
 """The columns of :func:`answer_readout` (logits in float32; ``argmax`` a token id stored as a float)."""
 
 
-def answer_positions(logits: Float[torch.Tensor, "batch pos d_vocab"], answers: torch.Tensor) -> torch.Tensor:
+def answer_positions(logits: Float[torch.Tensor, "batch pos d_vocab"],
+                     answers: Int[torch.Tensor, " batch *k"]) -> Float[torch.Tensor, "batch *k d_vocab"]:
     """The logits that predict the answer: the last position (``[batch, d_vocab]``) for one answer token per
     prompt (``answers`` ``[batch]``), the last ``k`` positions (``[batch, k, d_vocab]``) for ``k`` answer tokens
     read under teacher forcing (``answers`` ``[batch, k]``: the prompt's tokens are followed by the first
@@ -23,7 +24,8 @@ def answer_positions(logits: Float[torch.Tensor, "batch pos d_vocab"], answers: 
     return logits[:, -1] if answers.ndim == 1 else logits[:, -answers.shape[1]:]
 
 
-def answer_readout(last: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+def answer_readout(last: Float[torch.Tensor, "batch *k d_vocab"],
+                   answers: Int[torch.Tensor, " batch *k"]) -> Float[torch.Tensor, "batch *k 4"]:
     """Per prompt (and, for ``[batch, k]`` answers, per answer token), in float32: the answer's logit, the
     largest logit of any other token, the log-sum-exp of all logits and the argmax token id (first maximum,
     as ``torch.argmax``). ``last``: :func:`answer_positions` (``[batch, d_vocab]`` or ``[batch, k, d_vocab]``);
@@ -38,7 +40,9 @@ def answer_readout(last: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     return torch.stack([answer, other, logits.logsumexp(-1), logits.argmax(-1).float()], dim=-1)
 
 
-def readout_metrics(readout: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def readout_metrics(
+    readout: Float[torch.Tensor, "batch *k 4"], answers: Int[torch.Tensor, " batch *k"]
+) -> tuple[Bool[torch.Tensor, " batch"], Float[torch.Tensor, " batch"], Float[torch.Tensor, " batch"]]:
     """Per prompt from :func:`answer_readout`: correct (argmax == answer), the answer's probability
     (a fraction in [0, 1]) and its logit minus the best other logit. For ``[batch, k]`` answers (``readout``
     ``[batch, k, 4]``): correct when every answer token is the argmax, the answer's probability under teacher

@@ -13,8 +13,6 @@ Conventions used everywhere in ``interventions`` and ``circuits``:
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 from jaxtyping import Float, Int
 
@@ -28,5 +26,5 @@ Tokens = Int[torch.Tensor, "batch pos"]
 Logits = Float[torch.Tensor, "batch pos d_vocab"]
 """Logits of every position: ``[batch, pos, d_vocab]``."""
 
-Head = Tuple[int, int]
+Head = tuple[int, int]
 """A query head, ``(layer, head)``, both 0-indexed."""

@@ -10,12 +10,14 @@ Torch is imported only by the tensor checks.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import InterventionError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from jaxtyping import Int
 
 ErrorType = type[Exception]
 
@@ -59,7 +61,7 @@ def check_choice(name: str, value: Any, choices: Sequence[str], *, error: ErrorT
     return value
 
 
-def check_tokens(tokens: Any, d_vocab: int | None = None) -> torch.Tensor:
+def check_tokens(tokens: Any, d_vocab: int | None = None) -> Int[torch.Tensor, "batch pos"]:
     """Return ``tokens`` if it is a non-empty ``[batch, pos]`` integer tensor of valid ids, else raise."""
     import torch
 
@@ -87,7 +89,7 @@ def check_tokens(tokens: Any, d_vocab: int | None = None) -> torch.Tensor:
     return tokens.long()
 
 
-def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> torch.Tensor:
+def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> Int[torch.Tensor, " n_prompts *k"]:
     """``answers`` as a ``[n_prompts]`` long tensor of token ids in ``0..d_vocab-1`` (one answer token per
     prompt), or ``[n_prompts, k]`` (``k`` answer tokens per prompt, read under teacher forcing from the
     prompts' last ``k`` positions), else raise."""
@@ -126,7 +128,8 @@ def special_token_ids(model: Any) -> tuple[int | None, int | None]:
     return (int(bos) if bos is not None else None, int(pad) if pad is not None else None)
 
 
-def check_layout(tokens: torch.Tensor, *, bos_id: int | None = None, pad_id: int | None = None) -> None:
+def check_layout(tokens: Int[torch.Tensor, "batch pos"], *, bos_id: int | None = None,
+                 pad_id: int | None = None) -> None:
     """Prompts of one layout: BOS at position 0 of every prompt, and no padding.
 
     With ``bos_id`` every prompt must start with it; without, position 0 must hold the same token in every

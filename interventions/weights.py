@@ -11,7 +11,7 @@ import torch
 
 __all__ = ["weights_sha256"]
 
-_WEIGHT_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+_WEIGHT_HASHES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 
 
 def weights_sha256(module: torch.nn.Module) -> str | None:
@@ -35,7 +35,9 @@ def weights_sha256(module: torch.nn.Module) -> str | None:
         if flat.dtype == torch.bool:
             flat = flat.to(torch.uint8)
         if flat.numel():
-            h.update(flat.view(torch.uint8).numpy())  # hashlib releases the GIL: tensors hash in parallel
+            # hashlib releases the GIL: tensors hash in parallel. ndarray exports the buffer protocol; numpy's
+            # stub does not declare it.
+            h.update(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
         return h.digest()
 
     from concurrent.futures import ThreadPoolExecutor

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from circuits.errors import ArgumentError
 from circuits.validation import check_int, check_positive
@@ -88,7 +89,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`, :mod:`circuits.prompt_data`)."""
+    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`,
+    :mod:`circuits.prompt_data`)."""
     parser.add_argument("--task", default=None, help="task name (see circuits.tasks.list_tasks()) or the path of a "
                         "task file (.toml / .json; see docs/tasks.md)")
     parser.add_argument("--prompts", default=None, help="instead of --task: a prompt dataset, .jsonl or .csv with "
@@ -269,7 +271,7 @@ def check_common(args: argparse.Namespace) -> None:
     check_specs(specs_of(args))
 
 
-def check_specs(specs: "CommandSpecs") -> None:
+def check_specs(specs: CommandSpecs) -> None:
     """The checks of a model command's specs before anything loads: the model name, ``--remote``, the prompt
     counts and seed, the batch size and placement, the task or prompt dataset, the device and ``--out``."""
     model, prompts = specs.model, specs.prompts

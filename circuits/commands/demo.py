@@ -29,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _random_model_prompts(n_prompts: int):
+    from dataclasses import replace
+
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    from dataclasses import replace
 
     from circuits.fitset import FitSet
     from circuits.prompts import self_answer_prompts
@@ -113,7 +113,7 @@ def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_pro
     planted = planted_models()
     if name not in planted:
         if not planted:
-            print(f"\n(planted check skipped: no planted zoo model is installed)")
+            print("\n(planted check skipped: no planted zoo model is installed)")
             return
         name = planted[0]
     how = ("learned in the weights" if "groundtruth" in read_meta(model_folder(name))

@@ -10,7 +10,6 @@ head pruning at the selected configuration; writes ``table.csv``, ``table.md``, 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,11 +51,10 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from circuits import report
     from circuits.commands.common import command_line
     from circuits.groundtruth import run_recovery
-    from circuits import report
     from circuits.groundtruth_report import write_outputs
-
     from circuits.runner import Run
 
     with Run(args.out, "groundtruth") as held:  # locked, and refused if another command's, before any model loads

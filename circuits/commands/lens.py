@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from circuits import files
-from circuits.commands.common import (add_backend_argument, add_prompt_format_arguments, add_task_arguments,
-                                      batch_size_argument, set_prompt_defaults)
+from circuits.commands.common import (
+    add_backend_argument,
+    add_prompt_format_arguments,
+    add_task_arguments,
+    batch_size_argument,
+    set_prompt_defaults,
+)
 from circuits.vocab import DECODES
 
 
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
           f"{first['label'] if first else 'nowhere'}; final answer_prob {rows[-1]['answer_prob']:.3f}")
     for r in result.interchanges:
         best = max(r.rows(), key=lambda x: x["drop"])
-        print(f"af1 lens: interchange {r.label}: largest drop {best['drop']:.3f} at block {best['layer']} (n={len(r.clean_prob)})")
+        print(f"af1 lens: interchange {r.label}: largest drop {best['drop']:.3f} at block {best['layer']} "
+              f"(n={len(r.clean_prob)})")
     print(f"af1 lens: wrote {out / 'lens.json'} and {out / 'report.html'}")
     return 0

@@ -8,12 +8,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from circuits.errors import ArgumentError
-from circuits.validation import check_choice, check_positive
-from circuits.vocab import DECODES
-from circuits.logs import get_logger
 from circuits.analyses import Analysis, RunContext
 from circuits.lens.result import LensResult
+from circuits.logs import get_logger
+from circuits.validation import check_choice, check_positive
+from circuits.vocab import DECODES
 
 
 def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
@@ -57,7 +56,7 @@ class LensConfig:
     batch_size: int = 64
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> "LensConfig":
+    def validate(self, info: Any = None) -> LensConfig:
         check_choice("decode", self.decode, DECODES)
         check_positive("top_k", self.top_k)
         check_positive("batch_size", self.batch_size)

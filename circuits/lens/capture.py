@@ -13,7 +13,8 @@ Hooks copy only ``act[:, -1]`` (the last prompt position), so a pass keeps ``[ba
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -133,7 +134,7 @@ def counterfactual_rows(
                         "counter_operands": new, "row": i})
         else:
             flipped = _flip_operator(sp, index)
-            a = flipped.answer(ops)
+            a = cast(int, flipped.answer(ops))  # operators are flipped in arithmetic tasks only: an int
             if not 0 <= a <= sp.answer_max:
                 continue
             out.append({**pair, "counter_prompt": flipped.prompt(ops), "counter_answer": a,
@@ -147,9 +148,9 @@ class CounterfactualSet:
     position 0; answers are token ids)."""
 
     tokens: Int[torch.Tensor, "batch pos"]
-    answers: Int[torch.Tensor, "batch"]
+    answers: Int[torch.Tensor, " batch"]
     counter_tokens: Int[torch.Tensor, "batch pos"]
-    counter_answers: Int[torch.Tensor, "batch"]
+    counter_answers: Int[torch.Tensor, " batch"]
     prompts: list[str]
     counter_prompts: list[str]
     n_dropped: int

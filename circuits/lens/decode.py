@@ -29,7 +29,8 @@ Metrics, per prompt and (block, sub-layer), computed on the decoded logits at th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,8 +62,8 @@ def decode_states(
 
 def _metrics(
     logits: Float[torch.Tensor, "batch d_vocab"],
-    answers: Int[torch.Tensor, "batch"],
-    answer_values: Float[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
+    answer_values: Float[torch.Tensor, " batch"],
     table: NumericTable,
     track: Int[torch.Tensor, "batch n_track"],
     top_k: int,
@@ -190,7 +191,7 @@ def early_decode(
             toks = g.tokens[sl].to(device)
             ans = g.answers[sl].to(device)
             states = lens_states(model, toks, layers)
-            batch: dict[str, list[list[torch.Tensor]]] = {}
+            batch: dict[str, list[torch.Tensor]] = {}
             for layer in layers:
                 per_sub: dict[str, list[torch.Tensor]] = {}
                 for sub in subs:
@@ -198,10 +199,10 @@ def early_decode(
                     m = _metrics(logits, ans, vals[sl], table, full_track[sl], top_k)
                     for k, v in m.items():
                         per_sub.setdefault(k, []).append(v.cpu())
-                for k, v in per_sub.items():
-                    batch.setdefault(k, []).append(torch.stack(v, 1))
-            for k, v in batch.items():
-                chunks.setdefault(k, []).append(torch.stack(v, 1).numpy())
+                for k, subs_k in per_sub.items():
+                    batch.setdefault(k, []).append(torch.stack(subs_k, 1))
+            for k, layers_k in batch.items():
+                chunks.setdefault(k, []).append(torch.stack(layers_k, 1).numpy())
             bar.update(toks.shape[0])
     bar.close()
 

@@ -7,8 +7,9 @@ layout; a dataset is grouped by layout (largest first).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -32,7 +33,7 @@ class PromptGroup:
     """
 
     tokens: Int[torch.Tensor, "n pos"]
-    answers: Int[torch.Tensor, "n"]
+    answers: Int[torch.Tensor, " n"]
     prompts: list[str]
     answer_values: list[float]
     indices: list[int]
@@ -87,7 +88,7 @@ def prompt_groups(
     elif len(prompts) != tokens.shape[0]:
         raise ArgumentError(f"prompts has {len(prompts)} entries for {tokens.shape[0]} prompts")
     if answer_values is None:
-        vals = [float(table.value(int(a))) if table.value(int(a)) is not None else float("nan") for a in ids]
+        vals = [float(v) if (v := table.value(int(a))) is not None else float("nan") for a in ids]
     else:
         vals = [float(v) for v in answer_values]
         if len(vals) != tokens.shape[0]:

@@ -9,21 +9,21 @@ probability, one block at a time (:func:`interchange`). Counterfactual pairs com
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Int
 
 import interventions as iv
+from circuits.errors import ArgumentError
 from interventions.adapter import attn_out
 from interventions.validation import check_tokens
 
 from .capture import block_list, capture_last
 from .result import json_ready
-
-from circuits.errors import ArgumentError
 
 __all__ = ["InterchangeResult", "interchange"]
 
@@ -68,6 +68,7 @@ class InterchangeResult:
                 "answer_top1": float(self.orig_top1[:, j].mean()),
             }
             if self.counter_prob is not None:
+                assert self.counter_top1 is not None  # written together with counter_prob
                 row["counter_prob"] = float(self.counter_prob[:, j].mean())
                 row["counter_top1"] = float(self.counter_top1[:, j].mean())
             out.append(row)
@@ -96,10 +97,10 @@ def _token_ids(what: str, ids: Any, n: int) -> torch.Tensor:
 def interchange(
     model: Any,
     tokens: Int[torch.Tensor, "batch pos"],
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     counter_tokens: Int[torch.Tensor, "batch pos"],
     *,
-    counter_answers: Int[torch.Tensor, "batch"] | None = None,
+    counter_answers: Int[torch.Tensor, " batch"] | None = None,
     layers: Sequence[int] | None = None,
     batch_size: int = 64,
     label: str = "",
@@ -135,7 +136,7 @@ def interchange(
                       disable=not progress):
         sl = slice(start, start + batch_size)
         toks, ctoks, ans = tokens[sl].to(device), counter_tokens[sl].to(device), answers[sl].to(device)
-        store = capture_last(ad, names, lambda: model(ctoks))
+        store = capture_last(ad, names, lambda: model(ctoks))  # noqa: B023 (called at once, in this iteration)
         logits = model(toks)[:, -1].float()
         clean.append(logits.softmax(-1).gather(-1, ans[:, None])[:, 0].cpu())
         bp, bt, bcp, bct = [], [], [], []

@@ -8,8 +8,9 @@ early-decoding metric that looks at numbers.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -30,8 +31,8 @@ class NumericTable:
     (0 elsewhere); ``operators`` maps operator token ids to their text (``"+"`` / ``"-"``).
     """
 
-    mask: Bool[torch.Tensor, "d_vocab"]
-    values: Int[torch.Tensor, "d_vocab"]
+    mask: Bool[torch.Tensor, " d_vocab"]
+    values: Int[torch.Tensor, " d_vocab"]
     operators: dict[int, str] = field(default_factory=dict)
 
     @property

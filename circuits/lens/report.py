@@ -3,18 +3,20 @@
 The only part of the package that writes files; the analyses return results and never write.
 
 ``write_lens_outputs(out_dir, result, ...)`` writes ``lens.json`` (schema in ``docs/lens.md``), ``lens.npz``
-(the per-prompt arrays :meth:`~circuits.lens.LensResult.load` reads back) and ``report.html``: one plotly line chart per metric over depth (post-attention and post-MLP as separate
-traces on the ordered axis ``L0 attn, L0 mlp, L1 attn, ...``, 95% bootstrap intervals as error bars),
-the visibility of operands and operators, a heatmap of the answer rank per sub-layer over prompts, and
-the interchange drops per block. The page is built by the shared offline writer of :mod:`circuits.report`
-(plotly.js embedded once), so the file works offline.
+(the per-prompt arrays :meth:`~circuits.lens.LensResult.load` reads back) and ``report.html``: one plotly line
+chart per metric over depth (post-attention and post-MLP as separate traces on the ordered axis
+``L0 attn, L0 mlp, L1 attn, ...``, 95% bootstrap intervals as error bars), the visibility of operands and
+operators, a heatmap of the answer rank per sub-layer over prompts, and the interchange drops per block. The
+page is built by the shared offline writer of :mod:`circuits.report` (plotly.js embedded once), so the file works
+offline.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -193,7 +195,8 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:
 
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        # numpy's stub types **kwds together with its allow_pickle: bool keyword.
+        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

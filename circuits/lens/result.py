@@ -67,7 +67,7 @@ class LensResult:
         return out
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "LensResult":
+    def load(cls, run_dir: str | Path) -> LensResult:
         """The early decoding stored in ``run_dir`` (``af1 lens --out``): the settings and prompts of
         ``lens.json``, the per-prompt arrays of ``lens.npz`` (written since this release; an older directory
         raises ``FileNotFoundError`` saying to rerun it) and the interchange checks."""
@@ -89,7 +89,9 @@ class LensResult:
         inter = []
         i = 0
         while f"ix{i}_label" in arrays:
-            get = lambda k: arrays.get(f"ix{i}_{k}")  # noqa: E731
+            def get(k: str, i: int = i) -> Any:
+                return arrays.get(f"ix{i}_{k}")
+
             inter.append(InterchangeResult(layers=[int(x) for x in get("layers")], clean_prob=get("clean_prob"),
                                            patched_prob=get("patched_prob"), orig_top1=get("orig_top1"),
                                            counter_prob=get("counter_prob"), counter_top1=get("counter_top1"),

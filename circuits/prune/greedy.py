@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -12,18 +13,18 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
+from circuits.analyses import Analysis, RunContext, configured
 from circuits.attribution import head_attribution
 from circuits.errors import ArgumentError, CorruptRunError
-from circuits.fitset import FitSet, FitSpec, fit_set_of
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
+from circuits.fitset import FitSet, FitSpec, fit_set_of
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, summary_dict
 from circuits.records import Field, RecordSchema, faithfulness_fields
-from circuits.analyses import Analysis, RunContext, configured
 from circuits.runner import execute
-from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
 from circuits.runs import RunDir, tokens_sha256
+from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
 from interventions.adapter import adapt
 from interventions.types import Head, Tokens
 
@@ -36,7 +37,7 @@ def criterion(head: Head, faith: float, diff: float) -> tuple:
 def prune_heads(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     *,
     config: PruneConfig | None = None,
     wait: int | None = None,
@@ -64,7 +65,8 @@ def prune_heads(
     ``tokens``: ``[batch, pos]`` prompts of one layout (BOS at 0); ``answers``: answer token ids.
     Prompts the unmodified model gets wrong are dropped first (``n_dropped``). The means for
     ``ablation="cama"|"mean"`` and ``method="mean"`` (per-position means of ``hook_z``) come from ``cache``,
-    ``fit_tokens`` or ``fit`` (a ``FitSet``, or a ``FitSpec`` drawn for ``meta["task"]``), never from the scored prompts (as in :func:`circuits.search.search_af1`).
+    ``fit_tokens`` or ``fit`` (a ``FitSet``, or a ``FitSpec`` drawn for ``meta["task"]``), never from the scored
+    prompts (as in :func:`circuits.search.search_af1`).
     ``meta`` (e.g. ``model``, ``task``, ``source``) is part of the run's identity (except the keys
     ``command``, ``base_accuracy`` and ``n_checked``, which describe it) and is copied into
     ``summary.json``. ``prompts``: records aligned with ``tokens`` (e.g. ``{"prompt", "answer"}``)
@@ -230,8 +232,8 @@ def check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoin
 
 def finish(
     model: Any,
-    tok: torch.Tensor,
-    ans: torch.Tensor,
+    tok: Int[torch.Tensor, "batch pos"],
+    ans: Int[torch.Tensor, " batch *k"],
     cfg: PruneConfig,
     base: list[iv.Intervention],
     cache: iv.MeanCache | None,

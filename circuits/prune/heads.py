@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float
@@ -37,12 +38,12 @@ def head_attention(
     interventions: Sequence[iv.Intervention] = (),
     *,
     batch_size: int = 128,
-) -> dict[Head, Float[torch.Tensor, "pos"]]:
+) -> dict[Head, Float[torch.Tensor, " pos"]]:
     """What ``heads`` attend to: the last position's attention pattern (post-softmax, after the
     interventions' masks), averaged over prompts, per key position ``0 .. pos-1`` (BOS at 0)."""
     tokens = check_tokens(tokens)
     ad = adapt(model)
-    heads = sorted({tuple(h) for h in heads})
+    heads = sorted({cast(Head, tuple(h)) for h in heads})
     for layer, head in heads:
         ad.info.check_head(layer, head)
     layers = sorted({layer for layer, _ in heads})

@@ -7,8 +7,9 @@ at which every other head was removed), and what the surviving heads attend to f
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.prune.result import PruneResult
@@ -23,7 +24,7 @@ MAX_LABELLED_HEADS = 24
 """The attention map writes each cell's value while it has at most this many cells and heads."""
 
 
-def curve_figure(result: "PruneResult") -> Any:
+def curve_figure(result: PruneResult) -> Any:
     import plotly.graph_objects as go
 
     kept = [p.n_heads_kept for p in result.curve]
@@ -68,7 +69,7 @@ def curve_figure(result: "PruneResult") -> Any:
     return fig
 
 
-def kept_heads_figure(result: "PruneResult") -> Any:
+def kept_heads_figure(result: PruneResult) -> Any:
     import plotly.graph_objects as go
 
     layers = sorted({layer for layer, _ in result.transfer_heads})
@@ -78,7 +79,8 @@ def kept_heads_figure(result: "PruneResult") -> Any:
     z = [[1.0 if (layer, head) in kept else 0.0 for head in range(n_heads)] for layer in layers]
     hover = [
         [
-            f"L{layer} H{head}: " + ("kept" if (layer, head) in kept else f"removed at step {step_of.get((layer, head))}")
+            f"L{layer} H{head}: "
+            + ("kept" if (layer, head) in kept else f"removed at step {step_of.get((layer, head))}")
             for head in range(n_heads)
         ]
         for layer in layers
@@ -109,7 +111,7 @@ def kept_heads_figure(result: "PruneResult") -> Any:
     return fig
 
 
-def attention_figure(result: "PruneResult") -> Any:
+def attention_figure(result: PruneResult) -> Any:
     import plotly.graph_objects as go
 
     heads = sorted(result.attention)
@@ -133,7 +135,7 @@ def attention_figure(result: "PruneResult") -> Any:
     return fig
 
 
-def figures(result: "PruneResult") -> list[Any]:
+def figures(result: PruneResult) -> list[Any]:
     """The report's figures: the curve, the smallest head set (when one reaches the target) and its attention."""
     figs = [curve_figure(result)]
     if result.smallest_head_set is not None:
@@ -143,7 +145,7 @@ def figures(result: "PruneResult") -> list[Any]:
     return figs
 
 
-def write_prune_report(path: str | Path, result: "PruneResult", meta: Mapping[str, Any],
+def write_prune_report(path: str | Path, result: PruneResult, meta: Mapping[str, Any],
                        notes: Sequence[str] = ()) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
     from circuits.formats import describe_prompts

@@ -4,9 +4,10 @@ are part of the file format), the :class:`PruneResult` and its ``summary.json``.
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -55,7 +56,7 @@ class CurvePoint:
         return out
 
     @classmethod
-    def from_dict(cls, row: Mapping[str, Any]) -> "CurvePoint":
+    def from_dict(cls, row: Mapping[str, Any]) -> CurvePoint:
         data = {k: row[k] for k in CURVE_FIELDS}
         data["removed"] = tuple(row["removed"]) if row["removed"] is not None else None
         data["heads_kept"] = [tuple(h) for h in row["heads_kept"]]
@@ -93,7 +94,7 @@ class PruneResult:
     key_labels: list[str]
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "PruneResult":
+    def load(cls, run_dir: str | Path) -> PruneResult:
         """The pruning run stored in ``run_dir`` (``af1 prune --out``, :func:`prune_heads` with ``out_dir``),
         without a model: the configuration from ``run.json``, the curve from ``curve.jsonl`` and the target,
         the smallest head set, its attention and the timings from ``summary.json`` (``FileNotFoundError``
@@ -124,7 +125,8 @@ class PruneResult:
             attribution_passes_total=int(summary["attribution_passes_total"]), passes_run=int(summary["passes_run"]),
             seconds=float(summary["seconds"]), seconds_run=float(summary["seconds_run"]),
             n_prompts=int(summary["n_prompts"]), n_dropped=int(summary["n_dropped"]),
-            attention={tuple(int(x) for x in k.split(".")): v for k, v in (attention.get("heads") or {}).items()},
+            attention={cast(Head, tuple(int(x) for x in k.split("."))): v
+                       for k, v in (attention.get("heads") or {}).items()},
             key_labels=list(attention.get("key_labels") or []),
         )
 
@@ -204,7 +206,8 @@ def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]
         "n_prompts": result.n_prompts,
         "n_dropped": result.n_dropped,
         "n_transfer_heads": len(result.transfer_heads),
-        "smallest_head_set": [list(h) for h in result.smallest_head_set] if result.smallest_head_set is not None else None,
+        "smallest_head_set": ([list(h) for h in result.smallest_head_set]
+                              if result.smallest_head_set is not None else None),
         "smallest_n_heads": len(result.smallest_head_set) if result.smallest_head_set is not None else None,
         "smallest_step": result.smallest_step,
         "smallest_faithfulness": result.smallest_faithfulness,

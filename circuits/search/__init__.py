@@ -51,18 +51,30 @@ grid's.
 
 from circuits.search.analysis import SEARCH, load_summary, run_search, search_af1, write_outputs
 from circuits.search.config import SearchConfig
-from circuits.validation import check_config
-from circuits.search.evaluators import (BatchedEvaluator, Evaluator, FastEvaluator, NaiveEvaluator, PerPrompt, make_evaluator,
-                                        two_position_exact)
+from circuits.search.evaluators import (
+    BatchedEvaluator,
+    Evaluator,
+    FastEvaluator,
+    NaiveEvaluator,
+    PerPrompt,
+    make_evaluator,
+    two_position_exact,
+)
 from circuits.search.results import ConfigResult, SearchResult
 from circuits.search.rule import (
-    NOT_EVALUATED, Config, configurations, scan, select,
+    NOT_EVALUATED,
+    Config,
+    configurations,
+    scan,
+    select,
     smallest_transfers,
 )
+from circuits.validation import check_config
 
 __all__ = [
     "BatchedEvaluator", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator",
     "FastEvaluator", "make_evaluator",
-    "NaiveEvaluator", "PerPrompt", "SEARCH", "SearchConfig", "SearchResult", "run_search", "check_config", "configurations", "load_summary", "scan",
+    "NaiveEvaluator", "PerPrompt", "SEARCH", "SearchConfig", "SearchResult", "run_search", "check_config",
+    "configurations", "load_summary", "scan",
     "search_af1", "select", "smallest_transfers", "two_position_exact", "write_outputs",
 ]

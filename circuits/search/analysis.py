@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -14,14 +15,14 @@ from tqdm.auto import tqdm
 
 import interventions as iv
 from circuits import files
+from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, bootstrap_ci, summarize
 from circuits.fitset import FitSet, FitSpec, fit_set_of
-from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
-from circuits.analyses import Analysis, RunContext, configured
 from circuits.logs import get_logger
+from circuits.outcomes import PromptOutcomes, decode_mask
+from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import execute
 from circuits.runs import RunDir, dist_version, tokens_sha256
-from circuits.outcomes import PromptOutcomes, decode_mask
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult, config_row
@@ -29,6 +30,8 @@ from circuits.search.rule import Config, configurations, scan, select, smallest_
 from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
 from interventions.types import Tokens
 
+if TYPE_CHECKING:
+    from circuits.search.fixed import FixedConfig
 
 NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """Keys of ``meta`` that describe a run rather than determine its results."""
@@ -37,7 +40,7 @@ NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 def search_af1(
     model: Any,
     tokens: Tokens,
-    answers: Int[torch.Tensor, "batch"],
+    answers: Int[torch.Tensor, " batch"],
     *,
     config: SearchConfig | None = None,
     cache: iv.MeanCache | None = None,
@@ -87,7 +90,8 @@ def search_af1(
         batch_size: prompts per forward pass (default 128). ``progress``: show tqdm bars.
         method: ``"fast"`` (default, exact shortcuts) or ``"naive"`` (one full forward pass per configuration); on a
             backend that skips no blocks but runs several configurations per pass (nnsight) both evaluate
-            ``configs_per_pass`` configurations per forward pass (see :func:`~circuits.search.evaluators.make_evaluator`).
+            ``configs_per_pass`` configurations per forward pass (see
+            :func:`~circuits.search.evaluators.make_evaluator`).
         configs_per_pass: configurations of one wait evaluated in one forward pass where the backend allows
             it (a remote search needs about ``1 / configs_per_pass`` as many requests; default 8).
         n_boot: bootstrap resamples per confidence interval (default 1000).
@@ -181,7 +185,7 @@ def scored_texts(ctx: RunContext) -> list[str]:
     return [str(r["prompt"]) for r in search_prompt_records(ctx)]
 
 
-def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def search_identity(config: SearchConfig | FixedConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
     """The run identity of a search (the keys of the first release, so that its directories resume)."""
     ad = iv.adapt(model)
     return {
@@ -195,7 +199,7 @@ def search_identity(config: SearchConfig, ctx: RunContext, model: Any) -> dict[s
     }
 
 
-def search_schema(config: SearchConfig, info: Any, n_prompts: int) -> RecordSchema:
+def search_schema(config: SearchConfig | FixedConfig, info: Any, n_prompts: int) -> RecordSchema:
     """The schema of a ``results.jsonl`` line of this run (ranges of this model and prompt count)."""
     return record_schema(info.n_layers, n_prompts, config.ablation, seed=config.seed, n_boot=config.n_boot)
 

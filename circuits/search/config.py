@@ -29,7 +29,7 @@ class SearchConfig:
     n_boot: int = 1000
     configs_per_pass: int = 8
 
-    def validate(self, info: Any = None) -> "SearchConfig":
+    def validate(self, info: Any = None) -> SearchConfig:
         """Raise :class:`ArgumentError` naming the first bad field (``info``: unused, every model fits)."""
         check_fraction("threshold", self.threshold)
         check_choice("grid", self.grid, GRIDS)

@@ -10,18 +10,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 import interventions as iv
 from circuits.errors import ArgumentError, PromptError
 from circuits.faithfulness import answer_width, last_token_metrics
+from circuits.validation import check_choice
 from interventions.readout import answer_positions, readout_metrics
 from interventions.types import Tokens
-from circuits.validation import check_choice
-
 
 PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer prob, logit diff
 
@@ -29,7 +29,8 @@ PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer p
 class Evaluator:
     """Per-prompt metrics of configurations, one wait at a time with increasing transfers."""
 
-    def __init__(self, model: Any, tokens: Tokens, answers: torch.Tensor, cache: Any, ablation: str, batch_size: int):
+    def __init__(self, model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, ablation: str,
+                 batch_size: int):
         self.model = model
         self.tokens = tokens
         self.answers = answers
@@ -47,7 +48,7 @@ class Evaluator:
     def begin_wait(self, wait: int) -> None:
         pass
 
-    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+    def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch *k d_vocab"]:
         """Logits at the answer positions of every prompt under configuration ``(wait, transfer)``: the last
         position (``[batch, d_vocab]``), or the last ``k`` for answers of ``k`` tokens (``[batch, k, d_vocab]``)."""
         raise NotImplementedError
@@ -66,7 +67,7 @@ class NaiveEvaluator(Evaluator):
     """One complete intervened forward pass per configuration (``iv.run`` with ``af1_subgraph``)."""
 
     @torch.inference_mode()
-    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+    def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch *k d_vocab"]:
         ivs = self.subgraph(wait, transfer)
         device = iv.adapt(self.model).device()  # iv.run moves token ids there too: a bridge does not
         logits = []
@@ -114,11 +115,11 @@ class BatchedEvaluator(NaiveEvaluator):
     def evaluate(self, wait: int, transfer: int) -> PerPrompt:
         return readout_metrics(self.readout(wait, transfer), self.answers)
 
-    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+    def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch *k d_vocab"]:
         raise NotImplementedError("BatchedEvaluator reads only the answer readout: use evaluate(wait, transfer)")
 
 
-def make_evaluator(model: Any, tokens: Tokens, answers: torch.Tensor, cache: Any, *, ablation: str,
+def make_evaluator(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, *, ablation: str,
                    batch_size: int, method: str, configs_per_pass: int) -> Evaluator:
     """The evaluator for ``method`` on this model, chosen by the adapter's capabilities: ``"fast"`` is
     :class:`FastEvaluator` where the adapter skips blocks (``skips_blocks``), otherwise, like
@@ -224,6 +225,7 @@ class FastEvaluator(Evaluator):
         resid = torch.empty(b, self.n_pos, self.bos.shape[-1], device=self.device, dtype=self.dtype)
         resid[:, 0] = self.bos[wait]
         if self.ablation == "cama":
+            assert self.entry_idx is not None  # set in __init__ for CAMA
             table = self.cache.on("cond_mean", self.device, self.dtype)[wait]
             resid[:, 1:] = table[self.entry_idx[sl, 1:].to(self.device)]
         elif self.ablation == "mean":
@@ -240,6 +242,7 @@ class FastEvaluator(Evaluator):
     @torch.inference_mode()
     def advance(self) -> None:
         """Apply one more transfer block (last token full peek, others self peek) to every batch."""
+        assert self.wait is not None, "advance() follows begin_wait()"
         layer = self.wait + 1 + self.depth
         peek = [iv.Peek([layer], mode="self", queries="others", n_last=self.n_answer)]
         for i, resid in enumerate(self.states):
@@ -249,7 +252,7 @@ class FastEvaluator(Evaluator):
         self.depth += 1
 
     @torch.inference_mode()
-    def last_logits(self, wait: int, transfer: int) -> torch.Tensor:
+    def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch *k d_vocab"]:
         if wait != self.wait:
             self.begin_wait(wait)
         if wait >= 0 and self.ablation in ("mean", "zero"):
@@ -275,13 +278,15 @@ class FastEvaluator(Evaluator):
         if not self.states:
             self.states = [self.start(wait, sl) for sl in self.batches()]
         if transfer < self.depth:
-            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order ({transfer} < {self.depth})")
+            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order "
+                               f"({transfer} < {self.depth})")
         while self.depth < transfer:
             self.advance()
         start = wait + 1 + transfer
         return self.tail_logits(self.states, start)
 
-    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]], start: int) -> torch.Tensor:
+    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]],
+                    start: int) -> Float[torch.Tensor, "n *k d_vocab"]:
         """Logits at the answer positions after blocks ``start..n_layers-1`` (0-indexed) with every token
         self-peeking, for the prompts of every batch in ``resids`` (residuals entering block ``start``),
         concatenated: ``[n, d_vocab]`` for one answer token, ``[n, k, d_vocab]`` for ``k``. Under self-peek
@@ -302,7 +307,8 @@ class FastEvaluator(Evaluator):
             out = torch.stack(per_position, dim=1)
         return out[:, 0] if k == 1 else out
 
-    def full_chunk(self, x: Float[torch.Tensor, "batch pos d_model"], start: int) -> torch.Tensor:
+    def full_chunk(self, x: Float[torch.Tensor, "batch pos d_model"],
+                   start: int) -> Float[torch.Tensor, "batch k d_vocab"]:
         """The ``"full"`` tail over every position of ``x`` (the residual entering block ``start``), with every
         token self-peeking: ``[batch, k, d_vocab]`` at the answer positions."""
         self.passes += 1

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuits import files
+from circuits.analyses import Analysis, RunContext
 from circuits.faithfulness import summarize
 from circuits.outcomes import PromptOutcomes
-from circuits.analyses import Analysis, RunContext
 from circuits.runs import RunDir
 from circuits.search.analysis import search_identity, search_schema
 from circuits.search.evaluators import FastEvaluator
@@ -31,7 +31,7 @@ class FixedConfig:
     batch_size: int = 128
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> "FixedConfig":
+    def validate(self, info: Any = None) -> FixedConfig:
         check_choice("ablation", self.ablation, ABLATIONS)
         check_positive("batch_size", self.batch_size)
         check_positive("n_boot", self.n_boot)

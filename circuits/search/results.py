@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class ConfigResult:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ConfigResult":
+    def from_dict(cls, d: Mapping[str, Any]) -> ConfigResult:
         nan = float("nan")
         return cls(
             wait=int(d["wait"]),
@@ -67,7 +68,7 @@ class ConfigResult:
 
     @classmethod
     def from_faithfulness(cls, wait: int, transfer: int, r: FaithfulnessResult, ablation: str,
-                          outcomes: PromptOutcomes | None = None) -> "ConfigResult":
+                          outcomes: PromptOutcomes | None = None) -> ConfigResult:
         return cls(wait=wait, transfer=transfer, ablation=ablation, outcomes=outcomes, **r.to_dict())
 
 
@@ -121,7 +122,7 @@ class SearchResult:
 
     # --- reopening ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, run_dir: str | Path, *, threshold: float | None = None) -> "SearchResult":
+    def load(cls, run_dir: str | Path, *, threshold: float | None = None) -> SearchResult:
         """The search stored in ``run_dir`` (written by ``af1 search``, :func:`~circuits.search.search_af1`
         with ``out_dir``, a sweep cell or ``af1 groundtruth``), without a model: the configurations of
         ``results.jsonl``, the selection with ``threshold`` (default: the run's), and what ``summary.json``
@@ -157,7 +158,7 @@ class SearchResult:
         reselected.interventions = base.interventions
         return reselected if threshold is None else reselected.with_threshold(threshold)
 
-    def with_threshold(self, threshold: float) -> "SearchResult":
+    def with_threshold(self, threshold: float) -> SearchResult:
         """The same results with the selection rule applied at ``threshold`` (nothing is evaluated). The
         selected subgraph's ``interventions`` are kept when the selection is unchanged, else left empty (they
         name the means cache, which needs the model)."""
@@ -167,7 +168,8 @@ class SearchResult:
         faith = self.faithfulness_map()
         chosen = select(faith, threshold)
         selected = self.result(*chosen) if chosen is not None else None
-        same = (selected is None) == (self.selected is None) and (selected is None or selected.config == self.selected.config)
+        same = (selected is None and self.selected is None) or (
+            selected is not None and self.selected is not None and selected.config == self.selected.config)
         return replace(self, threshold=threshold, selected=selected,
                        smallest_transfer=smallest_transfers(faith, self.n_layers, threshold),
                        interventions=list(self.interventions) if same else [])

@@ -8,7 +8,8 @@ largest ``wait``, ties broken by the smallest ``transfer``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from circuits.validation import check_choice
 from circuits.vocab import GRIDS

@@ -30,9 +30,10 @@ means: ``fit_size`` (10000), ``fit_min_count`` (5), ``fit_seed`` (0), ``fit_popu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from circuits import placement
 from circuits.errors import ArgumentError
@@ -125,7 +126,7 @@ class SweepConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> "SweepConfig":
+    def from_mapping(cls, raw: Mapping[str, Any]) -> SweepConfig:
         """A config from the ``[sweep]`` table (task groups expanded); unknown keys are refused."""
         from circuits import tasks as catalogue
 
@@ -153,7 +154,7 @@ class SweepConfig:
         return cls(**values).validate()
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "SweepConfig":
+    def from_toml(cls, path: str | Path) -> SweepConfig:
         """Read ``path`` (a TOML file with a ``[sweep]`` table)."""
         from circuits.task_files import toml_module
 
@@ -166,7 +167,7 @@ class SweepConfig:
             raise ArgumentError(f"--config {path} has no [sweep] table")
         return cls.from_mapping(config_tasks(dict(raw["sweep"]), Path(path)))
 
-    def validate(self) -> "SweepConfig":
+    def validate(self) -> SweepConfig:
         """Raise :class:`ArgumentError` naming the first bad field (checks that need no model)."""
         from circuits import tasks as catalogue
 

@@ -16,7 +16,6 @@ from circuits.logs import get_logger
 from circuits.sweep.config import Cell, SweepConfig
 
 
-
 @dataclass
 class CellResult:
     """One row of the sweep's table.
@@ -24,7 +23,8 @@ class CellResult:
     ``status``: ``"ok"`` or ``"error"`` (then ``error`` says why). ``faithfulness``/``ci_low``/``ci_high``:
     of the selected configuration (search; ``selected`` is ``False`` when none reaches the threshold and
     the row shows the most faithful one), of the fixed configuration (fixed), the smallest per-block
-    faithfulness (necessity, ``wait`` = that block) or the final answer probability (lens); ``faith_by_wait``: per wait, the best faithfulness evaluated (search);
+    faithfulness (necessity, ``wait`` = that block) or the final answer probability (lens); ``faith_by_wait``: per
+    wait, the best faithfulness evaluated (search);
     ``path``: the cell's run directory relative to the sweep's ``--out``.
     """
 
@@ -62,7 +62,7 @@ class SweepResult:
     out_dir: Path | None = None
 
     @classmethod
-    def load(cls, out: str | Path) -> "SweepResult":
+    def load(cls, out: str | Path) -> SweepResult:
         """The sweep of ``out`` (its ``summary.json``; ``FileNotFoundError`` while it has not finished)."""
         import dataclasses
 
@@ -73,7 +73,8 @@ class SweepResult:
             raise FileNotFoundError(f"{path} holds no {files.SUMMARY}: not a finished sweep")
         summary = read_json_object(path / files.SUMMARY)
         names = {f.name for f in dataclasses.fields(SweepConfig)} - {"extra"}
-        raw = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items() if k in names}
+        raw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
+                               if k in names}
         config = SweepConfig(**raw)
         known = {f.name for f in dataclasses.fields(CellResult)}
         cells = [CellResult(**{k: v for k, v in c.items() if k in known}) for c in summary.get("cells", [])]
@@ -155,7 +156,6 @@ def cell_folder(out: Path, cell: Cell) -> Path:
     """The run directory of ``cell``: ``<out>/cells/<model>/<task>/<ablation>-seed<seed>``, each part one plain
     folder name (a task or model name holding ``/`` or ``..`` is refused, so no cell lies outside ``out``)."""
     from circuits.atomic import inside, safe_name
-
     from circuits.sweep.config import slug, task_slug
 
     parts = (safe_name(slug(cell.model), "model"), safe_name(task_slug(cell.task), "task"),

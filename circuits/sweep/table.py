@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,8 @@ def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
             else f"faithfulness of the selected configuration (threshold {config.threshold:g})")
     lines = [f"Sweep: {what}; {len(config.seeds)} seed(s) ({', '.join(map(str, config.seeds))}), "
              f"{config.n_prompts} prompts per cell; prompts: {prompt_formats(config)}.", "",
-             "| model | task | ablation | base acc. | faithfulness min / avg / max | 95% CI (avg) | (wait, transfer) | failed |",
+             "| model | task | ablation | base acc. | faithfulness min / avg / max | 95% CI (avg) "
+             "| (wait, transfer) | failed |",
              "|---|---|---|---|---|---|---|---|"]
     for (model, task, ablation), rs in groups(rows).items():
         ok = [r for r in rs if r.status == "ok"]

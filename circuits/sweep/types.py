@@ -8,7 +8,8 @@ naming the key, before a model is loaded or a ``run.json`` written.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.vocab import DTYPES

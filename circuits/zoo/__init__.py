@@ -80,7 +80,7 @@ def card(name: str) -> dict:
     return json.loads((model_dir(name) / "card.json").read_text())
 
 
-def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = None) -> "HookedTransformer":
+def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = None) -> HookedTransformer:
     """Load zoo model ``name`` as a :class:`HookedTransformer` in eval mode on ``device``.
 
     ``backend="bridge"`` returns the same model as a TransformerLens ``TransformerBridge`` (equal
@@ -110,7 +110,6 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
 
     from circuits.zoo import hf as _hf
     from circuits.zoo.tokenizer import load_tokenizer
-
     from interventions.adapter import resolve_backend  # torch and TransformerLens: only to load a model
 
     backend = resolve_backend(backend)

@@ -19,8 +19,8 @@ from circuits.vocab import MODEL_CLASSES
 from circuits.zoo.hf import is_hf
 from circuits.zoo.tokenizer import MAX_NUMBER
 
-__all__ = ["require_hooked", "new_model", "init_from_folder", "number_features", "digit_features", "init_number_features",
-           "load_weights"]
+__all__ = ["require_hooked", "new_model", "init_from_folder", "number_features", "digit_features",
+           "init_number_features", "load_weights"]
 
 
 def require_hooked(what: str, model: Any = None, hint: str = "") -> None:

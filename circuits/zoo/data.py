@@ -12,7 +12,7 @@ function of its seed whether or not it was interrupted.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,8 +20,13 @@ from circuits import tasks as _tasks
 from circuits.errors import ArgumentError
 from circuits.zoo.tokenizer import MAX_NUMBER
 
-__all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch", "layout_batches",
-           "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh", "FRESH_SEEDS", "FRESH_N"]
+if TYPE_CHECKING:
+    import torch
+    from jaxtyping import Float
+
+__all__ = ["held_out_tuples", "template_ids", "TaskData", "build_splits", "sample_batch", "task_batch",
+           "layout_batches", "logits", "accuracy", "evaluate_frozen", "fresh_operands", "evaluate_fresh",
+           "FRESH_SEEDS", "FRESH_N"]
 
 FRESH_SEEDS = (1, 7, 123)
 """Seeds of the fresh draws on the cards (the frozen sets use the catalogue's ``frozen_seed``, 1234)."""
@@ -59,16 +64,17 @@ def held_out_tuples() -> dict[str, set[tuple[int, ...]]]:
     return out
 
 
-def own_frozen(spec: "_tasks.TaskSpec") -> set[tuple[int, ...]]:
+def own_frozen(spec: _tasks.TaskSpec) -> set[tuple[int, ...]]:
     """Operand tuples of a task file's own frozen set (empty for catalogue tasks, whose sets
     :func:`held_out_tuples` already holds, and for a task without one)."""
     path = _tasks.frozen_path(spec)
     if spec.path is None or not path.exists():
         return set()
-    return {tuple(int(x) for x in json.loads(line)["operands"]) for line in path.read_text().splitlines() if line.strip()}
+    return {tuple(int(x) for x in json.loads(line)["operands"])
+            for line in path.read_text().splitlines() if line.strip()}
 
 
-def template_ids(spec: "_tasks.TaskSpec", tokenizer) -> list[int]:
+def template_ids(spec: _tasks.TaskSpec, tokenizer) -> list[int]:
     """Token ids of ``spec.template`` (without BOS) with operand slots as ``-1 - operand_index``."""
     probe = {k: 900 + i for i, k in enumerate(spec.operand_names)}  # numbers outside the vocab range
     # Pre-tokenizer pieces, not tokens: the probe numbers are not in the vocabulary on purpose.
@@ -184,7 +190,7 @@ def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.
             for n in sorted(groups)]
 
 
-def logits(model, tokens) -> "torch.Tensor":  # noqa: F821
+def logits(model, tokens) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """``[batch, pos, vocab]`` logits of a ``HookedTransformer``/``TransformerBridge`` or a Hugging Face
     causal LM (whose forward returns an output with ``.logits``)."""
     out = model(tokens)

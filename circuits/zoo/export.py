@@ -137,12 +137,13 @@ def refit_markdown(refit: dict) -> str:
     fit, val = refit["fit"], refit["val"]
     how = ("folded exactly: after the final LayerNorm the logits change by at most "
            f"{fit['max_logit_change']:.1e} (float32 rounding)" if refit["method"] == "fold" else
-           f"distilled: the mean KL divergence from the biased model"
+           "distilled: the mean KL divergence from the biased model"
            + (f" plus {refit['ce_weight']} x the answer's cross-entropy" if refit["ce_weight"] else "")
            + f", minimised over W_U alone with L-BFGS ({refit['lbfgs_evaluations']} evaluations)")
-    return (f"Last step ({refit.get('wall_time_s', '?')} s): the unembedding bias b_U the HookedTransformer was trained "
-            f"with is removed and W_U refitted (every other weight as trained) on {fit['n']} training prompts "
-            f"({refit['per_task']} per task, seed {refit['seed']}), {how}. On the validation split ({val['n']} prompts): "
+    return (f"Last step ({refit.get('wall_time_s', '?')} s): the unembedding bias b_U the HookedTransformer was "
+            f"trained with is removed and W_U refitted (every other weight as trained) on {fit['n']} training "
+            f"prompts ({refit['per_task']} per task, seed {refit['seed']}), {how}. On the validation split "
+            f"({val['n']} prompts): "
             f"mean KL {val['kl_mean']:.1e} (largest {val['kl_max']:.1e}), argmax unchanged on "
             f"{val['argmax_same']:.4f} of the prompts, accuracy {val['accuracy_before']:.4f} -> "
             f"{val['accuracy_after']:.4f}. The folder is a plain Hugging Face checkpoint: `transformers` gives the "
@@ -197,7 +198,8 @@ def convert_folder(folder: str | Path, prompts: tuple[str, ...] = ("42+20-15=", 
             tokens = old.to_tokens(prompt)
             ref = old(tokens)
             worst["hooked"] = max(worst["hooked"], float((rebuilt(tokens) - ref).abs().max()))
-            worst["transformers"] = max(worst["transformers"], float((hf_model(input_ids=tokens).logits - ref).abs().max()))
+            hf_gap = float((hf_model(input_ids=tokens).logits - ref).abs().max())
+            worst["transformers"] = max(worst["transformers"], hf_gap)
     if worst["hooked"] > atol or worst["transformers"] > hf_atol:
         raise RuntimeError(f"{folder}: converted logits differ by {worst} (limits {atol:.0e} / {hf_atol:.0e}); "
                            f"folder left as it was")

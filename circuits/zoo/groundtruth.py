@@ -47,8 +47,7 @@ from typing import Any
 
 from circuits.atomic import write_text
 from circuits.errors import ModelLoadError
-from circuits.zoo import MODELS_DIR
-from circuits.zoo import trainer
+from circuits.zoo import MODELS_DIR, trainer
 from circuits.zoo.data import accuracy, build_splits, layout_batches
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
@@ -105,12 +104,13 @@ class GroundTruthConfig:
     description: str = ""
 
 
-def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: list[list[str]], **kw) -> GroundTruthConfig:
+def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: list[list[str]],
+        **kw) -> GroundTruthConfig:
     s = Structure(wait, transfer, tuple(tuple(h) for h in heads), tuple(tuple(w) for w in windows))
     return GroundTruthConfig(name=name, structure=s.to_dict(), **kw)
 
 
-PENALTY_PHASES = (
+PENALTY_PHASES: tuple[dict[str, Any], ...] = (
     {"lr": 2e-4, "warmup": 20, "steps": 6000, "pen_weight": 1.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
      "max_wall_s": 1800, "seed": 5},
     {"lr": 1e-4, "warmup": 20, "steps": 4000, "pen_weight": 5.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
@@ -176,7 +176,7 @@ def train_config(cfg: GroundTruthConfig):
     """The :class:`~circuits.zoo.recipes.TrainConfig` recorded for (and used by) ``cfg``: the architecture
     and data of ``cfg.arch_of`` with ``cfg``'s optimisation (one phase)."""
     base = get_config(cfg.arch_of)
-    arch = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
+    arch: dict[str, Any] = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
     s = Structure.from_dict(cfg.structure)
     desc = cfg.description or (
         f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth "
@@ -190,7 +190,8 @@ def train_config(cfg: GroundTruthConfig):
         batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, min_lr_frac=cfg.min_lr_frac,
         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_every=cfg.eval_every,
         ckpt_every=cfg.eval_every, eval_n=cfg.eval_n, stop_at=cfg.stop_at, stop_after=1,
-        max_wall_s=cfg.max_wall_s, init_from=cfg.base, phases=[], task_weights=cfg.task_weights, description=desc, **arch)
+        max_wall_s=cfg.max_wall_s, init_from=cfg.base, phases=[], task_weights=cfg.task_weights, description=desc,
+        **arch)
 
 
 def _new(cfg: GroundTruthConfig, tcfg) -> Any:
@@ -314,11 +315,12 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
         hooks.hard = state["hard"] and step >= cfg.ramp_steps
         hooks.bias = cfg.ramp_bias * min(1.0, step / cfg.ramp_steps) if cfg.ramp_steps > 0 else 0.0
         hooks.reset()
-        ce = 0.0
+        ce: Any = 0.0  # a tensor once the first group's loss is added
         with model.hooks(fwd_hooks=hooks.hooks() + dropout):
             for toks, ans in groups:
                 logits = trainer.last_logits(model, torch.from_numpy(toks))
                 ce = ce + F.cross_entropy(logits, torch.from_numpy(ans), reduction="sum") / tcfg.batch_size
+        assert hooks.penalty is not None  # the score hooks ran in the passes above
         loss = ce + penalty_weight(cfg, step, state.get("pen_from")) * hooks.penalty / len(groups)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -333,8 +335,9 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
             state["history"].append({"step": step, "ce": round(ce.item(), 4), "penalty": round(hooks.penalty.item(), 5),
                                      "hard": hooks.hard, "val": ev["plain"], "val_masked": ev["masked"],
                                      "max_key": ev["max_key"], "wall_s": round(state["wall_s"], 1)})
-            log(f"{cfg.name} step {step} {state['wall_s']:.0f}s hard={hooks.hard} bias={hooks.bias:.1f} ce {ce.item():.4f} pen "
-                f"{hooks.penalty.item():.4f} mass {ev['max_key']:.2e} min-val masked {min(ev['masked'].values()):.3f} "
+            log(f"{cfg.name} step {step} {state['wall_s']:.0f}s hard={hooks.hard} bias={hooks.bias:.1f} "
+                f"ce {ce.item():.4f} pen {hooks.penalty.item():.4f} mass {ev['max_key']:.2e} "
+                f"min-val masked {min(ev['masked'].values()):.3f} "
                 f"plain {min(ev['plain'].values()):.3f} " + " ".join(f"{k}={v:.3f}" for k, v in ev["plain"].items()))
             if (cfg.pen_when > 0 and state.get("pen_from") is None and step >= cfg.pen_start
                     and min(ev["masked"].values()) >= cfg.pen_when):

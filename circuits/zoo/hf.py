@@ -27,8 +27,8 @@ from typing import Any
 
 from circuits.errors import ArgumentError, ModelLoadError
 
-__all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked", "hooked_config",
-           "hooked_state", "load_hf", "read_meta", "save_hf"]
+__all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked",
+           "hooked_config", "hooked_state", "load_hf", "read_meta", "save_hf"]
 
 WEIGHTS, BIAS, META = "model.safetensors", "unembed_bias.safetensors", "zoo.json"
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -61,10 +61,10 @@ def hf_config(cfg, tokenizer) -> Any:
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.bos_token_id,
                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     if cfg.arch == "gpt2":
-        config = tf.GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.n_ctx, n_embd=cfg.d_model,
-                               n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
-                               activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0,
-                               embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+        config: tf.PretrainedConfig = tf.GPT2Config(
+            vocab_size=len(tokenizer), n_positions=cfg.n_ctx, n_embd=cfg.d_model, n_layer=cfg.n_layers,
+            n_head=cfg.n_heads, n_inner=cfg.d_mlp, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)
     elif cfg.arch == "llama":
         config = tf.LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=cfg.n_ctx,
                                 hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
@@ -99,8 +99,8 @@ def hf_from_hooked(cfg_dict: dict, state: dict, tokenizer=None) -> tuple[Any, An
     if tokenizer is not None:
         hf.config.bos_token_id = hf.config.eos_token_id = tokenizer.bos_token_id
         hf.config.pad_token_id = tokenizer.pad_token_id
-    has_bias = b_U is not None and bool(b_U.abs().max() > 0)
-    return hf.eval(), (b_U.detach().float().clone() if has_bias else None)
+    bias = b_U.detach().float().clone() if b_U is not None and bool(b_U.abs().max() > 0) else None
+    return hf.eval(), bias
 
 
 def hf_state_from_hooked(cfg_dict: dict, state: dict) -> dict:
@@ -271,7 +271,8 @@ def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -
     """Write ``hf_model`` (config + ``model.safetensors``), ``tokenizer`` (``tokenizer.json`` +
     ``tokenizer_config.json``) and ``meta`` (``zoo.json``, if any) into ``folder``; files of a previous
     format in the folder are replaced (a former ``unembed_bias.safetensors`` is removed).
-    :class:`~circuits.errors.ArgumentError` if the model's ``lm_head`` has a bias: refit it away first (:mod:`circuits.zoo.refit`)."""
+    :class:`~circuits.errors.ArgumentError` if the model's ``lm_head`` has a bias: refit it away first
+    (:mod:`circuits.zoo.refit`)."""
     from safetensors.torch import save_file
 
     from circuits.atomic import write_files, write_text, write_with

@@ -29,13 +29,13 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from circuits.logs import get_logger
-from circuits.zoo import MODELS_DIR
+from circuits.zoo import MODELS_DIR, trainer
 from circuits.zoo import export as _export
-from circuits.zoo import trainer
 from circuits.zoo.build import require_hooked
 from circuits.zoo.data import accuracy, build_splits, task_batch
 from circuits.zoo.mask import attach_planted_mask, check_spec, planted_peeks
@@ -69,6 +69,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     model = zoo.load(cfg.base)  # same architecture, weights and tokenizer as the base model
     attach_planted_mask(model, cfg.planted)
     opt = trainer.make_optimizer(model, tcfg)
+    assert model.tokenizer is not None  # zoo models ship their tokenizer
     state = trainer.start(model, opt, tcfg, ckpt_dir, resume, len(model.tokenizer))
     if state["step"]:
         get_logger("zoo").info("resuming %s from step %s", cfg.name, state["step"])

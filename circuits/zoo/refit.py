@@ -122,7 +122,8 @@ def refit_unembed(model, cfg: Any, per_task: int = FIT_PER_TASK, seed: int = 0, 
             iters += 1
             opt.zero_grad()
             logits = h @ W
-            loss = (p * (target - F.log_softmax(logits, -1))).sum(-1).mean() + ce_weight * F.cross_entropy(logits, answers)
+            loss = ((p * (target - F.log_softmax(logits, -1))).sum(-1).mean()
+                    + ce_weight * F.cross_entropy(logits, answers))
             loss.backward()
             return loss
 

@@ -23,9 +23,13 @@ Everything else is a *forbidden* key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
+
+if TYPE_CHECKING:
+    import torch
+    from jaxtyping import Bool, Int
 
 __all__ = ["WINDOWS", "Structure", "window_keys", "allowed_mask", "ScoreHooks", "forbidden_mass"]
 
@@ -59,14 +63,15 @@ class Structure:
         if self.transfer < 1 or len(self.heads) != self.transfer:
             raise ArgumentError(f"structure needs transfer >= 1 and one head tuple per transfer block, got "
                                 f"transfer={self.transfer}, heads={self.heads}")
-        if self.windows is None:
-            object.__setattr__(self, "windows", tuple(tuple("all" for _ in hs) for hs in self.heads))
-        if [len(w) for w in self.windows] != [len(h) for h in self.heads] or any(
-                w not in WINDOWS for ws in self.windows for w in ws):
+        windows = self.windows if self.windows is not None else tuple(tuple("all" for _ in hs) for hs in self.heads)
+        object.__setattr__(self, "windows", windows)
+        if [len(w) for w in windows] != [len(h) for h in self.heads] or any(
+                w not in WINDOWS for ws in windows for w in ws):
             raise ArgumentError(f"structure windows {self.windows} must name one of {WINDOWS} per head {self.heads}")
 
     def window(self, block: int, head: int) -> str | None:
         """The window of designated head ``(block, head)``, ``None`` if it is not designated."""
+        assert self.windows is not None  # filled in by __post_init__
         for b, hs, ws in zip(self.blocks, self.heads, self.windows):
             if b == block and head in hs:
                 return ws[hs.index(head)]
@@ -85,12 +90,13 @@ class Structure:
     def to_dict(self) -> dict[str, Any]:
         """JSON form: ``{"wait": w, "transfer": t, "heads": {"<block>": [heads]}, "windows": {"<block>":
         [windows]}}``."""
+        assert self.windows is not None  # filled in by __post_init__
         return {"wait": self.wait, "transfer": self.transfer,
                 "heads": {str(b): list(hs) for b, hs in zip(self.blocks, self.heads)},
                 "windows": {str(b): list(ws) for b, ws in zip(self.blocks, self.windows)}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Structure":
+    def from_dict(cls, d: dict[str, Any]) -> Structure:
         """Inverse of :meth:`to_dict`."""
         w, t = int(d["wait"]), int(d["transfer"])
         blocks = [str(b) for b in range(w + 1, w + 1 + t)]
@@ -105,7 +111,8 @@ class Structure:
             raise ArgumentError(f"structure heads {self.heads} out of range for {n_heads} heads")
 
 
-def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int) -> "torch.Tensor":  # noqa: F821
+def allowed_mask(structure: Structure, n_layers: int, n_heads: int,
+                 seq_len: int) -> Bool[torch.Tensor, "n_layers n_heads seq_len seq_len"]:
     """Boolean ``[n_layers, n_heads, seq_len, seq_len]`` (query, key): True where ``structure`` allows the
     link (causal links only)."""
     import torch
@@ -115,7 +122,9 @@ def allowed_mask(structure: Structure, n_layers: int, n_heads: int, seq_len: int
     base = ((k == 0) | (k == q)) & (k <= q)
     out = base.expand(n_layers, n_heads, seq_len, seq_len).clone()
     for b, h in structure.head_set:
-        out[b, h, -1, window_keys(structure.window(b, h), seq_len)] = True
+        window = structure.window(b, h)
+        assert window is not None  # (b, h) is a designated head
+        out[b, h, -1, window_keys(window, seq_len)] = True
     return out
 
 
@@ -131,7 +140,7 @@ class ScoreHooks:
     def __init__(self, model: Any, structure: Structure, margin: float = 10.0, hard: bool = True, bias: float = 0.0):
         structure.check(model.cfg.n_layers, model.cfg.n_heads)
         self.model, self.structure, self.margin, self.hard, self.bias = model, structure, margin, hard, bias
-        self.penalty = None
+        self.penalty: torch.Tensor | None = None
         self._masks: dict[int, Any] = {}
 
     def mask(self, seq_len: int):
@@ -168,7 +177,8 @@ class ScoreHooks:
         self.penalty = None
 
 
-def forbidden_mass(model: Any, structure: Structure, tokens: "torch.Tensor", batch_size: int = 512) -> dict:  # noqa: F821
+def forbidden_mass(model: Any, structure: Structure, tokens: Int[torch.Tensor, "batch pos"],
+                   batch_size: int = 512) -> dict:
     """Attention that forbidden keys receive in a plain forward pass of ``model`` (a ``HookedTransformer``,
     no hooks added) on ``tokens`` ``[batch, pos]`` (one layout). Returns ``max_key`` (largest pattern entry
     of any forbidden key, a fraction of its row), ``max_row`` (largest summed forbidden mass of a query

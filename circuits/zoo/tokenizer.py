@@ -9,6 +9,10 @@ maps to ``<unk>``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import transformers
 
 MAX_NUMBER = 520
 """Largest integer that is a single token (the GPT-2 / GPT-J single-token range of the paper)."""
@@ -50,7 +54,7 @@ def build_backend(vocab: dict[str, int]):
     return tok
 
 
-def wrap(backend) -> "transformers.PreTrainedTokenizerFast":  # noqa: F821
+def wrap(backend) -> transformers.PreTrainedTokenizerFast:
     """Wrap a :class:`tokenizers.Tokenizer` as a Hugging Face fast tokenizer with BOS/PAD/UNK set."""
     from transformers import PreTrainedTokenizerFast
 

@@ -20,13 +20,35 @@ from pathlib import Path
 
 from circuits.logs import get_logger
 from circuits.zoo import MODELS_DIR
-from circuits.zoo.build import (digit_features, init_from_folder, init_number_features, load_weights,
-                                new_model, number_features, require_hooked)
-from circuits.zoo.data import (TaskData, accuracy, build_splits, evaluate_frozen, held_out_tuples, sample_batch,
-                               template_ids)
+from circuits.zoo.build import (
+    digit_features,
+    init_from_folder,
+    init_number_features,
+    load_weights,
+    new_model,
+    number_features,
+    require_hooked,
+)
+from circuits.zoo.data import (
+    TaskData,
+    accuracy,
+    build_splits,
+    evaluate_frozen,
+    held_out_tuples,
+    sample_batch,
+    template_ids,
+)
 from circuits.zoo.export import export
-from circuits.zoo.recipes import (ORIGINAL_TASKS, PHASE2_STEPS, REGISTRY, STYLE_TASKS, Phase, TrainConfig,
-                                  get_config, phase_configs)
+from circuits.zoo.recipes import (
+    ORIGINAL_TASKS,
+    PHASE2_STEPS,
+    REGISTRY,
+    STYLE_TASKS,
+    Phase,
+    TrainConfig,
+    get_config,
+    phase_configs,
+)
 from circuits.zoo.tokenizer import WORDS, build_tokenizer
 from circuits.zoo.trainer import lr_at, optimizer_step
 
@@ -36,8 +58,9 @@ __all__ = ["train", "run_phase", "MODELS_DIR",
            # re-exported from the modules above
            "ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "get_config",
            "phase_configs", "TaskData", "accuracy", "build_splits", "evaluate_frozen", "held_out_tuples",
-           "sample_batch", "template_ids", "new_model", "init_from_folder", "require_hooked", "number_features", "digit_features",
-           "init_number_features", "load_weights", "lr_at", "optimizer_step", "export", "build_tokenizer"]
+           "sample_batch", "template_ids", "new_model", "init_from_folder", "require_hooked", "number_features",
+           "digit_features", "init_number_features", "load_weights", "lr_at", "optimizer_step", "export",
+           "build_tokenizer"]
 
 
 def train(name: str, out_dir: str | Path | None = None, resume: bool = True, steps: int | None = None,

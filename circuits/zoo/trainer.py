@@ -21,11 +21,16 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from circuits.zoo.build import load_weights
 from circuits.zoo.hf import is_hf
+
+if TYPE_CHECKING:
+    import torch
+    from jaxtyping import Float
 
 __all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "checkpoint_step",
            "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
@@ -39,7 +44,7 @@ def lr_at(step: int, cfg: Any) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def make_optimizer(model, cfg: Any) -> "torch.optim.AdamW":  # noqa: F821
+def make_optimizer(model, cfg: Any) -> torch.optim.AdamW:
     """AdamW with ``cfg.lr``/``cfg.betas``; ``cfg.weight_decay`` on every matrix except the token and
     position embeddings (``embed``/``pos_embed`` of a HookedTransformer, ``nn.Embedding`` modules of a
     Hugging Face model), no decay on vectors."""
@@ -158,7 +163,7 @@ def start(model, opt, cfg: Any, ckpt_dir: Path, resume: bool, d_vocab: int,
     return {"step": 0, "wall_s": 0.0, "history": [], "good_evals": 0, "d_vocab": d_vocab}
 
 
-def last_logits(model, tokens, last=None) -> "torch.Tensor":  # noqa: F821
+def last_logits(model, tokens, last=None) -> Float[torch.Tensor, "batch d_vocab"]:
     """Logits ``[batch, vocab]`` at index ``last`` of each row (``None``: the final position). On a
     ``HookedTransformer`` only that position is normed and unembedded, on a Hugging Face causal LM only
     that position goes through ``lm_head``."""
@@ -174,7 +179,7 @@ def last_logits(model, tokens, last=None) -> "torch.Tensor":  # noqa: F821
     return model.unembed(model.ln_final(resid[:, None]))[:, 0]
 
 
-def optimizer_step(model, opt, tokens, answers, grad_clip: float, last=None) -> "torch.Tensor":  # noqa: F821
+def optimizer_step(model, opt, tokens, answers, grad_clip: float, last=None) -> Float[torch.Tensor, ""]:
     """One optimiser step on the cross-entropy of ``answers`` predicted at index ``last`` of each row
     (``None``: the final position), gradient norm clipped to ``grad_clip``. Returns the loss."""
     import torch

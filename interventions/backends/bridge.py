@@ -27,7 +27,8 @@ import functools
 import os
 import sys
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -48,7 +49,7 @@ class StopForward(Exception):
 
 
 BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
-_BLOCK_INPUTS: "weakref.WeakKeyDictionary[Any, dict[tuple, BlockInputs]]" = weakref.WeakKeyDictionary()
+_BLOCK_INPUTS: weakref.WeakKeyDictionary[Any, dict[tuple, BlockInputs]] = weakref.WeakKeyDictionary()
 
 
 class BridgeAdapter(ModelAdapter):
@@ -76,7 +77,8 @@ class BridgeAdapter(ModelAdapter):
         args, kwargs = self.block0_call(lambda: self.model(tokens))
         return args[0] if args else kwargs["hidden_states"]
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`ModelAdapter.run_from`: only the block modules ``model.blocks[start..stop-1]`` run, with
         :meth:`block_inputs` (then ``model.ln_final`` and ``model.unembed`` when ``stop`` is None)."""
         x = resid
@@ -90,7 +92,7 @@ class BridgeAdapter(ModelAdapter):
             x = self.model.unembed(self.model.ln_final(x))
         return x
 
-    def block_inputs(self, n_pos: int, positions: Int[torch.Tensor, "pos"] | None,
+    def block_inputs(self, n_pos: int, positions: Int[torch.Tensor, " pos"] | None,
                      device: torch.device) -> BlockInputs:
         """The arguments after the hidden states with which the model's forward pass calls block 0, for
         one sequence of ``n_pos`` tokens at token positions ``positions`` (default ``0..n_pos-1``):
@@ -107,7 +109,7 @@ class BridgeAdapter(ModelAdapter):
         return memo[key]
 
     @staticmethod
-    def check_same_masks(moved: BlockInputs, natural: BlockInputs, positions: torch.Tensor) -> None:
+    def check_same_masks(moved: BlockInputs, natural: BlockInputs, positions: Int[torch.Tensor, " pos"]) -> None:
         """``RuntimeError`` unless the mask tensors of ``moved`` equal those of ``natural`` (explicit
         positions must change where tokens sit, never which tokens they see)."""
         for name, value in moved[1].items():
@@ -117,7 +119,8 @@ class BridgeAdapter(ModelAdapter):
                 raise RuntimeError(f"positions={positions.tolist()} changed the {name} this model's blocks get: "
                                    f"run_from cannot place tokens there on this model; run without positions")
 
-    def capture_block_inputs(self, n_pos: int, positions: torch.Tensor | None, device: torch.device) -> BlockInputs:
+    def capture_block_inputs(self, n_pos: int, positions: Int[torch.Tensor, " pos"] | None,
+                             device: torch.device) -> BlockInputs:
         """:meth:`block_inputs` without the memo."""
         from transformers.cache_utils import Cache
 
@@ -168,7 +171,7 @@ class BridgeAdapter(ModelAdapter):
                            f"check that the model's blocks are registered as model.blocks")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def transformer_lens_major() -> int:
     """Major version of the installed TransformerLens (read once)."""
     import importlib.metadata

@@ -11,7 +11,8 @@ attention stores them (after any q/k norm or clipping, before rotary).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -32,14 +33,17 @@ class HookedAdapter(ModelAdapter):
     def embed(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=0)
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`ModelAdapter.run_from`: ``start_at_layer`` / ``stop_at_layer``, so only blocks
         ``start..stop-1`` run; explicit positions re-rotate queries and keys (:meth:`rotary_shift`)."""
         shifts = None if positions is None else positions.to(torch.long).cpu() - torch.arange(resid.shape[1])
         with self.rotary_shift(range(start, self.info.n_layers if stop is None else stop), shifts):
             return self.model(resid, start_at_layer=start, stop_at_layer=stop)
 
-    def bos_key_values(self, bos: Int[torch.Tensor, "1 1"]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def bos_key_values(
+        self, bos: Int[torch.Tensor, "1 1"]
+    ) -> list[tuple[Float[torch.Tensor, "n_kv_heads d_head"], Float[torch.Tensor, "n_kv_heads d_head"]]]:
         """Per block ``(key, value)``, each ``[n_kv_heads, d_head]``, of ``bos`` at position 0."""
         from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
@@ -66,7 +70,7 @@ class HookedAdapter(ModelAdapter):
             return self.model(resid, start_at_layer=start, past_kv_cache=kv)
 
     @contextlib.contextmanager
-    def rotary_shift(self, layers: "range", shifts: Int[torch.Tensor, "m"] | None) -> Iterator[None]:
+    def rotary_shift(self, layers: range, shifts: Int[torch.Tensor, " m"] | None) -> Iterator[None]:
         """Inside the ``with`` block, rotate the queries and keys of the last ``m`` positions by ``shifts`` more
         positions (token positions; 0 leaves a position as it is) in blocks ``layers`` (0-indexed).
         Nothing happens for models without rotary positions or when every shift is 0."""
@@ -80,7 +84,7 @@ class HookedAdapter(ModelAdapter):
             yield
 
     @staticmethod
-    def rotation(attn: Any, shifts: Int[torch.Tensor, "m"]) -> Any:
+    def rotation(attn: Any, shifts: Int[torch.Tensor, " m"]) -> Any:
         """A hook for ``hook_rot_q``/``hook_rot_k`` (``[batch, pos, heads, d_head]``) of attention module
         ``attn`` rotating its last ``len(shifts)`` positions by ``shifts``."""
         rd, n_table = int(attn.cfg.rotary_dim), attn.rotary_cos.shape[0]

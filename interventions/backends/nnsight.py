@@ -22,7 +22,8 @@ Importing this module does not import nnsight; building a model does.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -60,14 +61,14 @@ class NNsightAdapter(ModelAdapter):
         out = super().intervention_hooks(item, ctx)
         impl = self.model.cfg.attn_implementation
         if "flash" in impl and any(name.endswith(".attn.hook_attn_mask") for name, _ in out):
-            raise InterventionError(f"{type(item).__name__} needs attention that takes a mask of allowed keys, but this "
-                                    f"model runs {impl}: load it with attn_implementation='sdpa' or 'eager'")
+            raise InterventionError(f"{type(item).__name__} needs attention that takes a mask of allowed keys, "
+                                    f"but this model runs {impl}: load it with attn_implementation='sdpa' or 'eager'")
         return out
 
     def token_module(self) -> torch.nn.Module:
         return self.model
 
-    def embedding_matrix(self) -> torch.Tensor:
+    def embedding_matrix(self) -> Float[torch.Tensor, "d_vocab d_model"]:
         return self.model.W_E
 
     def fingerprint(self) -> str:
@@ -84,8 +85,8 @@ class NNsightAdapter(ModelAdapter):
         return torch.device("cpu") if device.type == "meta" else device
 
     # --- running ----------------------------------------------------------------------------
-    def read(self, tokens: torch.Tensor, names: Sequence[str], hooks: dict[str, list[HookFn]] | None = None,
-             summed: Sequence[str] = ()) -> dict:
+    def read(self, tokens: Int[torch.Tensor, "batch pos"], names: Sequence[str],
+             hooks: dict[str, list[HookFn]] | None = None, summed: Sequence[str] = ()) -> dict:
         """One pass over ``tokens`` returning ``{name: activation}`` for ``names`` and the batch sums for
         ``summed`` (no logits)."""
         inv = Invoke(tokens, hooks=dict(hooks or {}), reads=tuple(names), sums=tuple(summed), logits="none")
@@ -105,20 +106,25 @@ class NNsightAdapter(ModelAdapter):
         out = self.read(tokens, names, summed=summed)
         return {name: out[name].detach() for name in (*names, *summed)}
 
-    def forward_from(self, resid: torch.Tensor, start: int, stop: int | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward_from(self, resid: Float[torch.Tensor, "batch pos d_model"], start: int, stop: int | None,
+                     positions: Int[torch.Tensor, " pos"] | None) -> Float[torch.Tensor, "batch pos d_out"]:
         """:meth:`ModelAdapter.run_from` as one whole pass: placeholder token ids (the first token of the
         vocabulary) run through blocks ``0..start-1``, whose result is then replaced by ``resid``."""
         n = self.info.n_layers
         tokens = torch.zeros(resid.shape[:2], dtype=torch.long)
         entry = resid_pre(start) if start < n else resid_post(n - 1)
-        hooks = {entry: [lambda act, hook=None: resid.to(act.dtype)]}
+        def enter(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            return resid.to(act.dtype)
+
+        hooks: dict[str, list[HookFn]] = {entry: [enter]}
         if stop is None:
             return self.model.run([Invoke(tokens, hooks=hooks, logits="all")])[0]["logits"]
         exit_name = resid_pre(stop) if stop < n else resid_post(n - 1)
         return self.read(tokens, [exit_name], hooks)[exit_name]
 
-    def run_configs(self, runs: Sequence[tuple[torch.Tensor, dict[str, list[HookFn]]]],
-                    logits: str = "last", answers: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def run_configs(self, runs: Sequence[tuple[Int[torch.Tensor, "batch pos"], dict[str, list[HookFn]]]],
+                    logits: str = "last", answers: Sequence[Int[torch.Tensor, " batch *k"]] | None = None,
+                    ) -> list[Float[torch.Tensor, " batch *rest"]]:
         """:meth:`ModelAdapter.run_configs`: one invoke per run, all in one trace (the ``"answer"`` readout is
         computed there). A run with per-head attention masks (a head-level :class:`~interventions.Peek`) has a
         trace of its own: the invokes of a trace join their masks, which must then have one shape."""

@@ -12,11 +12,14 @@ for every family the toolkit tests (GPT-2, GPT-J, GPT-NeoX/Pythia, Llama, Qwen2,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from ..errors import InterventionError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention")
 MID_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
@@ -54,7 +57,7 @@ def child_named(module: torch.nn.Module, names: tuple[str, ...], what: str) -> s
                             f"the nnsight backend knows modules named {', '.join(names)}")
 
 
-def layout_of(hf_model: torch.nn.Module) -> Layout:
+def layout_of(hf_model: PreTrainedModel) -> Layout:
     """The :class:`Layout` of the Hugging Face causal LM ``hf_model`` (found by module names)."""
     n_layers = int(text_config(hf_model.config).num_hidden_layers)
     blocks = next((name for name, m in hf_model.named_modules()
@@ -62,7 +65,7 @@ def layout_of(hf_model: torch.nn.Module) -> Layout:
     if blocks is None:
         raise InterventionError(f"cannot find the {n_layers} decoder blocks of {type(hf_model).__name__}: the nnsight "
                                 f"backend needs them as one nn.ModuleList")
-    block = hf_model.get_submodule(blocks)[0]
+    block = cast(torch.nn.ModuleList, hf_model.get_submodule(blocks))[0]  # found as a ModuleList above
     attention = child_named(block, ATTENTION_NAMES, "attention")
     out_proj = child_named(block.get_submodule(attention), OUTPUT_PROJECTION_NAMES, "attention output projection")
     embed = next(name for name, m in hf_model.named_modules() if m is hf_model.get_input_embeddings())

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 
 from ..hooks import HookFn
 from ..types import InterventionError
@@ -57,8 +59,8 @@ class HookPoint:
 
     def __init__(self, name: str):
         self.name = name
-        self._forward_hooks: "OrderedDict[int, HookFn]" = OrderedDict()
-        self.levels: dict[int, int] = {}
+        self._forward_hooks: OrderedDict[int, HookFn] = OrderedDict()
+        self.levels: dict[int, int | None] = {}
         self.on_fire: dict[int, Callable[[], None]] = {}
         self.permanent: set[int] = set()
         self.next_id = 0
@@ -136,7 +138,8 @@ class NNsightModel(torch.nn.Module):
         self.cfg.device, self.cfg.dtype = param.device, param.dtype
         self.tokenizer = tokenizer
         self.remote = remote
-        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in point_names(self.cfg.n_layers, self.layout.mid_norm is None)}
+        names = point_names(self.cfg.n_layers, self.layout.mid_norm is None)
+        self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in names}
         self.usage = Usage()
 
     # --- TransformerLens surface ------------------------------------------------------------
@@ -160,37 +163,39 @@ class NNsightModel(torch.nn.Module):
         return module
 
     @property
-    def W_E(self) -> torch.Tensor:
+    def W_E(self) -> Float[torch.Tensor, "d_vocab d_model"]:
         """The token embedding matrix ``[d_vocab, d_model]`` (on the meta device when remote)."""
         return self.hf.get_input_embeddings().weight
 
-    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool | None = None, **_: Any) -> torch.Tensor:
+    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool | None = None,
+                  **_: Any) -> Int[torch.Tensor, "batch pos"]:
         """Token ids ``[batch, pos]`` of ``text`` (one string or a list of one token length), with BOS (the
         EOS token where the tokenizer has no BOS) at position 0 when ``prepend_bos`` (default:
         ``cfg.default_prepend_bos``)."""
         texts = [text] if isinstance(text, str) else list(text)
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         if prepend_bos if prepend_bos is not None else self.cfg.default_prepend_bos:
-            bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+            bos = (self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None
+                   else self.tokenizer.eos_token_id)
             ids = [[bos] + list(row) for row in ids]
         if len({len(row) for row in ids}) != 1:
             raise InterventionError("to_tokens got texts of different token lengths: tokenize one layout at a time")
         return torch.tensor(ids, dtype=torch.long)
 
-    def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
+    def to_string(self, tokens: Int[torch.Tensor, "*batch pos"] | Sequence[int]) -> str | list[str]:
         """Decoded text of ``tokens`` (one string per row of a ``[batch, pos]`` tensor)."""
         t = torch.as_tensor(tokens)
         if t.ndim == 2:
             return [self.tokenizer.decode(row.tolist()) for row in t]
         return self.tokenizer.decode(t.tolist())
 
-    def to_str_tokens(self, text: str | torch.Tensor, prepend_bos: bool | None = None) -> list[str]:
+    def to_str_tokens(self, text: str | Int[torch.Tensor, "*one pos"], prepend_bos: bool | None = None) -> list[str]:
         """The text of each token of ``text`` (a string, or token ids of one prompt)."""
         ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).flatten()
         return [self.tokenizer.decode([int(t)]) for t in ids]
 
     # --- running ----------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, **_: Any) -> torch.Tensor:
+    def forward(self, tokens: Int[torch.Tensor, "batch pos"], **_: Any) -> Float[torch.Tensor, "batch pos d_vocab"]:
         """Logits ``[batch, pos, d_vocab]`` of ``tokens`` with the hooks added at :attr:`hook_dict`."""
         return self.run([Invoke(tokens)])[0]["logits"]
 

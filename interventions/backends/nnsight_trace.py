@@ -21,13 +21,15 @@ activations to return, and whether to return logits (``"all"`` positions, the ``
 A hook is ``fn(activation, hook)`` returning ``None`` (observe) or the replacement, as on
 TransformerLens. Only points with hooks, reads or sums are touched. :func:`run_trace` returns, per
 invoke, the activations read (or their sums over the batch), the logits asked for and the names of the
-points whose hooks ran; nothing else comes back from a remote run. This module never imports nnsight: the model wrapper passes the trace.
+points whose hooks ran; nothing else comes back from a remote run. This module never imports nnsight: the model
+wrapper passes the trace.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import einops
 import torch
@@ -121,9 +123,10 @@ def at_point(name: str, value: torch.Tensor, inv: Invoke, out: dict[str, Any], v
         value = call_hooks(name, value, inv.hooks[name])
         visited.append(name)
     if name in inv.reads:
-        out[name] = value.save()
+        out[name] = value.save()  # type: ignore[attr-defined]  # an nnsight proxy of the tensor: it has .save()
     if name in inv.sums:
-        out[name] = value.double().sum(0).save()  # float64, as MeanCache accumulates
+        # float64, as MeanCache accumulates; an nnsight proxy of the tensor: it has .save().
+        out[name] = value.double().sum(0).save()  # type: ignore[attr-defined]
     return value
 
 
@@ -200,7 +203,9 @@ def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> 
     if inv.logits != "none":
         logits = envoy_at(lm, layout.head).output
         if inv.logits == "answer":
-            out["logits"] = answer_readout(answer_positions(logits, inv.answers), inv.answers).save()
+            assert inv.answers is not None  # NNsightAdapter passes answers with logits="answer"
+            readout = answer_readout(answer_positions(logits, inv.answers), inv.answers)
+            out["logits"] = readout.save()  # type: ignore[attr-defined]  # an nnsight proxy: it has .save()
         else:
             out["logits"] = (logits[:, -1:] if inv.logits == "last" else logits).save()
     out["visited"] = visited
