@@ -17,13 +17,15 @@ backend's name, so a new backend is its adapter module plus one :func:`register_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from circuits.errors import ArgumentError
 
-__all__ = ["BackendLoader", "LoadRequest", "OffloadRefused", "get_loader", "loader_names", "register_loader", "remote_backends"]
+__all__ = ["BackendLoader", "LoadRequest", "OffloadRefused", "get_loader", "loader_names", "register_loader",
+           "remote_backends"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class LoadRequest:
     source: str
     name: str
     local: bool
-    device: str | None = "cpu"
+    device: str = "cpu"
     dtype: Any = None
     device_map: str | None = None
     max_memory: Any = None

@@ -18,8 +18,9 @@ whose states depend on nothing that varies, and CAMA leaves them unchanged. ``ru
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
 

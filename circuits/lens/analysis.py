@@ -132,7 +132,8 @@ def write_lens(result: LensResult, run_dir: Any, ctx: RunContext) -> None:
     seed = int(ctx.meta.get("seed", run_dir.identity.get("seed", 0)))
     meta = {"model": ctx.meta.get("model"), "task": ctx.meta.get("task"), "seed": seed,
             "n_requested": n_requested(ctx), "base_accuracy": ctx.meta.get("base_accuracy")}
-    meta.update({k: ctx.meta[k] for k in ("numbers", "format") if k in ctx.meta})  # the prompt format, when not the papers'
+    # the prompt format, when not the papers'
+    meta.update({k: ctx.meta[k] for k in ("numbers", "format") if k in ctx.meta})
     meta["runtime_s"] = round(time.time() - ctx.meta.get("t0", ctx.started), 1)
     write_lens_outputs(run_dir.path, result, interchanges=result.interchanges, meta=meta, seed=seed)
 

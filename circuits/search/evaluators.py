@@ -260,7 +260,8 @@ class FastEvaluator(Evaluator):
             if not self.states:
                 self.states = [self.start(wait, slice(0, 1))]
             if transfer < self.depth:
-                raise RuntimeError(f"transfers of one wait must be evaluated in increasing order ({transfer} < {self.depth})")
+                raise RuntimeError(f"transfers of one wait must be evaluated in increasing order "
+                                   f"({transfer} < {self.depth})")
             while self.depth < transfer:
                 self.advance()
             one = self.tail_logits(self.states, wait + 1 + transfer)
