@@ -28,7 +28,7 @@ def test_faithfulness_counts_only_base_correct_prompts(model):
     ivs = [iv.Peek([0, 1, 2, 3], "self")]
     res = faithfulness(model, tokens, answers, ivs, n_boot=200)
     assert res.n == 30
-    inter = iv.run(model, tokens[:30], ivs)[:, -1]
+    inter = iv.run(model, tokens[:30], ivs)[:, -1].detach()
     expected = (inter.argmax(-1) == answers[:30]).float()
     assert res.n_faithful == int(expected.sum()) and res.faithfulness == pytest.approx(float(expected.mean()))
     assert 0 < res.faithfulness < 1, "the self peek should break some but not all prompts here"
