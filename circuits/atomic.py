@@ -94,14 +94,7 @@ def write_with(path: str | Path, writer: Callable[[Path], object]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     os.close(fd)
     try:
-        try:
-            writer(Path(tmp))
-        except OSError:
-            raise
-        except Exception as err:  # noqa: BLE001 - re-raised unless a library's report of a failed write
-            if not io_failure(err):
-                raise
-            raise OSError(f"cannot write {path}: {' '.join(str(err).split())}") from err
+        _call_writer(writer, Path(tmp), str(path))
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -115,6 +108,19 @@ def write_with(path: str | Path, writer: Callable[[Path], object]) -> Path:
     return path
 
 
+def _call_writer(writer: Callable[[Path], object], tmp: Path, what: str) -> None:
+    """``writer(tmp)``; a library's report of a failed write (:func:`io_failure`) becomes an :class:`OSError`
+    saying ``cannot write {what}``, any other exception propagates as it is."""
+    try:
+        writer(tmp)
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - re-raised unless a library's report of a failed write
+        if not io_failure(err):
+            raise
+        raise OSError(f"cannot write {what}: {' '.join(str(err).split())}") from err
+
+
 def write_files(folder: str | Path, writer: Callable[[Path], object]) -> list[Path]:
     """Like :func:`write_with`, for a library that writes several files into a folder (``save_pretrained``):
     ``writer(tmp)`` writes them into an exclusively created temporary folder inside ``folder``; each file is
@@ -126,14 +132,7 @@ def write_files(folder: str | Path, writer: Callable[[Path], object]) -> list[Pa
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".files.", suffix=TMP_SUFFIX))
     try:
-        try:
-            writer(tmp)
-        except OSError:
-            raise
-        except Exception as err:  # noqa: BLE001 - re-raised unless a library's report of a failed write
-            if not io_failure(err):
-                raise
-            raise OSError(f"cannot write into {folder}: {' '.join(str(err).split())}") from err
+        _call_writer(writer, tmp, f"into {folder}")
         out = []
         for p in sorted(tmp.iterdir()):
             if p.is_file() and not p.is_symlink():
