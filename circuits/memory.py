@@ -230,10 +230,11 @@ def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | N
     :data:`GPU_FLOPS`."""
     from circuits import tasks
 
-    space = tasks.operand_space_size(task)
-    n_fit = min(int(size), space)
+    space = tasks.operand_space_count(task)
+    n_fit = min(int(size), space.n)
     passes = -(-n_fit // max(1, int(batch_size)))
-    what = "the whole operand space" if space <= size else f"a sample of the {space} task prompts"
+    what = ("the whole operand space" if space.n <= size else
+            f"a sample of {'the ' if space.exact else ''}{space.describe()} task prompts")
     line = f"means: fit set of up to {n_fit} prompts ({what}), {passes} forward passes of {batch_size}"
     if estimate is not None:
         flop = 2.0 * estimate.n_params * n_fit * estimate.n_pos

@@ -47,6 +47,7 @@ from typing import Any, cast
 import numpy as np
 
 from circuits.errors import ArgumentError
+from circuits.operand_space import NO_MAX, NO_MIN
 
 __all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "TaskFileError", "catalogue_fields", "evaluate", "expression_slots",
            "legacy_catalogue", "read_mapping", "spec_fields", "toml_module"]
@@ -203,8 +204,8 @@ def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None)
         fields[key] = value
     if fields["default_n"] < 1:
         raise fail("default_n", f"{fields['default_n']} must be >= 1")
-    lo = fields["answer_min"] if fields["answer_min"] is not None else -(2 ** 62)
-    hi = fields["answer_max"] if fields["answer_max"] is not None else 2 ** 62
+    lo = fields["answer_min"] if fields["answer_min"] is not None else NO_MIN
+    hi = fields["answer_max"] if fields["answer_max"] is not None else NO_MAX
     if lo > hi:
         raise fail("answer_min", f"{lo} is above answer_max {hi}")
     fields["answer_min"], fields["answer_max"] = lo, hi

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from circuits import operand_space
 from circuits.errors import ArgumentError
 from circuits.package_data import package_path
 from circuits.task_files import (
@@ -49,8 +50,7 @@ __all__ = [
     "filter_single_token", "answer_token_ids", "filter_correct", "to_layouts", "datasets_dir", "task_operands",
 ]
 
-_ENUM_LIMIT = 5_000_000  # operand spaces up to this size are enumerated exhaustively
-NO_MIN, NO_MAX = -(2 ** 62), 2 ** 62
+NO_MIN, NO_MAX = operand_space.NO_MIN, operand_space.NO_MAX
 """``answer_min`` / ``answer_max`` of a task without bounds."""
 
 
@@ -240,25 +240,10 @@ def task_operands(
     spec: TaskSpec, operand_ranges: Sequence[tuple[int, int]] | None = None
 ) -> np.ndarray:
     """Every valid operand tuple of ``spec`` (answer within bounds) as an ``[n, n_operands]`` int64 array
-    in lexicographic order. ``operand_ranges`` overrides the spec's inclusive ranges."""
-    ranges = [tuple(map(int, r)) for r in (operand_ranges or spec.operand_ranges)]
-    if len(ranges) != spec.n_operands:
-        raise ArgumentError(f"task {spec.name!r} has {spec.n_operands} operands, got {len(ranges)} ranges")
-    sizes = [max(0, hi - lo + 1) for lo, hi in ranges]
-    total = int(np.prod(sizes))
-    if total > _ENUM_LIMIT:
-        where = f"task file {spec.path}: slots: " if spec.path else ""
-        raise ArgumentError(f"{where}operand space of {spec.name!r} has {total} tuples, more than {_ENUM_LIMIT}")
-    if total == 0:
-        ops = np.zeros((0, spec.n_operands), dtype=np.int64)
-    else:
-        grids = np.meshgrid(*[np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in ranges], indexing="ij")
-        ops = np.stack([g.reshape(-1) for g in grids], axis=1)
-    if not spec.numeric:
-        return ops
-    ans = spec.answers(ops)
-    keep = (ans >= spec.answer_min) & (ans <= spec.answer_max)
-    return ops[keep]
+    in lexicographic order. ``operand_ranges`` overrides the spec's inclusive ranges. A space of more than
+    :data:`circuits.operand_space.ENUM_LIMIT` tuples is refused (:class:`~circuits.errors.ArgumentError`):
+    :func:`build_task` draws from it instead."""
+    return operand_space.enumerate_operands(spec, operand_ranges)
 
 
 def build_task(
@@ -270,7 +255,9 @@ def build_task(
     """Prompts of task ``name`` as a Hugging Face :class:`datasets.Dataset`.
 
     The valid operand space (answer within the task's bounds) is enumerated exhaustively, shuffled with
-    ``numpy.random.default_rng(seed)`` and rows ``start .. start + n - 1`` of that order are returned
+    ``numpy.random.default_rng(seed)`` (a space of more than 5 M tuples: drawn from, uniformly and without
+    replacement, in an order fixed by ``seed``; :mod:`circuits.operand_space`) and rows
+    ``start .. start + n - 1`` of that order are returned
     (``n=None`` -> the task's ``default_n``), so the result is a deterministic function of
     ``(name, n, seed, operand_ranges, exclude, start)`` and consecutive ``start`` windows of one seed
     never repeat a prompt. Fewer than ``n`` rows are returned when the space ends first.
@@ -295,23 +282,12 @@ def build_task(
     from datasets import Dataset
 
     spec = get_task(name)
-    ops = task_operands(spec, operand_ranges)
-    if exclude:
-        mask = np.fromiter((tuple(int(x) for x in row) not in exclude for row in ops), bool, len(ops))
-        ops = ops[mask]
-    if len(ops) == 0:
-        where = f"task file {spec.path}: answer_min/answer_max: " if spec.path else ""
-        raise ArgumentError(
-            f"{where}task {spec.name!r}: operand ranges {list(operand_ranges or spec.operand_ranges)} yield no prompt "
-            f"with an answer in [{spec.answer_min}, {spec.answer_max}]"
-        )
     n = spec.default_n if n is None else int(n)
     if n < 0:
         raise ArgumentError(f"n must be >= 0, got {n}")
     if int(start) < 0:
         raise ArgumentError(f"start must be >= 0, got {start}")
-    order = np.random.default_rng(seed).permutation(len(ops))[int(start) : int(start) + n]
-    ops = ops[order]
+    ops = operand_space.ordered_operands(spec, n, seed, operand_ranges, exclude, int(start))
     answers = [a if isinstance(a, str) else int(a) for a in spec.answers(ops)]
     cols: dict[str, list[Any]] = {
         "prompt": [spec.prompt(row) for row in ops],
@@ -325,8 +301,16 @@ def build_task(
 
 
 def operand_space_size(name: TaskLike, operand_ranges: Sequence[tuple[int, int]] | None = None) -> int:
-    """Number of distinct prompts of task ``name``: its valid operand tuples (answer within bounds)."""
-    return int(len(task_operands(get_task(name), operand_ranges)))
+    """Number of distinct prompts of task ``name``: its valid operand tuples (answer within bounds); for a space
+    of more than 5 M tuples an estimate (:func:`operand_space_count` says which)."""
+    return operand_space_count(name, operand_ranges).n
+
+
+def operand_space_count(name: TaskLike, operand_ranges: Sequence[tuple[int, int]] | None = None
+                        ) -> operand_space.SpaceSize:
+    """:func:`operand_space_size` with whether it was counted or estimated
+    (:func:`circuits.operand_space.space_size`)."""
+    return operand_space.space_size(get_task(name), operand_ranges)
 
 
 def frozen_path(name: TaskLike) -> Path:
