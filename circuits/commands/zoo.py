@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", default=None, help="checkpoint folder (default: runs/zoo/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints (rerun every phase)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--continue-from", metavar="FOLDER", default=None,
+                   help="ground truths only: start from this model folder, trained with the recipe's first phases "
+                        "(e.g. the shipped one before a phase was added), and run only the phases after them")
     p.add_argument("--model-class", choices=MODEL_CLASSES, default=None,
                    help="train a HookedTransformer (TransformerLens 3.x, reproduces the shipped models) or the "
                         "Hugging Face model with plain PyTorch (any TransformerLens); default: hooked where "
@@ -68,7 +71,12 @@ def _train(args: argparse.Namespace) -> dict:
             raise ArgumentError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
                              f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
         cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS[args.name], threads=args.threads, **overrides)
-        return groundtruth.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume)
+        return groundtruth.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
+                                 continue_from=args.continue_from)
+    if args.continue_from:
+        raise ArgumentError(f"--continue-from continues a ground truth's recipe "
+                            f"({', '.join(groundtruth.GROUND_TRUTHS)}); "
+                            f"{args.name} trains in one run: drop --continue-from (checkpoints resume on their own)")
     from circuits.zoo.train import train
 
     return train(args.name, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,

@@ -108,6 +108,7 @@ class TaskData:
         self.name, self.ops, self.tokens = name, ops, toks
         self.answer_values = spec.answers(ops)
         self.answers = num_ids[self.answer_values]
+        self._by_answer: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # answer_balanced's index
 
 
 def build_splits(cfg: Any, tokenizer) -> tuple[list[TaskData], list[TaskData]]:
@@ -168,12 +169,28 @@ def task_batch(train: list[TaskData], step: int, cfg: Any):
     return data.tokens[pick], None, data.answers[pick]
 
 
-def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+def answer_balanced(data: TaskData, rng: np.random.Generator, k: int) -> np.ndarray:
+    """``k`` row indices of ``data`` drawn so that every answer value present is equally likely (then a row
+    uniform among those with that answer): the largest sums of ``add_add``, a few tuples each, come up as often
+    as the common ones."""
+    groups = data._by_answer
+    if groups is None:
+        order = np.argsort(data.answers, kind="stable")
+        _, starts, counts = np.unique(data.answers[order], return_index=True, return_counts=True)
+        groups = data._by_answer = (order, starts, counts)
+    order, starts, counts = groups
+    u = rng.integers(0, len(starts), size=k)
+    return order[starts[u] + (rng.random(k) * counts[u]).astype(np.int64)]
+
+
+def layout_batches(train: list[TaskData], step: int, cfg: Any,
+                   answer_balance: float = 0.0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Batch of step ``step`` with every task in it, split by prompt length so that no row is padded:
     ``cfg.batch_size`` rows, each of a task drawn uniformly (or in proportion to ``cfg.task_weights``, task
-    name -> relative weight, missing tasks weigh 1), tuples uniform within a task, from
-    ``default_rng([seed, step])``. Returns one ``(tokens [b, L], answer ids [b])`` pair per length L
-    present (the answer is read at the last position), shortest first."""
+    name -> relative weight, missing tasks weigh 1), tuples uniform within a task (with ``answer_balance`` > 0,
+    that share of the rows instead drawn by :func:`answer_balanced`), from ``default_rng([seed, step])``.
+    Returns one ``(tokens [b, L], answer ids [b])`` pair per length L present (the answer is read at the last
+    position), shortest first."""
     rng = np.random.default_rng([cfg.seed, step])
     weights = getattr(cfg, "task_weights", None)
     if weights:
@@ -185,6 +202,9 @@ def layout_batches(train: list[TaskData], step: int, cfg: Any) -> list[tuple[np.
     for t in np.unique(task_idx):
         d = train[t]
         pick = rng.integers(0, len(d.tokens), size=int((task_idx == t).sum()))
+        if answer_balance > 0:
+            swap = rng.random(len(pick)) < answer_balance
+            pick[swap] = answer_balanced(d, rng, int(swap.sum()))
         groups.setdefault(d.tokens.shape[1], []).append((d.tokens[pick], d.answers[pick]))
     return [(np.concatenate([g[0] for g in groups[n]]), np.concatenate([g[1] for g in groups[n]]))
             for n in sorted(groups)]

@@ -21,6 +21,10 @@ Schedule (one :class:`GroundTruthConfig` per model, in :data:`GROUND_TRUTHS`):
    continues with the penalty alone;
 3. **stop** at the first evaluation (in phase 2) with every task's unmasked held-out accuracy >=
    ``stop_at`` and the unmasked forbidden mass < ``mass_target``, or after ``steps`` / ``max_wall_s``.
+   With ``keep_best`` the phase ends with the weights of its best evaluation instead of its last: the highest
+   lowest-task held-out accuracy without the mask among the evaluations with the mask off and the forbidden mass
+   under ``mass_target`` (ties: the later one; none: the last weights). For a phase that starts from an
+   accurate model, where single evaluations swing by 0.1 and more.
 
 Head dropout: in every training forward pass, each *non-designated* head of the transfer blocks is
 zeroed (its ``hook_z``, at every position) independently per prompt with probability ``head_dropout``,
@@ -41,7 +45,6 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,149 +52,22 @@ from circuits.atomic import write_text
 from circuits.errors import ModelLoadError
 from circuits.zoo import MODELS_DIR, trainer
 from circuits.zoo.data import accuracy, build_splits, layout_batches
-from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
+from circuits.zoo.gt_recipes import (
+    BASE_HINTS,
+    GROUND_TRUTHS,
+    MARGIN_PHASES,
+    PENALTY_PHASES,
+    STRONG_PENALTY_PHASES,
+    GroundTruthConfig,
+    phase_list,
+    train_config,
+)
+from circuits.zoo.recipes import ORIGINAL_TASKS
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
 
-__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "PENALTY_PHASES", "STRONG_PENALTY_PHASES", "BASE_HINTS",
-           "train_config", "penalty_weight", "head_dropout_hooks", "phase_list", "train", "run_phase", "measure"]
-
-
-@dataclass(frozen=True)
-class GroundTruthConfig:
-    """Recipe of one ground-truth model: ``structure`` (as :meth:`Structure.to_dict`), ``base`` (zoo model
-    whose weights it starts from; ``None``, the default: random init, number-feature initialised, with the
-    architecture and tokenizer of ``arch_of``), overrides of the architecture (``n_layers``, ``d_mlp``) and
-    the optimisation (see the module docstring; ``lr`` peak, ``warmup``/``steps`` in steps, ``margin`` and
-    ``ramp_bias`` in attention-score units, ``mass_target`` a fraction of a row's attention,
-    ``max_wall_s`` seconds). ``task_weights``: relative sampling weight per task (``None``: uniform).
-    ``phases``: overrides of later phases (see :func:`phase_list`).
-
-    A start from the accurate ``arith-gpt2`` (``base="arith-gpt2"``, with or without a ramp) was tried
-    and dropped: that model reads other tokens from block 0 on, and even a bias of 4 on the forbidden
-    scores (a ramp of 1500 steps, at step 200) took its held-out accuracy below 10%, so it kept no head
-    start over a random init."""
-
-    name: str
-    structure: dict
-    base: str | None = None
-    arch_of: str = "arith-gpt2"
-    n_layers: int | None = None
-    d_mlp: int | None = None
-    steps: int = 5500
-    batch_size: int = 128
-    lr: float = 1e-3
-    warmup: int = 200
-    min_lr_frac: float = 0.05
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_every: int = 250
-    eval_n: int = 200
-    stop_at: float = 0.98
-    margin: float = 10.0
-    pen_weight: float = 0.1
-    pen_start: int = 2500
-    pen_ramp: int = 1000
-    pen_when: float = 0.0
-    mass_target: float = 5e-4
-    head_dropout: float = 0.5
-    ramp_steps: int = 0
-    ramp_bias: float = 30.0
-    max_wall_s: float = 4200.0
-    threads: int = 1
-    task_weights: dict | None = None
-    phases: tuple = ()
-    description: str = ""
-
-
-def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: list[list[str]],
-        **kw) -> GroundTruthConfig:
-    s = Structure(wait, transfer, tuple(tuple(h) for h in heads), tuple(tuple(w) for w in windows))
-    return GroundTruthConfig(name=name, structure=s.to_dict(), **kw)
-
-
-PENALTY_PHASES: tuple[dict[str, Any], ...] = (
-    {"lr": 2e-4, "warmup": 20, "steps": 6000, "pen_weight": 1.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
-     "max_wall_s": 1800, "seed": 5},
-    {"lr": 1e-4, "warmup": 20, "steps": 4000, "pen_weight": 5.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
-     "max_wall_s": 1200, "seed": 7},
-    {"lr": 5e-5, "warmup": 20, "steps": 4000, "pen_weight": 5.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
-     "max_wall_s": 1200, "seed": 9, "task_weights": {"add_add": 3.0}})
-"""Phases 2-4 of the w2t2 recipe (the schedule that brought it under the bar without the mask), reused after a
-phase 1 that learned the task under the hard mask: the penalty at weight 1 from the start (LR 2e-4), then at 5
-(LR 1e-4), then at 5 with ``add_add`` weighted 3 to 1 (LR 5e-5)."""
-
-STRONG_PENALTY_PHASES = (PENALTY_PHASES[0],) + tuple({**ph, "pen_weight": 50.0} for ph in PENALTY_PHASES[1:])
-""":data:`PENALTY_PHASES` with the penalty at 50 in phases 3-4: after a phase 1 without the penalty (the
-new recipes), weight 5 left the forbidden attention of the last row at ~0.95 (it lowered the mean hinge
-from 1.2 to 1.0 in 1000 steps); the rows of the other positions were clean already."""
-
-GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
-    # From the weights of the former mask-based arith-gpt2-af1 (the same wait 2, transfer 2, every head of
-    # blocks 3-4 reading): the start that learned fastest under this structure. Phases 2-4 press the
-    # forbidden mass down with a 10x and 50x penalty at lower LRs; phase 4 weighs add_add 3 to 1. (The
-    # shipped weights ran phase 4 as 3000 steps and then resumed it, optimiser state kept, to 4000.)
-    _gt("arith-gpt2-gt-w2t2", 2, 2, [[0, 1, 2, 3], [0, 1, 2, 3]], [["all"] * 4, ["all"] * 4], base="arith-gpt2-af1",
-        lr=5e-4, warmup=100, steps=6000, pen_start=500, pen_ramp=1000, max_wall_s=2700, head_dropout=0.0,
-        phases=tuple({**ph, "max_wall_s": wall} for ph, wall in zip(PENALTY_PHASES, (1800, 660, 1000)))),
-    # From the shipped arith-gpt2-gt-w2t2 (its operand positions already read nothing but BOS and themselves):
-    # the reads of block 3 move into two heads of block 4 with disjoint windows. Phase 1: hard mask from
-    # step 0, no penalty (it never reached pen_when; a penalty from the start, or a soft ramp into the
-    # mask, took the accuracy to ~0.05 for good: the designated heads settle on BOS and themselves).
-    # Phases 2-3: those of w2t2 with the penalty at 50 instead of 5 in phase 3 (STRONG_PENALTY_PHASES), which
-    # left one link: L4H1 ("first") giving 0.25-0.41 of the last row to the last operator and operand of
-    # three-operand prompts (which keys are "first" depends on the prompt length, a relative-position rule
-    # that learned positions pick up slowly); phases 4-6 press it with the penalty at 200 (after phase 5:
-    # frozen-set accuracy 0.88-0.99, largest forbidden attention ~9e-4); phase 6 goes on at LR 3e-5 with
-    # add_add weighted 3 to 1 (the shipped run: 6000 steps, add_add 0.913, then resumed, optimiser state
-    # kept, to 9000: 0.887) and phase 7 at LR 1e-5 with add_add weighted 4 to 1 (0.963).
-    _gt("arith-gpt2-gt-w3t1", 3, 1, [[1, 2]], [["first", "last"]], base="arith-gpt2-gt-w2t2", seed=2,
-        lr=5e-4, warmup=50, steps=8000, pen_start=0, pen_when=0.9, pen_ramp=1000, pen_weight=1.0, max_wall_s=3000,
-        phases=STRONG_PENALTY_PHASES[:2] + (
-            {**STRONG_PENALTY_PHASES[1], "pen_weight": 200.0, "steps": 6000, "max_wall_s": 1800, "seed": 8},
-            {**STRONG_PENALTY_PHASES[2], "pen_weight": 200.0, "seed": 10},
-            {**STRONG_PENALTY_PHASES[2], "lr": 3e-5, "pen_weight": 200.0, "steps": 9000, "max_wall_s": 1800,
-             "seed": 16, "task_weights": {"add_add": 3.0}},
-            {**STRONG_PENALTY_PHASES[2], "lr": 1e-5, "warmup": 100, "pen_weight": 200.0, "max_wall_s": 1800,
-             "seed": 18, "task_weights": {"add_add": 4.0}})),
-    # Llama-like with grouped-query attention (4 query heads, 2 key/value heads), from a random init: the
-    # first operand(s) read by L2H1 (key/value group 0), the last operator and operand by L3H2 (group 1).
-    # Phases 2-4: STRONG_PENALTY_PHASES (after phase 4: held-out accuracy 0.95-1.00 without the mask, largest
-    # forbidden attention 1.6e-3, still falling); phase 5 goes on at the same LR with the penalty at 100
-    # (at 200 and LR 1e-4 the accuracy fell to 0.15-0.67 within 750 steps).
-    _gt("arith-llama-gt-w1t2", 1, 2, [[1], [2]], [["first"], ["last"]], arch_of="arith-llama", seed=3,
-        lr=1.5e-3, warmup=200, steps=6000, pen_start=2500, pen_ramp=1000, pen_weight=1.0, max_wall_s=3000,
-        phases=STRONG_PENALTY_PHASES + ({**STRONG_PENALTY_PHASES[2], "pen_weight": 100.0, "seed": 11},)),
-]}
-"""The recipes of the shipped ground-truth models, by name."""
-
-
-BASE_HINTS = {"arith-gpt2-af1": (
-    "in a checkout, restore them with `git checkout 645c8c7 -- circuits/zoo/models/arith-gpt2-af1`, or retrain "
-    "them with `python -m circuits.zoo.planted train` (TransformerLens 3.x; writes that folder)")}
-"""How to obtain a recipe's starting weights that the package no longer ships, by zoo name."""
-
-
-def train_config(cfg: GroundTruthConfig):
-    """The :class:`~circuits.zoo.recipes.TrainConfig` recorded for (and used by) ``cfg``: the architecture
-    and data of ``cfg.arch_of`` with ``cfg``'s optimisation (one phase)."""
-    base = get_config(cfg.arch_of)
-    arch: dict[str, Any] = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
-    s = Structure.from_dict(cfg.structure)
-    desc = cfg.description or (
-        f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth "
-        f"({'fine-tuned from ' + cfg.base if cfg.base else 'trained from scratch'}"
-        f"{', no longer shipped' if cfg.base in BASE_HINTS else ''}) with "
-        f"a learned AF1 structure: wait={s.wait}, transfer={s.transfer} (blocks {s.blocks}), the last position "
-        f"reads other positions only through " + ", ".join(f"L{b}H{h} ({s.window(b, h)} window)" for b, h in
-        sorted(s.head_set)) + "; every other head attends to BOS and itself; no hooks at inference.")
-    return dataclasses.replace(
-        base, name=cfg.name, tasks=list(ORIGINAL_TASKS), bars={t: 0.95 for t in ORIGINAL_TASKS}, steps=cfg.steps,
-        batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, min_lr_frac=cfg.min_lr_frac,
-        weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_every=cfg.eval_every,
-        ckpt_every=cfg.eval_every, eval_n=cfg.eval_n, stop_at=cfg.stop_at, stop_after=1,
-        max_wall_s=cfg.max_wall_s, init_from=cfg.base, phases=[], task_weights=cfg.task_weights, description=desc,
-        **arch)
+__all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "MARGIN_PHASES", "PENALTY_PHASES", "STRONG_PENALTY_PHASES",
+           "BASE_HINTS", "BEST_FILE", "train_config", "penalty_weight", "head_dropout_hooks", "phase_list", "train",
+           "continued", "run_phase", "measure"]
 
 
 def _new(cfg: GroundTruthConfig, tcfg) -> Any:
@@ -256,19 +132,14 @@ def _evaluate(model, hooks: ScoreHooks, val_data, structure: Structure) -> dict:
     return {"masked": masked, "plain": plain, "max_key": mass}
 
 
-def phase_list(cfg: GroundTruthConfig) -> list[GroundTruthConfig]:
-    """The phases of ``cfg``: ``cfg`` itself, then ``cfg`` with each entry of ``cfg.phases`` applied (a later
-    phase starts from the weights the phase before it ends with, with a fresh AdamW, LR schedule, mask
-    state and penalty schedule)."""
-    return [dataclasses.replace(cfg, phases=())] + [dataclasses.replace(cfg, phases=(), **ph) for ph in cfg.phases]
-
-
 def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: str | Path | None = None,
-          resume: bool = True, log=print) -> dict:
+          resume: bool = True, log=print, continue_from: str | Path | None = None) -> dict:
     """Train ``cfg`` (every phase, :func:`phase_list`) with the schedule of the module docstring and export
     it to ``out_dir`` (default the package's ``models/<name>``); phase ``k`` checkpoints in
     ``<ckpt_dir>/phase<k>`` (default ``ckpt_dir``: ``runs/zoo/<name>``), resumed with ``resume`` (a finished
-    phase is loaded, not rerun). Returns the card dict."""
+    phase is loaded, not rerun). ``continue_from``: a model folder of ``cfg`` trained with its first ``k``
+    phases (its card's recipe is ``cfg``'s with those phases; see :func:`continued`): its weights stand for the
+    end of phase ``k`` and only the later phases run. Returns the card dict."""
     import torch
 
     from circuits.zoo.build import require_hooked
@@ -279,11 +150,47 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
     with trainer.held(out_dir, ckpt_dir):  # locked like every command's directory
-        model = _new(cfg, train_config(cfg))
-        states = [run_phase(model, pcfg, ckpt_dir / f"phase{k}", resume, log)
-                  for k, pcfg in enumerate(phase_list(cfg), start=1)]
+        model, states = continued(cfg, Path(continue_from)) if continue_from else (_new(cfg, train_config(cfg)), [])
+        states += [run_phase(model, pcfg, ckpt_dir / f"phase{k}", resume, log)
+                   for k, pcfg in enumerate(phase_list(cfg), start=1) if k > len(states)]
         model.eval()
         return export(model, cfg, train_config(cfg), out_dir, states)
+
+
+def continued(cfg: GroundTruthConfig, folder: Path) -> tuple[Any, list[dict]]:
+    """``(model, states)`` to continue ``cfg`` from the model folder ``folder``: its weights (as exported: the
+    unembedding refitted without a bias, logits within 1e-4 of the phase's end) and one state per phase its
+    card records (steps, wall time, LR schedule, mask-off step; no history but the last five evaluations). Its
+    card must record ``cfg``'s structure and the first ``k`` of ``cfg``'s phases, ``k`` < the number of phases
+    of ``cfg``; anything else is refused in one line (:class:`~circuits.errors.ArgumentError`)."""
+    from circuits import zoo
+    from circuits.errors import ArgumentError
+
+    card_file = folder / "card.json"
+    try:
+        card = json.loads(card_file.read_text())
+        recorded = card["groundtruth_train"]
+        done = card["phases"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArgumentError(f"cannot continue {cfg.name} from {folder}: {card_file} is no ground-truth card "
+                            f"({type(exc).__name__}: {exc}); give the folder of a model trained by this "
+                            f"recipe") from None
+    wanted = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    k = len(done)
+    if (recorded.get("structure") != wanted["structure"] or not 1 <= k < 1 + len(cfg.phases)
+            or recorded.get("phases") != wanted["phases"][:k - 1]):
+        raise ArgumentError(f"cannot continue {cfg.name} from {folder}: its card records {k} phase(s) of another "
+                            f"recipe or all {1 + len(cfg.phases)} of this one; continue from a folder trained with "
+                            f"the first phases of {cfg.name}'s recipe")
+    model = zoo.load_dir(folder)
+    model.reset_hooks(including_permanent=True)
+    keys = ("batch_size", "lr", "warmup", "min_lr_frac", "threads", "d_vocab")
+    states = [{"step": ph["steps"], "wall_s": ph["wall_time_s"], **{key: ph.get(key) for key in keys},
+               "history": card.get("history", []) if i == k - 1 else [], "finished": True,
+               "mask_off_step": (card.get("mask_off_step") or [None] * k)[i],
+               "note": ph.get("note") or f"recorded on the card of {folder.name} (the weights continued from)"}
+              for i, ph in enumerate(done)]
+    return model, states
 
 
 def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
@@ -311,7 +218,7 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
     while step < tcfg.steps and not state.get("stopped_early"):
         for g in opt.param_groups:
             g["lr"] = trainer.lr_at(step, tcfg)
-        groups = layout_batches(train_data, step, tcfg)
+        groups = layout_batches(train_data, step, tcfg, cfg.answer_balance)
         hooks.hard = state["hard"] and step >= cfg.ramp_steps
         hooks.bias = cfg.ramp_bias * min(1.0, step / cfg.ramp_steps) if cfg.ramp_steps > 0 else 0.0
         hooks.reset()
@@ -351,14 +258,43 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
             elif not state["hard"] and ev["max_key"] < cfg.mass_target and min(ev["plain"].values()) >= cfg.stop_at:
                 state["stopped_early"] = True
                 log(f"{cfg.name}: every task >= {cfg.stop_at} without the mask, stopping")
+            if cfg.keep_best and not state["hard"] and ev["max_key"] < cfg.mass_target:
+                _keep_if_best(model, state, min(ev["plain"].values()), ckpt_dir, log)
             trainer.save_checkpoint(model, opt, state, ckpt_dir)
         if state["wall_s"] >= cfg.max_wall_s:
             log(f"{cfg.name}: wall-time budget {cfg.max_wall_s:.0f} s spent, stopping at step {step}")
             break
+    if state.get("best"):
+        from safetensors.torch import load_file
+
+        from circuits.zoo.build import load_weights
+
+        load_weights(model, load_file(str(ckpt_dir / BEST_FILE)), f"{ckpt_dir} best weights")
+        state["note"] = (f"weights of step {state['best']['step']} (lowest task's held-out accuracy "
+                         f"{state['best']['min_val']:.3f}), the best evaluation of {state['step']} steps")
     state["finished"] = True
     trainer.save_checkpoint(model, opt, state, ckpt_dir)
     model.eval()
     return state
+
+
+BEST_FILE = "best.safetensors"
+"""The weights of a ``keep_best`` phase's best evaluation so far, beside its checkpoint."""
+
+
+def _keep_if_best(model, state: dict, score: float, ckpt_dir: Path, log=print) -> None:
+    """Save ``model``'s weights as the phase's best (:data:`BEST_FILE`) when ``score`` (the lowest task's
+    held-out accuracy) is at least the best so far; ``state["best"]`` records its step and score."""
+    from safetensors.torch import save_file
+
+    from circuits.atomic import write_with
+
+    if state.get("best") and score < state["best"]["min_val"]:
+        return
+    weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    write_with(ckpt_dir / BEST_FILE, lambda tmp: save_file(weights, str(tmp), metadata={"step": str(state["step"])}))
+    state["best"] = {"step": state["step"], "min_val": score}
+    log(f"{ckpt_dir.name}: best so far at step {state['step']} (lowest task {score:.3f})")
 
 
 def measure(model, structure: Structure, tasks: list[str] = ORIGINAL_TASKS) -> dict:

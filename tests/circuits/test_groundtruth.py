@@ -109,6 +109,42 @@ def test_layout_batches_mix_every_task_without_padding():
     assert {tok.get_vocab()[str(v)] for v in (4, 16)} == {int(a) for a in long[1]}  # 5+6-7, 8+9-1
     again = layout_batches(train, 7, cfg)
     assert all((a[0] == b[0]).all() for a, b in zip(groups, again))  # a function of the step
+    # The draws of the recipes trained before answer balancing existed, replayed by hand: unchanged.
+    rng = np.random.default_rng([3, 7])
+    task_idx = rng.integers(0, 3, size=64)
+    by_len: dict = {}
+    for t in np.unique(task_idx):
+        pick = rng.integers(0, len(train[t].tokens), size=int((task_idx == t).sum()))
+        by_len.setdefault(train[t].tokens.shape[1], []).append(train[t].tokens[pick])
+    assert all((np.concatenate(by_len[n]) == g[0]).all() for n, g in zip(sorted(by_len), groups))
+
+
+def test_answer_balanced_draws_make_every_answer_equally_likely():
+    """``add_add``'s sums 0..297: uniform tuples give the largest sums a few times in 10^4 (one tuple gives 297);
+    answer-balanced draws give each answer value 1/298 of the rows (within 5 standard errors), half of them at
+    ``answer_balance=0.5``, and every drawn row is a row with that answer."""
+    from types import SimpleNamespace
+
+    from circuits.zoo.data import TaskData, answer_balanced, layout_batches
+    from circuits.zoo.tokenizer import build_tokenizer
+
+    g = np.stack(np.meshgrid(*[np.arange(100)] * 3, indexing="ij"), -1).reshape(-1, 3)  # every tuple
+    data = TaskData("add_add", g, build_tokenizer())
+    rows = answer_balanced(data, np.random.default_rng(0), 200_000)
+    sums = g[rows].sum(1)
+    counts = np.bincount(sums, minlength=298)
+    present = np.unique(g.sum(1))
+    assert len(present) == 298 and (counts[present] > 0).all()
+    expected = 200_000 / len(present)
+    assert np.abs(counts[present] - expected).max() < 5 * np.sqrt(expected)
+    assert (data.answer_values[rows] == sums).all()
+    cfg = SimpleNamespace(seed=1, batch_size=4000)
+    mixed = layout_batches([data], 0, cfg, answer_balance=0.5)[0][1]
+    plain = layout_batches([data], 0, cfg)[0][1]
+    big = data.answers[g.sum(1) >= 250]
+    share = lambda ans: np.isin(ans, big).mean()  # noqa: E731
+    # uniform: 1.9% of tuples sum to >= 250; balanced: 48 of 298 answers; half and half in between
+    assert share(plain) < 0.03 and 0.07 < share(mixed) < 0.11
 
 
 @needs_hooked
@@ -241,7 +277,11 @@ def test_the_card_records_the_recipe(planted):
 
     name, model, _ = planted
     card = zoo.card(name)
-    assert card["groundtruth_train"] == json.loads(json.dumps(dataclasses.asdict(GROUND_TRUTHS[name])))
+    recipe = json.loads(json.dumps(dataclasses.asdict(GROUND_TRUTHS[name])))
+    defaults = {f.name: f.default for f in dataclasses.fields(GROUND_TRUTHS[name])}
+    later = set(recipe) - set(card["groundtruth_train"])  # fields added after the card was written: at their defaults
+    assert all(recipe[k] == defaults[k] for k in later), later
+    assert card["groundtruth_train"] == {k: v for k, v in recipe.items() if k not in later}
     assert len(card["phases"]) == 1 + len(GROUND_TRUTHS[name].phases)
     assert card["unembed_refit"]["method"] in ("fold", "distil") and card["unembed_refit"]["val"]["argmax_same"] > 0.99
     assert not (zoo.path(name) / "unembed_bias.safetensors").exists()
