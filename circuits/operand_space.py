@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -137,8 +138,13 @@ def ordered_operands(spec: Any, n: int, seed: int = 0, ranges: Sequence[tuple[in
 
 def space_size(spec: Any, ranges: Sequence[tuple[int, int]] | None = None) -> SpaceSize:
     """How many valid operand tuples ``spec`` has: counted when the space can be enumerated (or every tuple is
-    valid), else estimated from :data:`ESTIMATE_DRAWS` uniform draws of seed 0."""
-    rs = operand_ranges(spec, ranges)
+    valid), else estimated from :data:`ESTIMATE_DRAWS` uniform draws of seed 0. Kept per (spec, ranges): the
+    checks before loading, the prompt sampler and the fit set all ask."""
+    return _space_size(spec, tuple(operand_ranges(spec, ranges)))
+
+
+@lru_cache(maxsize=64)
+def _space_size(spec: Any, rs: tuple[tuple[int, int], ...]) -> SpaceSize:
     total = n_tuples(rs)
     if total <= ENUM_LIMIT:
         return SpaceSize(len(enumerate_operands(spec, rs)), True)
