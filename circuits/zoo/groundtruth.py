@@ -26,6 +26,9 @@ Schedule (one :class:`GroundTruthConfig` per model, in :data:`GROUND_TRUTHS`):
    under ``mass_target`` (ties: the later one; none: the last weights). For a phase that starts from an
    accurate model, where single evaluations swing by 0.1 and more.
 
+A phase with ``readout`` > 0 runs none of this: it refits the unembedding alone to the answers
+(:func:`readout_phase`), so attention, and with it the structure, is left exactly as it was.
+
 Head dropout: in every training forward pass, each *non-designated* head of the transfer blocks is
 zeroed (its ``hook_z``, at every position) independently per prompt with probability ``head_dropout``,
 so that the trained model does not depend on those heads at all: removing them, as head pruning does,
@@ -67,7 +70,7 @@ from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
 
 __all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "MARGIN_PHASES", "PENALTY_PHASES", "STRONG_PENALTY_PHASES",
            "BASE_HINTS", "BEST_FILE", "train_config", "penalty_weight", "head_dropout_hooks", "phase_list", "train",
-           "continued", "run_phase", "measure"]
+           "continued", "run_phase", "readout_phase", "measure"]
 
 
 def _new(cfg: GroundTruthConfig, tcfg) -> Any:
@@ -199,6 +202,8 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
     import torch
     import torch.nn.functional as F
 
+    if cfg.readout:
+        return readout_phase(model, cfg, ckpt_dir, resume, log)
     tcfg = train_config(cfg)
     structure = Structure.from_dict(cfg.structure)
     hooks = ScoreHooks(model, structure, margin=cfg.margin, hard=cfg.ramp_steps <= 0)
@@ -275,6 +280,38 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
     state["finished"] = True
     trainer.save_checkpoint(model, opt, state, ckpt_dir)
     model.eval()
+    return state
+
+
+def readout_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
+    """A phase with ``cfg.readout`` > 0: the unembedding ``W_U`` alone refitted to the answers of ``cfg.readout``
+    training prompts per task (:func:`circuits.zoo.refit.fit_answers`, with the phase's ``answer_balance``,
+    ``task_weights`` and ``seed``); no optimiser step, no mask, no penalty: attention, and so the structure,
+    is exactly as the phase before left it. For a model whose last blocks carry the answer but whose readout is
+    tuned to the common sums (w3t1: the sums >= 200 of ``add_add``). Checkpointed and resumed like a phase."""
+    import torch
+
+    from circuits.zoo.refit import fit_answers
+
+    tcfg = train_config(cfg)
+    opt = trainer.make_optimizer(model, tcfg)  # never steps: the checkpoint format holds one
+    state = trainer.start(model, opt, tcfg, ckpt_dir, resume, len(model.tokenizer))
+    if state.get("finished"):
+        return state
+    t0 = time.time()
+    train_data, val_data = build_splits(tcfg, model.tokenizer)
+    model.eval()
+    before = {d.name: accuracy(model, d) for d in val_data}
+    fit = fit_answers(model, train_data, cfg.readout, cfg.answer_balance, cfg.task_weights, cfg.seed)
+    after = {d.name: accuracy(model, d) for d in val_data}
+    state.update(threads=torch.get_num_threads(), wall_s=time.time() - t0, finished=True, readout=fit,
+                 history=[{"step": 0, "val": after, "val_before": before, "wall_s": round(time.time() - t0, 1)}],
+                 note=(f"unembedding refitted to the answers of {fit['n']} training prompts "
+                       f"({fit['lbfgs_evaluations']} L-BFGS evaluations, cross-entropy {fit['ce_before']:.4f} -> "
+                       f"{fit['ce_after']:.4f}); held-out lowest task {min(before.values()):.3f} -> "
+                       f"{min(after.values()):.3f}; no other weight changed"))
+    log(f"{cfg.name} readout: " + state["note"])
+    trainer.save_checkpoint(model, opt, state, ckpt_dir)
     return state
 
 

@@ -26,7 +26,9 @@ class GroundTruthConfig:
     ``max_wall_s`` seconds). ``task_weights``: relative sampling weight per task (``None``: uniform).
     ``answer_balance``: the share of each task's rows drawn with every answer value equally likely
     (:func:`circuits.zoo.data.answer_balanced`) instead of every tuple. ``keep_best``: end the phase with the
-    weights of its best evaluation (:mod:`circuits.zoo.groundtruth`).
+    weights of its best evaluation (:mod:`circuits.zoo.groundtruth`). ``readout`` > 0: the phase refits the
+    unembedding alone to the answers of ``readout`` training prompts per task (``steps`` 0; see
+    :func:`circuits.zoo.groundtruth.readout_phase`).
     ``phases``: overrides of later phases (see :func:`phase_list`).
 
     A start from the accurate ``arith-gpt2`` (``base="arith-gpt2"``, with or without a ramp) was tried
@@ -63,6 +65,7 @@ class GroundTruthConfig:
     max_wall_s: float = 4200.0
     keep_best: bool = False
     answer_balance: float = 0.0
+    readout: int = 0
     threads: int = 1
     task_weights: dict | None = None
     phases: tuple = ()
@@ -98,20 +101,22 @@ MARGIN_PHASES: dict[str, dict[str, Any]] = {
     "arith-gpt2-gt-w3t1": {**STRONG_PENALTY_PHASES[2], **_MARGIN, "lr": 2e-5, "steps": 6000, "pen_weight": 200.0,
                            "seed": 23, "task_weights": {"add_add": 4.0, "add": 2.0, "sub_add": 2.0},
                            "answer_balance": 0.25}}
-"""Candidate last phases for the two GPT-2 ground truths, not yet part of their recipes: run from the shipped
-weights with ``af1 zoo train NAME --continue-from FOLDER`` after appending one to the recipe's ``phases``.
-Measured (fresh draws, 3 seeds x 300 prompts; 3000 fresh ``add_add`` prompts, seed 99): w2t2's phase lifts
-``add_add`` from 0.966 to 0.973 at its step 2500 (lowest fresh draw 0.960); w3t1's stays at 0.947-0.954
-(answer balancing at LR 2e-5 first took it to 0.27-0.50). See docs/groundtruth.md."""
+"""The margin phases of the two GPT-2 ground truths (w2t2's phase 5, w3t1's phase 8), each run from the
+previously shipped weights with ``af1 zoo train NAME --continue-from FOLDER``: batch 256, 1000 held-out prompts
+per task, the best evaluation kept. w2t2's lifted fresh ``add_add`` from 0.963 / 0.970 / 0.943 to 0.983 / 0.983
+/ 0.953 (seeds 1 / 7 / 123); w3t1's left it at 0.950 / 0.947 / 0.933 (answer balancing at LR 2e-5 first took
+the held-out accuracy to 0.27-0.50), and a readout phase after it gives the margin. See docs/groundtruth.md."""
 
 GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
     # From the weights of the former mask-based arith-gpt2-af1 (the same wait 2, transfer 2, every head of
     # blocks 3-4 reading): the start that learned fastest under this structure. Phases 2-4 press the
     # forbidden mass down with a 10x and 50x penalty at lower LRs; phase 4 weighs add_add 3 to 1. (The
-    # shipped weights ran phase 4 as 3000 steps and then resumed it, optimiser state kept, to 4000.)
+    # shipped weights ran phase 4 as 3000 steps and then resumed it, optimiser state kept, to 4000.) Phase 5,
+    # MARGIN_PHASES, gives add_add a margin on fresh draws (run from the folder shipped after phase 4).
     _gt("arith-gpt2-gt-w2t2", 2, 2, [[0, 1, 2, 3], [0, 1, 2, 3]], [["all"] * 4, ["all"] * 4], base="arith-gpt2-af1",
         lr=5e-4, warmup=100, steps=6000, pen_start=500, pen_ramp=1000, max_wall_s=2700, head_dropout=0.0,
-        phases=tuple({**ph, "max_wall_s": wall} for ph, wall in zip(PENALTY_PHASES, (1800, 660, 1000)))),
+        phases=tuple({**ph, "max_wall_s": wall} for ph, wall in zip(PENALTY_PHASES, (1800, 660, 1000)))
+        + (MARGIN_PHASES["arith-gpt2-gt-w2t2"],)),
     # From the shipped arith-gpt2-gt-w2t2 (its operand positions already read nothing but BOS and themselves):
     # the reads of block 3 move into two heads of block 4 with disjoint windows. Phase 1: hard mask from
     # step 0, no penalty (it never reached pen_when; a penalty from the start, or a soft ramp into the
@@ -122,8 +127,11 @@ GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
     # that learned positions pick up slowly); phases 4-6 press it with the penalty at 200 (after phase 5:
     # frozen-set accuracy 0.88-0.99, largest forbidden attention ~9e-4); phase 6 goes on at LR 3e-5 with
     # add_add weighted 3 to 1 (the shipped run: 6000 steps, add_add 0.913, then resumed, optimiser state
-    # kept, to 9000: 0.887) and phase 7 at LR 1e-5 with add_add weighted 4 to 1 (0.963).
-    _gt("arith-gpt2-gt-w3t1", 3, 1, [[1, 2]], [["first", "last"]], base="arith-gpt2-gt-w2t2", seed=2,
+    # kept, to 9000: 0.887) and phase 7 at LR 1e-5 with add_add weighted 4 to 1 (0.963). Phase 8
+    # (MARGIN_PHASES) kept its best evaluation but not a margin on fresh draws; phase 9 refits the unembedding
+    # alone to answer-balanced prompts (readout_phase), which did (phases 8-9 run from the folder shipped after
+    # phase 7). Its start is w2t2 after phase 4, as of commit 0e0b2ed (BASE_HINTS).
+    _gt("arith-gpt2-gt-w3t1", 3, 1, [[1, 2]], [["first", "last"]], base="arith-gpt2-gt-w2t2-phase4", seed=2,
         lr=5e-4, warmup=50, steps=8000, pen_start=0, pen_when=0.9, pen_ramp=1000, pen_weight=1.0, max_wall_s=3000,
         phases=STRONG_PENALTY_PHASES[:2] + (
             {**STRONG_PENALTY_PHASES[1], "pen_weight": 200.0, "steps": 6000, "max_wall_s": 1800, "seed": 8},
@@ -131,7 +139,9 @@ GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
             {**STRONG_PENALTY_PHASES[2], "lr": 3e-5, "pen_weight": 200.0, "steps": 9000, "max_wall_s": 1800,
              "seed": 16, "task_weights": {"add_add": 3.0}},
             {**STRONG_PENALTY_PHASES[2], "lr": 1e-5, "warmup": 100, "pen_weight": 200.0, "max_wall_s": 1800,
-             "seed": 18, "task_weights": {"add_add": 4.0}})),
+             "seed": 18, "task_weights": {"add_add": 4.0}},
+            MARGIN_PHASES["arith-gpt2-gt-w3t1"],
+            {"steps": 0, "readout": 15000, "answer_balance": 0.25, "task_weights": {"add_add": 2.0}, "seed": 0})),
     # Llama-like with grouped-query attention (4 query heads, 2 key/value heads), from a random init: the
     # first operand(s) read by L2H1 (key/value group 0), the last operator and operand by L3H2 (group 1).
     # Phases 2-4: STRONG_PENALTY_PHASES (after phase 4: held-out accuracy 0.95-1.00 without the mask, largest
@@ -146,7 +156,10 @@ GROUND_TRUTHS: dict[str, GroundTruthConfig] = {c.name: c for c in [
 
 BASE_HINTS = {"arith-gpt2-af1": (
     "in a checkout, restore them with `git checkout 645c8c7 -- circuits/zoo/models/arith-gpt2-af1`, or retrain "
-    "them with `python -m circuits.zoo.planted train` (TransformerLens 3.x; writes that folder)")}
+    "them with `python -m circuits.zoo.planted train` (TransformerLens 3.x; writes that folder)"),
+    "arith-gpt2-gt-w2t2-phase4": (
+    "they are arith-gpt2-gt-w2t2 before its phase 5; in a checkout: `d=circuits/zoo/models/arith-gpt2-gt-w2t2-phase4; "
+    "mkdir -p $d && git archive 0e0b2ed:circuits/zoo/models/arith-gpt2-gt-w2t2 | tar -x -C $d`")}
 """How to obtain a recipe's starting weights that the package no longer ships, by zoo name."""
 
 

@@ -4,6 +4,9 @@ exact recovery of every planted (wait, transfer) and head set by the search and 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -87,6 +90,29 @@ def test_a_recipe_whose_start_is_not_shipped_is_refused_in_one_line(tmp_path, ca
     assert len(err.splitlines()) == 1 and "starts from the weights of arith-gpt2-af1, which are not shipped" in err
     assert "git checkout 645c8c7 -- circuits/zoo/models/arith-gpt2-af1" in err
     assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists()
+
+
+def test_w3t1_names_the_w2t2_weights_it_started_from(tmp_path, capsys):
+    """w3t1 started from w2t2 after its phase 4; w2t2 has a fifth phase since, so the recipe names that start,
+    which is not shipped, and training it says in one line how to restore it (the command is checked here)."""
+    import subprocess
+
+    from circuits.cli import main
+    from circuits.zoo.groundtruth import GROUND_TRUTHS
+
+    assert GROUND_TRUTHS["arith-gpt2-gt-w3t1"].base == "arith-gpt2-gt-w2t2-phase4"
+    assert main(["zoo", "train", "arith-gpt2-gt-w3t1", "--steps", "1", "--out", str(tmp_path / "m"),
+                 "--ckpt", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "arith-gpt2-gt-w2t2-phase4, which are not shipped" in err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists()
+    restore = err.split("`")[1].replace("d=circuits/zoo/models/", f"d={tmp_path}/")
+    repo = Path(__file__).resolve().parents[2]
+    if subprocess.run(["git", "cat-file", "-e", "0e0b2ed"], cwd=repo, capture_output=True).returncode:
+        pytest.skip("not a checkout with the commit the weights are restored from")
+    subprocess.run(restore, shell=True, cwd=repo, check=True)
+    card = json.loads((tmp_path / "arith-gpt2-gt-w2t2-phase4" / "card.json").read_text())
+    assert card["name"] == "arith-gpt2-gt-w2t2" and len(card["phases"]) == 4
 
 
 def test_layout_batches_mix_every_task_without_padding():
@@ -283,7 +309,11 @@ def test_the_card_records_the_recipe(planted):
     assert all(recipe[k] == defaults[k] for k in later), later
     assert card["groundtruth_train"] == {k: v for k, v in recipe.items() if k not in later}
     assert len(card["phases"]) == 1 + len(GROUND_TRUTHS[name].phases)
-    assert card["unembed_refit"]["method"] in ("fold", "distil") and card["unembed_refit"]["val"]["argmax_same"] > 0.99
+    refit = card["unembed_refit"]
+    if refit["method"] == "none":  # continued from a folder (no bias) and ended by a readout phase (bias kept at 0)
+        assert GROUND_TRUTHS[name].phases[-1].get("readout") and card["phases"][-1]["steps"] == 0
+    else:
+        assert refit["method"] in ("fold", "distil") and refit["val"]["argmax_same"] > 0.99
     assert not (zoo.path(name) / "unembed_bias.safetensors").exists()
     assert float(model.unembed.b_U.detach().abs().max()) == 0.0
 

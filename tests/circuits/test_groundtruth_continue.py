@@ -82,3 +82,49 @@ def test_continuing_from_a_folder_of_another_recipe_is_refused(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--continue-from continues a ground truth's recipe" in err
     assert not (tmp_path / "m").exists()
+
+
+@needs_hooked
+def test_a_readout_phase_refits_the_unembedding_alone_to_the_answers(tmp_path):
+    """A phase with ``readout`` moves ``W_U`` and nothing else (so every attention pattern, the structure, is
+    unchanged), and lowers the answers' cross-entropy on its fit prompts: those prompts are drawn again here
+    by hand and scored through full forward passes, before (the folder's weights) and after."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from circuits.zoo.data import accuracy, answer_balanced, build_splits
+
+    card = shipped_card()
+    extra = {"steps": 0, "readout": 30, "answer_balance": 0.5, "task_weights": {"add_add": 2.0}, "seed": 5}
+    cfg = with_phases(len(card["phases"]) - 1, (extra,))
+    model, _ = gtrain.continued(cfg, zoo.MODELS_DIR / NAME)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    phase = gtrain.phase_list(cfg)[-1]
+    state = gtrain.run_phase(model, phase, tmp_path / "ck", resume=True, log=lambda *a: None)
+    assert [k for k, v in model.state_dict().items() if not torch.equal(v, start[k])] == ["unembed.W_U"]
+    assert state["finished"] and state["step"] == 0 and "no other weight changed" in state["note"]
+
+    train, val = build_splits(gtrain.train_config(phase), model.tokenizer)
+    rng = np.random.default_rng(5)
+    rows = []
+    for d in train:  # add_add twice (its weight), half of each task's rows answer-balanced
+        k = 30 * (2 if d.name == "add_add" else 1)
+        idx = np.concatenate([rng.integers(0, len(d.tokens), size=k - k // 2), answer_balanced(d, rng, k // 2)])
+        rows.append((torch.from_numpy(d.tokens[idx]), torch.from_numpy(d.answers[idx])))
+    assert state["readout"]["n"] == sum(len(a) for _, a in rows) == 7 * 30
+
+    def ce(m) -> float:
+        with torch.no_grad():
+            return float(torch.cat([F.cross_entropy(m(t)[:, -1], a, reduction="none") for t, a in rows]).mean())
+
+    fitted, before = ce(model), ce(zoo.load(NAME))
+    assert fitted == pytest.approx(state["readout"]["ce_after"], rel=1e-4)
+    assert before == pytest.approx(state["readout"]["ce_before"], rel=1e-4)
+    assert fitted < 0.9 * before
+    model.eval()
+    assert state["history"][-1]["val"] == {d.name: accuracy(model, d) for d in val}
+
+    again = zoo.load(NAME)  # a finished readout phase is loaded on resume, not refitted
+    loaded = gtrain.run_phase(again, phase, tmp_path / "ck", resume=True, log=lambda *a: None)
+    assert loaded["readout"] == state["readout"]
+    assert torch.equal(again.unembed.W_U, model.unembed.W_U)
