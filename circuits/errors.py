@@ -51,6 +51,11 @@ class FitSetError(AF1Error, ValueError):
     ``(position, token)`` entry with fewer fit prompts than the minimum; the message says how to fix it."""
 
 
+class EnvironmentMismatchError(AF1Error, RuntimeError):
+    """The installed packages cannot do what was asked (training needs ``HookedTransformer``, which
+    TransformerLens 4.x removed); the message names the environment that can."""
+
+
 MAX_MESSAGE = 400
 """Longest error message printed (characters); longer ones (e.g. a loader's list of every model name) are cut."""
 

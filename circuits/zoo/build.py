@@ -24,8 +24,9 @@ __all__ = ["require_hooked", "new_model", "init_from_folder", "number_features",
 
 
 def require_hooked(what: str, model: Any = None, hint: str = "") -> None:
-    """``RuntimeError`` saying what to do unless ``HookedTransformer`` exists (TransformerLens 3.x) and
-    ``model`` (if given) is one; ``hint`` names a further way out (e.g. another model class)."""
+    """:class:`~circuits.errors.EnvironmentMismatchError` (a ``RuntimeError``) saying what to do unless
+    ``HookedTransformer`` exists (TransformerLens 3.x) and ``model`` (if given) is one; ``hint`` names a
+    further way out (e.g. another model class)."""
     from interventions.adapter import resolve_backend
 
     hooked = resolve_backend(None) == "hooked"
@@ -34,7 +35,9 @@ def require_hooked(what: str, model: Any = None, hint: str = "") -> None:
 
         hooked = isinstance(model, HookedTransformer)
     if not hooked:
-        raise RuntimeError(
+        from circuits.errors import EnvironmentMismatchError
+
+        raise EnvironmentMismatchError(
             f"{what} needs a HookedTransformer, which TransformerLens 4.0 removed: train in an environment "
             f"with transformer-lens>=3.9,<4 (the repository's .venv, `make demo` builds it){hint}; the trained "
             f"model then loads on 4.x with zoo.load(name, backend='bridge')")

@@ -111,8 +111,9 @@ def card_markdown(card: dict, cfg: Any) -> str:
              "| phase | steps | batch | peak LR | warmup | wall time | threads | vocab |",
              "|---|---|---|---|---|---|---|---|"]
     for ph in card["phases"]:
-        lines.append(f"| {ph['phase']} | {ph['steps']} | {ph['batch_size']} | {ph['lr']} | {ph['warmup']} | "
-                     f"{ph['wall_time_s'] / 60:.1f} min | {ph['threads']} | {ph['d_vocab']} |")
+        cells = [ph["steps"]] + ["-" if ph.get(k) is None else ph[k] for k in ("batch_size", "lr", "warmup")]
+        lines.append(f"| {ph['phase']} | " + " | ".join(map(str, cells)) + f" | {ph['wall_time_s'] / 60:.1f} min | "
+                     f"{ph['threads']} | {ph['d_vocab']} |")
     lines += [f"\nPhase {ph['phase']}: {ph['note']}" for ph in card["phases"] if ph.get("note")]
     if card.get("unembed_refit"):
         lines += ["", refit_markdown(card["unembed_refit"])]
@@ -133,7 +134,8 @@ def card_markdown(card: dict, cfg: Any) -> str:
 def refit_markdown(refit: dict) -> str:
     """The card's paragraph on the last step of the recipe, the unembedding refitted without a bias."""
     if refit.get("method") == "none":
-        return "Last step: none needed (the model was trained without an unembedding bias)."
+        return ("Last step: none needed (the model had no unembedding bias: trained without one, or continued from "
+                "a folder whose bias was removed already, with the bias kept at zero since).")
     fit, val = refit["fit"], refit["val"]
     how = ("folded exactly: after the final LayerNorm the logits change by at most "
            f"{fit['max_logit_change']:.1e} (float32 rounding)" if refit["method"] == "fold" else

@@ -92,6 +92,7 @@ def test_a_recipe_whose_start_is_not_shipped_is_refused_in_one_line(tmp_path, ca
     assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists()
 
 
+@needs_hooked
 def test_w3t1_names_the_w2t2_weights_it_started_from(tmp_path, capsys):
     """w3t1 started from w2t2 after its phase 4; w2t2 has a fifth phase since, so the recipe names that start,
     which is not shipped, and training it says in one line how to restore it (the command is checked here)."""

@@ -109,12 +109,18 @@ def test_planted_training_refuses_on_transformer_lens_4():
 
 
 @pytest.mark.skipif(has_hooked_transformer(), reason="TransformerLens 4.x only (no HookedTransformer)")
-def test_ground_truth_training_refuses_on_transformer_lens_4(tmp_path):
+def test_ground_truth_training_refuses_on_transformer_lens_4(tmp_path, capsys):
+    from circuits.cli import main
     from circuits.zoo import groundtruth
 
     cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS["arith-gpt2-gt-w3t1"], steps=1)
     with pytest.raises(RuntimeError, match=r"training the ground-truth model arith-gpt2-gt-w3t1 .*needs a HookedTransformer"):
         groundtruth.train(cfg, out_dir=tmp_path / "out", ckpt_dir=tmp_path / "ckpt")
+    # on the command line: one line and exit 2 (an environment to switch to, not a bug of the toolkit)
+    assert main(["zoo", "train", "arith-gpt2-gt-w3t1", "--out", str(tmp_path / "m"), "--ckpt", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "transformer-lens>=3.9,<4" in err and "internal error" not in err
+    assert not (tmp_path / "m").exists()
 
 
 @pytest.mark.parametrize("model_class", ["hooked", "transformers"])
