@@ -91,26 +91,49 @@ def enumerate_operands(spec: Any, ranges: Sequence[tuple[int, int]] | None = Non
     return ops[_valid(spec, ops)]
 
 
+class _Stream:
+    """The seeded stream of one space too large to enumerate, grown a whole chunk at a time and kept between
+    calls (:data:`STREAMS_KEPT`), so that consecutive windows, as the prompt sampler and the fit set ask for
+    them, cost the draws of the longest window instead of the sum of every window's prefix. Whole chunks
+    give the same order as stopping inside one: a prefix of the stream does not depend on where it ends."""
+
+    def __init__(self, spec: Any, ranges: tuple[tuple[int, int], ...], seed: int, exclude: frozenset | None):
+        self.spec, self.ranges, self.exclude = spec, ranges, exclude
+        self.rng = np.random.default_rng(seed)
+        self.seen: set[tuple[int, ...]] = set()
+        self.rows: list[list[int]] = []
+        self.dry = 0
+
+    def first(self, need: int) -> np.ndarray:
+        """The first ``need`` tuples (fewer when :data:`MAX_DRY_CHUNKS` chunks in a row add nothing)."""
+        while len(self.rows) < need and self.dry < MAX_DRY_CHUNKS:
+            draws = np.stack([self.rng.integers(lo, hi + 1, size=CHUNK, dtype=np.int64) for lo, hi in self.ranges],
+                             axis=1)
+            before = len(self.rows)
+            for row in draws[_valid(self.spec, draws)].tolist():
+                key = tuple(row)
+                if key in self.seen or (self.exclude and key in self.exclude):
+                    continue
+                self.seen.add(key)
+                self.rows.append(row)
+            self.dry = self.dry + 1 if len(self.rows) == before else 0
+        out = self.rows[:need]
+        return np.asarray(out, dtype=np.int64).reshape(len(out), len(self.ranges))
+
+
+STREAMS_KEPT = 4
+"""Streams kept between calls (the most recently used), by (task, ranges, seed, exclusions)."""
+_streams: dict[tuple, _Stream] = {}
+
+
 def _stream(spec: Any, ranges: list[tuple[int, int]], seed: int, exclude: set | None, need: int) -> np.ndarray:
-    """The first ``need`` tuples of the seeded stream of a space too large to enumerate (fewer when
-    :data:`MAX_DRY_CHUNKS` chunks in a row add nothing)."""
-    rng = np.random.default_rng(seed)
-    seen: set[tuple[int, ...]] = set()
-    out: list[list[int]] = []
-    dry = 0
-    while len(out) < need and dry < MAX_DRY_CHUNKS:
-        draws = np.stack([rng.integers(lo, hi + 1, size=CHUNK, dtype=np.int64) for lo, hi in ranges], axis=1)
-        before = len(out)
-        for row in draws[_valid(spec, draws)].tolist():
-            key = tuple(row)
-            if key in seen or (exclude and key in exclude):
-                continue
-            seen.add(key)
-            out.append(row)
-            if len(out) == need:
-                break
-        dry = dry + 1 if len(out) == before else 0
-    return np.asarray(out, dtype=np.int64).reshape(len(out), len(ranges))
+    """The first ``need`` tuples of the seeded stream of a space too large to enumerate (:class:`_Stream`)."""
+    key = (spec, tuple(ranges), seed, frozenset(exclude) if exclude else None)
+    stream = _streams.pop(key, None) or _Stream(spec, key[1], seed, key[3])
+    _streams[key] = stream  # most recently used last
+    while len(_streams) > STREAMS_KEPT:
+        del _streams[next(iter(_streams))]
+    return stream.first(need)
 
 
 def ordered_operands(spec: Any, n: int, seed: int = 0, ranges: Sequence[tuple[int, int]] | None = None,

@@ -127,3 +127,20 @@ def test_the_fit_cost_of_llama3_8b_on_three_digit_operands():
                     f"{tasks.operand_space_count(BIG).describe()} task prompts), 79 forward passes of 128, "
                     f"{flop / 1e12:.1f} TFLOP: about {flop / memory.GPU_FLOPS:.1f} s on a GPU at 200 TFLOP/s")
     assert "1124.2 TFLOP: about 5.6 s" in line
+
+
+def test_consecutive_windows_draw_the_stream_once(monkeypatch):
+    """The prompt sampler and the fit set ask for windows ``start .. start + n - 1`` one after another: the
+    stream is kept between them, so four windows of a chunk each draw six chunks of tuples (two in three are
+    valid; each window drawing its whole prefix again drew about sixteen), and the windows are the slices of one
+    long draw."""
+    spec = tasks.get_task(BIG)
+    n = operand_space.CHUNK
+    whole = operand_space.ordered_operands(spec, 4 * n, seed=11)
+    operand_space._streams.clear()
+    calls = []
+    valid = operand_space._valid
+    monkeypatch.setattr(operand_space, "_valid", lambda s, ops: calls.append(len(ops)) or valid(s, ops))
+    windows = [operand_space.ordered_operands(spec, n, seed=11, start=k * n) for k in range(4)]
+    assert all(np.array_equal(w, whole[k * n:(k + 1) * n]) for k, w in enumerate(windows))
+    assert len(calls) <= 7, len(calls)
