@@ -304,8 +304,9 @@ def readout_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bo
     before = {d.name: accuracy(model, d) for d in val_data}
     fit = fit_answers(model, train_data, cfg.readout, cfg.answer_balance, cfg.task_weights, cfg.seed)
     after = {d.name: accuracy(model, d) for d in val_data}
-    state.update(threads=torch.get_num_threads(), wall_s=time.time() - t0, finished=True, readout=fit,
-                 history=[{"step": 0, "val": after, "val_before": before, "wall_s": round(time.time() - t0, 1)}],
+    wall = time.time() - t0
+    state.update(threads=torch.get_num_threads(), wall_s=wall, finished=True, readout=fit,
+                 history=[{"step": 0, "val": after, "val_before": before, "wall_s": round(wall, 1)}],
                  note=(f"unembedding refitted to the answers of {fit['n']} training prompts "
                        f"({fit['lbfgs_evaluations']} L-BFGS evaluations, cross-entropy {fit['ce_before']:.4f} -> "
                        f"{fit['ce_after']:.4f}); held-out lowest task {min(before.values()):.3f} -> "

@@ -87,6 +87,28 @@ def _report(h, W, W0, b, answers) -> dict:
                 "max_logit_change": float(change.abs().max())}
 
 
+def _minimise(W0, loss, max_iter: int, **tolerances):
+    """``(W, evaluations)``: ``loss(W)`` (a scalar tensor) minimised over ``W`` from ``W0`` (not changed) with
+    L-BFGS (strong-Wolfe line search, history 20, at most ``max_iter`` iterations; ``tolerances``: L-BFGS's)."""
+    import torch
+
+    W = W0.clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([W], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe",
+                            **tolerances)
+    evaluations = 0
+
+    def closure():
+        nonlocal evaluations
+        evaluations += 1
+        opt.zero_grad()
+        value = loss(W)
+        value.backward()
+        return value
+
+    opt.step(closure)
+    return W.detach(), evaluations
+
+
 def refit_unembed(model, cfg: Any, per_task: int = FIT_PER_TASK, seed: int = 0, ce_weight: float = 0.0,
                   max_iter: int = MAX_ITER) -> dict:
     """Remove the unembedding bias of ``model`` (a ``HookedTransformer``), refitting ``W_U`` on the
@@ -116,22 +138,13 @@ def refit_unembed(model, cfg: Any, per_task: int = FIT_PER_TASK, seed: int = 0, 
         method = "distil"
         target = F.log_softmax(h @ W0 + b, -1)
         p = target.exp()
-        W = W.clone().requires_grad_(True)
-        opt = torch.optim.LBFGS([W], lr=1.0, max_iter=max_iter, history_size=20, tolerance_grad=1e-10,
-                                tolerance_change=1e-14, line_search_fn="strong_wolfe")
 
-        def closure():
-            nonlocal iters
-            iters += 1
-            opt.zero_grad()
+        def distil(W):
             logits = h @ W
-            loss = ((p * (target - F.log_softmax(logits, -1))).sum(-1).mean()
+            return ((p * (target - F.log_softmax(logits, -1))).sum(-1).mean()
                     + ce_weight * F.cross_entropy(logits, answers))
-            loss.backward()
-            return loss
 
-        opt.step(closure)
-        W = W.detach()
+        W, iters = _minimise(W, distil, max_iter, tolerance_grad=1e-10, tolerance_change=1e-14)
     with torch.no_grad():
         model.unembed.W_U.copy_(W.to(model.unembed.W_U.dtype))
         model.unembed.b_U.zero_()
@@ -167,24 +180,11 @@ def fit_answers(model, data: list[TaskData], per_task: int, answer_balance: floa
     model.eval()
     h, answers = final_features(model, batches)
     b = model.unembed.b_U.detach().float()
-    W = model.unembed.W_U.detach().clone().float().requires_grad_(True)
-    opt = torch.optim.LBFGS([W], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe")
-    iters = 0
-
-    def closure():
-        nonlocal iters
-        iters += 1
-        opt.zero_grad()
-        loss = F.cross_entropy(h @ W + b, answers)
-        loss.backward()
-        return loss
-
+    W0 = model.unembed.W_U.detach().clone().float()
+    W, iters = _minimise(W0, lambda W: F.cross_entropy(h @ W + b, answers), max_iter)
     with torch.no_grad():
-        before = h @ model.unembed.W_U.float() + b
-    opt.step(closure)
-    with torch.no_grad():
-        after = h @ W + b
-        model.unembed.W_U.copy_(W.detach().to(model.unembed.W_U.dtype))
+        before, after = h @ W0 + b, h @ W + b
+        model.unembed.W_U.copy_(W.to(model.unembed.W_U.dtype))
     model.train(was_training)
     return {"n": int(len(h)), "lbfgs_evaluations": iters,
             "ce_before": float(F.cross_entropy(before, answers)), "ce_after": float(F.cross_entropy(after, answers)),
