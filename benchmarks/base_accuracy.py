@@ -30,9 +30,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from circuits import gguf, tasks
-    from circuits.digits import filter_multi_token
-    from circuits.formats import PromptFormat
+    from circuits.models import gguf
+    from circuits.tasks import catalogue as tasks
+    from circuits.tasks.digits import filter_multi_token
+    from circuits.tasks.formats import PromptFormat
 
     folder = gguf.resolve(args.model)
     tok = AutoTokenizer.from_pretrained(folder)

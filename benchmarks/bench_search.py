@@ -48,7 +48,7 @@ def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = Fal
     if arch == "gpt2" and not random:
         try:
             from circuits import zoo
-            from circuits.loading import prepare_prompts
+            from circuits.prompts.sampling import prepare_prompts
 
             model = zoo.load(zoo.DEFAULT_MODEL, backend=backend)
             p = prepare_prompts(model, "add_sub", n_prompts, seed=0, min_prompts=min(50, n_prompts))
@@ -80,10 +80,10 @@ def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = Fal
 def named(args: argparse.Namespace):
     """(name, model, tokens, answers, fit tokens) of ``--model`` on ``--task``: prompts it answers correctly
     (``--numbers``, ``--shots``) and the fit set of their means, as ``af1 search`` prepares them."""
-    from circuits.fitset import FitSpec
-    from circuits.formats import PromptFormat
-    from circuits.loading import load_model
-    from circuits.specs import PromptSpec
+    from circuits.prompts.fitset import FitSpec
+    from circuits.tasks.formats import PromptFormat
+    from circuits.models.loading import load_model
+    from circuits.prompts.spec import PromptSpec
 
     model = load_model(args.model, backend=args.backend if args.backend != "hooked" else None)
     spec = PromptSpec(args.task, n_prompts=args.prompts, numbers=args.numbers, format=PromptFormat(shots=args.shots),

@@ -8,12 +8,12 @@ file (``--out``) is rewritten after every phase, so a run stopped from outside k
    query and 8 key-value heads, MLP 14336, vocabulary 128256, rope theta 500000), written in ``--dtype``
    as an ordinary Hugging Face folder: the model is created on the meta device and materialised on the
    target device, weights drawn from N(0, 0.02), norm scales 1, a word-level tokenizer with BOS id 0.
-2. ``estimate``: the toolkit's memory estimate (:mod:`circuits.memory`) from the folder's config, before
+2. ``estimate``: the toolkit's memory estimate (:mod:`circuits.models.memory`) from the folder's config, before
    any weight is loaded (at the batch the commands plan with before loading).
-3. ``load``: ``circuits.loading.load_model(folder, backend=..., dtype=..., device=...)``.
+3. ``load``: ``circuits.models.loading.load_model(folder, backend=..., dtype=..., device=...)``.
 4. ``prompts``: ``--prompts`` random prompts of the layout ``BOS A + B - C =`` (:data:`LAYOUT`) answered by
    the model's own top-1 token.
-5. ``batch``: ``--batch-size`` (``auto``: :func:`circuits.memory.auto_batch_size`) resolved as ``af1 search``
+5. ``batch``: ``--batch-size`` (``auto``: :func:`circuits.models.memory.auto_batch_size`) resolved as ``af1 search``
    resolves it (:func:`circuits.commands.common.evaluate_batched`).
 6. ``means``: the CAMA means (``MeanCache.fit``) at that batch.
 7. ``search``: the full-grid fast search (``search_af1(grid="full", method="fast")``), the batch halved on a
@@ -276,7 +276,7 @@ def checkpoint_folder(n_bytes: int) -> Iterator[Path]:
 
 # --- the toolkit's estimate, the model, the prompts ------------------------------------------------------------
 def estimate_dict(estimate: Any) -> dict[str, Any]:
-    """A :class:`circuits.memory.MemoryEstimate` as JSON figures (bytes), with its printed line."""
+    """A :class:`circuits.models.memory.MemoryEstimate` as JSON figures (bytes), with its printed line."""
     return {"n_params": estimate.n_params, "dtype": estimate.dtype, "weights": estimate.weights,
             "means": estimate.means, "per_prompt": estimate.per_prompt, "batch_size": estimate.batch_size,
             "activations": estimate.activations, "total": estimate.total, "line": estimate.describe()}
@@ -284,11 +284,11 @@ def estimate_dict(estimate: Any) -> dict[str, Any]:
 
 def estimate_from_folder(folder: Path, dtype: str, n_pos: int, n_prompts: int, batch_size: int,
                          n_entries: int | None = None):
-    """The toolkit's :class:`~circuits.memory.MemoryEstimate` of a search on ``n_prompts`` prompts of ``n_pos``
+    """The toolkit's :class:`~circuits.models.memory.MemoryEstimate` of a search on ``n_prompts`` prompts of ``n_pos``
     tokens at ``batch_size``, from the checkpoint's ``config.json`` alone (no weight is read)."""
     from transformers import AutoConfig
 
-    from circuits import memory
+    from circuits.models import memory
 
     shape = memory.shape_of_hf_config(AutoConfig.from_pretrained(folder))
     return memory.estimate_memory(shape, dtype, n_pos=n_pos, n_prompts=n_prompts, batch_size=batch_size,
@@ -314,10 +314,10 @@ def layout_tokens(n_prompts: int, seed: int) -> torch.Tensor:
 def fast_search(model: Any, tokens: torch.Tensor, answers: torch.Tensor, cache: Any, batch_size: int,
                 device: torch.device) -> tuple[Any, dict[str, Any]]:
     """The full-grid fast search at ``batch_size``, halved on a device out-of-memory error
-    (:func:`circuits.memory.halve_on_oom`, as the commands do). Returns the :class:`SearchResult` and its
+    (:func:`circuits.models.memory.halve_on_oom`, as the commands do). Returns the :class:`SearchResult` and its
     figures: seconds of the search loop (``SearchResult.seconds``) and of the call, configurations, model
     calls, the batch that finished it and the fast tail."""
-    from circuits import memory
+    from circuits.models import memory
     from circuits.search import FastEvaluator, search_af1
 
     used: list[int] = []
@@ -425,7 +425,7 @@ def import_toolkit() -> tuple[dict[str, Any], None]:
 
     bridge = time.perf_counter()
     import circuits.commands.common  # noqa: F401
-    import circuits.loading  # noqa: F401
+    import circuits.models.loading  # noqa: F401
     import circuits.search  # noqa: F401
 
     return {"transformer_lens_s": bridge - start, "toolkit_s": time.perf_counter() - bridge}, None
@@ -440,9 +440,9 @@ def estimate_before_loading(folder: Path, dtype: str, n_pos: int, n_prompts: int
 
 
 def load(folder: Path, dtype: str, device: torch.device) -> tuple[dict, Any]:
-    """Phase ``load``: ``circuits.loading.load_model`` on the folder (a ``TransformerBridge``); the parameters'
+    """Phase ``load``: ``circuits.models.loading.load_model`` on the folder (a ``TransformerBridge``); the parameters'
     bytes as loaded."""
-    from circuits.loading import load_model
+    from circuits.models.loading import load_model
 
     model = load_model(str(folder), device=str(device), backend="bridge", dtype=dtype)
     synchronize(device)
@@ -452,8 +452,8 @@ def load(folder: Path, dtype: str, device: torch.device) -> tuple[dict, Any]:
 
 def self_answered(model: Any, n_prompts: int, seed: int) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
     """Phase ``prompts``: :func:`layout_tokens` answered by the model's own top-1 token
-    (``circuits.prompts.self_answer_prompts``)."""
-    from circuits.prompts import self_answer_prompts
+    (``circuits.prompts.sampling.self_answer_prompts``)."""
+    from circuits.prompts.sampling import self_answer_prompts
 
     tokens = layout_tokens(n_prompts, seed)
     prompts = self_answer_prompts(model, tokens)
@@ -463,9 +463,9 @@ def self_answered(model: Any, n_prompts: int, seed: int) -> tuple[dict, tuple[to
 
 def resolve_batch(model: Any, tokens: torch.Tensor, batch_size: int | str, dtype: str) -> tuple[dict[str, Any], int]:
     """Phase ``batch``: ``--batch-size`` as ``af1 search`` resolves it (``evaluate_batched``; ``auto``: the
-    largest batch whose activations fit in the free device memory, :func:`circuits.memory.auto_batch_size`),
+    largest batch whose activations fit in the free device memory, :func:`circuits.models.memory.auto_batch_size`),
     with the free device memory it saw (bytes; ``None`` on the CPU)."""
-    from circuits import memory
+    from circuits.models import memory
     from circuits.commands.common import evaluate_batched
 
     devices = memory.model_devices(model)
@@ -586,7 +586,7 @@ def run_phases(report: Report, args: argparse.Namespace, config: Any, folder: Pa
     """Every phase in order, recorded in ``report``; ``False`` when one failed. A failure up to ``means`` ends the
     run there (the later phases need what it makes); ``interventions`` runs whether or not the search did, and
     ``naive`` needs the search."""
-    from circuits import memory  # torch alone: the other imports wait for phase "imports"
+    from circuits.models import memory  # torch alone: the other imports wait for phase "imports"
 
     device, dtype = report.device, args.dtype
     before = memory.AUTO_CPU_BATCH if args.batch_size == "auto" else args.batch_size  # as first_batch_size
@@ -636,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data.update(command=sys.argv, args=vars(args), config=fields, init_std=INIT_STD,
                        environment=environment(device))
     report.write()
-    from circuits import memory
+    from circuits.models import memory
 
     config = llama_config(fields)
     with checkpoint_folder(memory.count_parameters(config) * getattr(torch, args.dtype).itemsize) as folder:

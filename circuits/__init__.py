@@ -18,6 +18,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from circuits import moved
+
+moved.install()  # former module paths (circuits.task_files, circuits.loading, ...) import with a warning
+
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
@@ -34,18 +38,19 @@ _EXPORTS: dict[str, str] = {
     "run_sweep": "circuits.sweep", "SweepConfig": "circuits.sweep",
     "execute": "circuits.runner", "Analysis": "circuits.analyses", "Run": "circuits.runner",
     "RunContext": "circuits.analyses", "run_analysis": "circuits.runner",
-    "ModelSpec": "circuits.specs", "PromptSpec": "circuits.specs",
-    "load_model": "circuits.loading", "prepare_prompts": "circuits.prompts", "Prompts": "circuits.prompts",
+    "ModelSpec": "circuits.models.spec", "PromptSpec": "circuits.prompts.spec",
+    "load_model": "circuits.models.loading", "prepare_prompts": "circuits.prompts.sampling",
+    "Prompts": "circuits.prompts.sampling",
     "AF1Error": "circuits.errors", "ArgumentError": "circuits.errors", "CorruptRunError": "circuits.errors",
     "ModelLoadError": "circuits.errors", "PromptError": "circuits.errors", "RunDirError": "circuits.errors",
     "RunLockedError": "circuits.errors",
     "RunMismatchError": "circuits.errors",
-    "SweepResult": "circuits.sweep", "GroundTruthResult": "circuits.groundtruth_report",
-    "PromptOutcomes": "circuits.outcomes", "prompt_faithfulness": "circuits.faithfulness",
+    "SweepResult": "circuits.sweep", "GroundTruthResult": "circuits.groundtruth.report",
+    "PromptOutcomes": "circuits.store.outcomes", "prompt_faithfulness": "circuits.faithfulness",
     "load_result": "circuits.results",
 }
-_SUBMODULES = ("tasks", "zoo", "search", "prune", "lens", "necessity", "sweep", "runner", "loading", "report",
-               "results", "analyses")
+_SUBMODULES = ("tasks", "prompts", "models", "store", "groundtruth", "zoo", "search", "prune", "lens", "necessity",
+               "sweep", "runner", "report", "results", "analyses")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -55,6 +60,8 @@ _ALIASES = {"load_result": "load"}
 
 
 def __getattr__(name: str) -> Any:
+    if f"circuits.{name}" in moved.MOVED:  # a former module: the import warns and returns where it lives now
+        return importlib.import_module(f"circuits.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), _ALIASES.get(name, name))
         globals()[name] = value

@@ -25,12 +25,12 @@ from jaxtyping import Bool, Int
 
 import interventions as iv
 from circuits.errors import ArgumentError
-from circuits.fitset import FitSet
-from circuits.records import RecordSchema
+from circuits.prompts.fitset import FitSet
+from circuits.store.records import RecordSchema
 from interventions.coverage import Coverage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from circuits.runs import RunDir
+    from circuits.store.runs import RunDir
 
 __all__ = ["REGISTRY", "Analysis", "AnalysisConfig", "DirStore", "MemoryStore", "ResultStore", "RunContext",
            "configured", "get", "names", "register", "unregister"]
@@ -101,7 +101,7 @@ class RunContext:
     ``keep``: ``[n_given]`` bool, which were kept; ``prompts``: caller records aligned with the *given*
     prompts (or ``None``); ``cache``: the means cache (or ``None``); ``store``: finished records;
     ``progress``: show bars; ``meta``: the caller's description (model, task, source, command); ``spec``:
-    the :class:`~circuits.specs.PromptSpec` the prompts were prepared from (``None`` for the caller's own
+    the :class:`~circuits.prompts.spec.PromptSpec` the prompts were prepared from (``None`` for the caller's own
     tensors); ``started``: when the run began (``time.time()``).
     """
 

@@ -182,11 +182,11 @@ def prompt_faithfulness(
     batch_size: int = 128,
     prompts: Sequence[str] | None = None,
 ) -> Any:
-    """:func:`faithfulness` prompt by prompt: a :class:`~circuits.outcomes.PromptOutcomes` (which prompts keep
+    """:func:`faithfulness` prompt by prompt: a :class:`~circuits.store.outcomes.PromptOutcomes` (which prompts keep
     their answer, the answer's probability and its margin over the best other token). Prompts the unmodified
     model gets wrong are dropped first (``assume_correct=True`` skips that check); ``index`` says which of the
     given prompts each row is, ``prompts`` (their text, aligned with ``tokens``) labels the rows."""
-    from circuits.outcomes import PromptOutcomes
+    from circuits.store.outcomes import PromptOutcomes
 
     d_vocab = iv.adapt(model).info.d_vocab
     tokens = check_tokens(tokens, d_vocab=d_vocab)

@@ -1,7 +1,7 @@
 """The means of a run: fitted on the fit set (never on the prompts it scores), kept in the run directory
 and checked when a run resumes.
 
-:func:`plan_means` decides the means before anything is written and enforces what :mod:`circuits.fitset`
+:func:`plan_means` decides the means before anything is written and enforces what :mod:`circuits.prompts.fitset`
 promises (no scored prompt among the fit prompts, at least ``min_count`` fit prompts behind every mean a
 scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run
 wrote (bound to the fit set by the fit prompts' digests) or fits a new one; :func:`keep_means` saves it;
@@ -17,10 +17,10 @@ import torch
 from jaxtyping import Int
 
 import interventions as iv
-from circuits import files
 from circuits.errors import CorruptRunError, FitSetError, RunMismatchError
-from circuits.fitset import DEFAULT_MIN_COUNT, FitSet
-from circuits.runs import RunDir, read_json_object
+from circuits.prompts.fitset import DEFAULT_MIN_COUNT, FitSet
+from circuits.store import files
+from circuits.store.runs import RunDir, read_json_object
 from circuits.validation import check_positive
 from interventions.coverage import Coverage, entry_counts, row_digests
 
@@ -87,7 +87,7 @@ def fitted_on(cache: iv.MeanCache, fit_tokens: Int[torch.Tensor, "n_fit pos"]) -
 
 def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
     """Save ``cache`` as the run's means file (unless that file already holds it) and record its hash."""
-    from circuits.atomic import no_link, write_with
+    from circuits.store.atomic import no_link, write_with
 
     target = no_link(run_dir.path / files.MEANS)
     if not target.exists() or iv.MeanCache.load(target).sha256 != cache.sha256:
@@ -98,7 +98,7 @@ def keep_means(run_dir: RunDir, cache: iv.MeanCache) -> None:
 
 def plan_means(ctx: RunContext, *, conditional: bool, fit: FitSet | None, cache: iv.MeanCache | None,
                min_count: int | None) -> None:
-    """Decide a run's means before anything is fitted or written, with what :mod:`circuits.fitset` promises
+    """Decide a run's means before anything is fitted or written, with what :mod:`circuits.prompts.fitset` promises
     enforced: the fit set without the scored prompts (or the caller's ``cache``, which must not hold a scored
     prompt), and every mean the scored prompts read (per ``(position, token)`` entry for CAMA,
     ``conditional``; else per position) backed by at least ``min_count`` fit prompts, counted from the fit
@@ -124,8 +124,8 @@ def plan_means(ctx: RunContext, *, conditional: bool, fit: FitSet | None, cache:
     else:
         raise FitSetError(
             "this analysis needs means (CAMA, plain-mean or mean head ablation) fitted on prompts other than the "
-            "ones it scores: pass fit_tokens= (e.g. circuits.fitset.draw_fit_set(model, task, tokens).tokens) or "
-            "cache= (a MeanCache fitted on a separate set)"
+            "ones it scores: pass fit_tokens= (e.g. circuits.prompts.fitset.draw_fit_set(model, task, tokens).tokens) "
+            "or cache= (a MeanCache fitted on a separate set)"
         )
     check_positive("min_count", minimum)
     if coverage.under:

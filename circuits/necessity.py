@@ -22,12 +22,12 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 import interventions as iv
-from circuits import files
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, faithfulness
-from circuits.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.runner import execute
-from circuits.runs import RunDir, tokens_sha256
+from circuits.store import files
+from circuits.store.records import RecordSchema, faithfulness_fields, layer_field
+from circuits.store.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
 from interventions.types import Tokens
 
@@ -65,7 +65,7 @@ class NecessityResult:
     def load(cls, run_dir: str | Path) -> NecessityResult:
         """The sweep stored in ``run_dir`` (``af1 necessity --out``, :func:`necessity_sweep` with ``out_dir``):
         the blocks of ``necessity.jsonl`` in the order of ``necessity.json`` (block order while unfinished)."""
-        from circuits.runs import read_json_object, read_jsonl
+        from circuits.store.runs import read_json_object, read_jsonl
 
         path = Path(run_dir)
         if not (path / files.IDENTITY).is_file():
@@ -82,7 +82,7 @@ class NecessityResult:
 
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame``: one row per block (the fields of :class:`BlockNecessity`)."""
-        from circuits.frames import dataframe
+        from circuits.store.frames import dataframe
 
         return dataframe([b.to_dict() for b in self.blocks], BlockNecessity.__dataclass_fields__)
 
@@ -201,7 +201,7 @@ def necessity_schema(config: NecessityConfig, info: Any, n_prompts: int) -> Reco
 def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunContext) -> None:
     """``necessity.json`` and ``report.html`` of a finished sweep."""
     from circuits import report
-    from circuits.formats import describe_prompts
+    from circuits.tasks.formats import describe_prompts
 
     meta = ctx.meta
     run_dir.write_json(files.NECESSITY_SUMMARY, {

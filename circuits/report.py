@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from circuits import files
 from circuits.errors import ArgumentError
+from circuits.store import files
 
 PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("directory", "embed", "cdn")
@@ -106,9 +106,9 @@ def page(title: str, figures: Sequence[Any], notes: Sequence[str] = (), links: S
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (:func:`circuits.atomic.write_text`: an exclusively created
+    """Write ``text`` to ``path`` atomically (:func:`circuits.store.atomic.write_text`: an exclusively created
     temporary file of unpredictable name beside it, then rename; a link at ``path`` is refused)."""
-    from circuits import atomic
+    from circuits.store import atomic
 
     return atomic.write_text(path, text)
 

@@ -23,16 +23,16 @@ CLASSES = {
     "prune": "circuits.prune.result:PruneResult",
     "lens": "circuits.lens.result:LensResult",
     "sweep": "circuits.sweep.run:SweepResult",
-    "groundtruth": "circuits.groundtruth_report:GroundTruthResult",
+    "groundtruth": "circuits.groundtruth.report:GroundTruthResult",
 }
 """The result class of each command's directory (``fixed``, one configuration of a sweep, opens as a search)."""
 
 
 def kind_of(run_dir: str | Path) -> str:
     """Which command wrote ``run_dir``: ``run.json``'s analysis, else ``groundtruth`` for a recovery table."""
-    from circuits import files
     from circuits.runner import command_of
-    from circuits.runs import read_json_object
+    from circuits.store import files
+    from circuits.store.runs import read_json_object
 
     path = Path(run_dir)
     if (path / files.IDENTITY).is_file():

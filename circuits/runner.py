@@ -4,24 +4,24 @@ An analysis is pure (:class:`circuits.analyses.Analysis`): ``run(model, config, 
 frozen config and a :class:`RunContext` (the base-correct prompts, the means cache, a result store) and
 returns a result; it opens no file. The runner does everything around it, the same way for every command.
 
-:func:`run_analysis` starts from what a run is made of: a :class:`~circuits.specs.ModelSpec` (or a loaded
-model) and a :class:`~circuits.specs.PromptSpec` (or prepared prompts); the commands and the sweep build
+:func:`run_analysis` starts from what a run is made of: a :class:`~circuits.models.spec.ModelSpec` (or a loaded
+model) and a :class:`~circuits.prompts.spec.PromptSpec` (or prepared prompts); the commands and the sweep build
 these once and call it:
 
 1. hold the output directory (:class:`Run`: its lock, a directory of another command refused at once);
-2. load the model (:meth:`ModelSpec.load <circuits.specs.ModelSpec.load>`, after the memory estimate) and
-   prepare the prompts with the fit set the analysis's means need (:func:`circuits.prepared.prepare`:
+2. load the model (:meth:`ModelSpec.load <circuits.models.spec.ModelSpec.load>`, after the memory estimate) and
+   prepare the prompts with the fit set the analysis's means need (:func:`circuits.prompts.prepared.prepare`:
    reloaded from the directory when an earlier run prepared them under the same key);
 3. :func:`execute` with the batch size (``"auto"``: sized to the device, halved on out-of-memory errors,
-   :func:`circuits.memory.run_batched`).
+   :func:`circuits.models.memory.run_batched`).
 
 :func:`execute` starts from tensors (the Python API: ``search_af1`` and the others) and is its steps:
 
 1. :func:`scored_context`: validate the config against the model (the config's ``validate``, the one check of
    its values) and the inputs (answers, BOS, padding); keep the prompts the unmodified model answers
-   correctly (once; a rerun reloads which they are with the prepared prompts, :mod:`circuits.prepared`);
+   correctly (once; a rerun reloads which they are with the prepared prompts, :mod:`circuits.prompts.prepared`);
 2. :func:`circuits.means.plan_means`, when the analysis needs means: the fit set without the scored prompts
-   (:mod:`circuits.fitset`), every mean a scored prompt reads backed by ``min_count`` fit prompts;
+   (:mod:`circuits.prompts.fitset`), every mean a scored prompt reads backed by ``min_count`` fit prompts;
 3. :func:`destination`: with an output directory, refuse one of an earlier version's means, build the run
    identity (:attr:`Analysis.identity`, which records the fit set) and check or write ``run.json``
    (:class:`Directory`); without, nothing is written (:class:`Memory`);
@@ -32,7 +32,7 @@ these once and call it:
 5. run the analysis;
 6. write its outputs (:attr:`Analysis.write`: summary and report).
 
-File names live in :mod:`circuits.files`.
+File names live in :mod:`circuits.store.files`.
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ import torch
 from jaxtyping import Bool, Int
 
 import interventions as iv
-from circuits import files
 from circuits.analyses import Analysis, AnalysisConfig, DirStore, MemoryStore, ResultStore, RunContext
-from circuits.atomic import clean_temporaries, refuse_links
 from circuits.errors import ArgumentError, CorruptRunError, PromptError, RunMismatchError
 from circuits.faithfulness import base_correct
-from circuits.fitset import FitSet
-from circuits.lock import DirLock
 from circuits.logs import get_logger
 from circuits.means import check_current, keep_means, load_means, plan_means
-from circuits.prepared import keep_prepared
-from circuits.runs import RunDir, read_json_object
+from circuits.prompts.fitset import FitSet
+from circuits.prompts.prepared import keep_prepared
+from circuits.store import files
+from circuits.store.atomic import clean_temporaries, refuse_links
+from circuits.store.lock import DirLock
+from circuits.store.runs import RunDir, read_json_object
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
 __all__ = ["LABELS", "Directory", "Memory", "Run", "check_inputs", "command_of", "destination", "execute", "hold",
@@ -181,7 +181,7 @@ class Memory:
 
 class Directory(Memory):
     """A run directory: ``run.json`` checked or written, the means and the prepared prompts kept, records
-    appended to the analysis's results file, the outputs written (:mod:`circuits.runs`)."""
+    appended to the analysis's results file, the outputs written (:mod:`circuits.store.runs`)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -247,19 +247,19 @@ def execute(
     """Run ``analysis`` with ``config`` on ``tokens``/``answers`` (its steps: see the module docstring).
 
     ``out_dir``: the run directory (``None``: nothing is written, records are kept in memory).
-    ``fit``: the :class:`~circuits.fitset.FitSet` the means are fitted on (the scored prompts are removed
+    ``fit``: the :class:`~circuits.prompts.fitset.FitSet` the means are fitted on (the scored prompts are removed
     from it); ``cache``: a means cache to use instead (named by its hash in the identity), or, with ``fit``,
     the cache already fitted on it (several analyses of one prompt set share it). ``min_count``: fit
-    prompts each mean needs (default: the fit set's, else :data:`~circuits.fitset.DEFAULT_MIN_COUNT`).
+    prompts each mean needs (default: the fit set's, else :data:`~circuits.prompts.fitset.DEFAULT_MIN_COUNT`).
     ``meta``: the caller's description, copied into the identity (except ``command``, ``base_accuracy``
     and ``n_checked``, which describe a run rather than determine it) and the summary. ``prompts``:
     records aligned with ``tokens`` for ``prompts.jsonl``. ``held``: a :class:`Run` the caller already
     holds for ``out_dir`` (commands take the lock before loading the model). ``prepared``: the
-    :class:`~circuits.prepared.Prepared` of ``tokens`` (:func:`circuits.prepared.prepare`): written to the run
-    directory (or, reloaded from it, checked against the run identity), and, when reloaded, its record of which
+    :class:`~circuits.prompts.prepared.Prepared` of ``tokens`` (:func:`circuits.prompts.prepared.prepare`): written to
+    the run directory (or, reloaded from it, checked against the run identity), and, when reloaded, its record of which
     prompts the unmodified model answers correctly is used instead of checking them again. ``on_means``: called
     with the means cache the run uses (a caller running several analyses on one fit set fits it once).
-    ``spec``: the :class:`~circuits.specs.PromptSpec` the prompts were prepared from (``RunContext.spec``).
+    ``spec``: the :class:`~circuits.prompts.spec.PromptSpec` the prompts were prepared from (``RunContext.spec``).
     """
     ctx = scored_context(analysis, model, tokens, answers, config, meta=meta, prompts=prompts, progress=progress,
                          keep=known_keep(prepared, tokens))
@@ -333,8 +333,8 @@ def run_analysis(analysis: Analysis[Any, Any], model: Any, prompts: Any, config:
                  held: Run | None = None) -> Any:
     """Run ``analysis`` with ``config`` from what the run is made of (the steps: see the module docstring).
 
-    ``model``: a :class:`~circuits.specs.ModelSpec` (loaded here, after the memory estimate) or a loaded model
-    (then ``name`` names it in the run's description); ``prompts``: a :class:`~circuits.specs.PromptSpec`
+    ``model``: a :class:`~circuits.models.spec.ModelSpec` (loaded here, after the memory estimate) or a loaded model
+    (then ``name`` names it in the run's description); ``prompts``: a :class:`~circuits.prompts.spec.PromptSpec`
     (prepared here with the fit set the analysis's means need, or reloaded from ``out``) or prepared
     :class:`~circuits.prompts.Prompts` (then ``spec`` is the prompt spec they were prepared from).
     ``out``: the run directory (``None``: nothing written); ``batch_size``: an integer or ``"auto"``
@@ -342,9 +342,10 @@ def run_analysis(analysis: Analysis[Any, Any], model: Any, prompts: Any, config:
     ``on_means``: a means cache already fitted on the prompts' fit set / called with the one the run uses
     (:func:`execute`); ``held``: the :class:`Run` of ``out`` when the caller holds it already.
     """
-    from circuits import memory
-    from circuits.prepared import prepared_of
-    from circuits.specs import ModelSpec, PromptSpec
+    from circuits.models import memory
+    from circuits.models.spec import ModelSpec
+    from circuits.prompts.prepared import prepared_of
+    from circuits.prompts.spec import PromptSpec
 
     requested = config.batch_size if batch_size is None else batch_size
     first = memory.AUTO_CPU_BATCH if requested == "auto" else int(requested)  # auto: sized once the model is loaded
@@ -374,9 +375,9 @@ def run_analysis(analysis: Analysis[Any, Any], model: Any, prompts: Any, config:
 
 def prepare_prompts(spec: Any, model: Any, name: str | None, *, means: str | None, out: str | Path | None,
                     progress: bool, batch_size: int) -> Any:
-    """The prompts of ``spec`` with the fit set of ``means`` (:func:`circuits.prepared.prepare`: reloaded from
+    """The prompts of ``spec`` with the fit set of ``means`` (:func:`circuits.prompts.prepared.prepare`: reloaded from
     ``out`` when prepared there under the same key); says what it uses (the ``circuits.runner`` logger)."""
-    from circuits import prepared
+    from circuits.prompts import prepared
 
     prompts = prepared.prepare(spec, model, means=means, out=out, progress=progress, batch_size=batch_size)
     kept = prepared.prepared_of(prompts)

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 FIT_SIZE = 10_000
-"""Default size of the means' fit set (:mod:`circuits.fitset`): tasks with at most this many prompts are
+"""Default size of the means' fit set (:mod:`circuits.prompts.fitset`): tasks with at most this many prompts are
 fitted on their whole layout."""
 FIT_MIN_COUNT = 5
 """Default minimum of fit prompts behind each conditional mean a scored prompt reads."""
@@ -52,7 +52,7 @@ SOURCES: tuple[str, ...] = get_args(Source)
 
 Numbers = Literal["single", "multi"]
 """How a task's operands and answers may be tokenised: one token each (the AF1 papers) or several
-(digit-level tokenizers; :mod:`circuits.digits`)."""
+(digit-level tokenizers; :mod:`circuits.tasks.digits`)."""
 NUMBERS: tuple[str, ...] = get_args(Numbers)
 
 Population = Literal["all", "correct"]
@@ -85,7 +85,7 @@ outputs: mean head ablation)."""
 def means_kind(ablation: str | None, head_method: str | None = None) -> Means | None:
     """The means an ``ablation`` (and a pruning ``head_method``) needs: ``"cama"``, ``"mean"``, ``"head"`` or
     ``None`` (zero ablation with zero head ablation: none). The prepared prompts are drawn for it
-    (:meth:`circuits.specs.PromptSpec.prepare`)."""
+    (:meth:`circuits.prompts.spec.PromptSpec.prepare`)."""
     if ablation == "cama":
         return "cama"
     if ablation == "mean":

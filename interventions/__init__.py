@@ -22,7 +22,7 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "CAMA": "ablation", "MeanAblation": "ablation", "ZeroAblation": "ablation",
     "BACKENDS": "vocab", "Capabilities": "adapter", "ModelAdapter": "adapter", "ModelInfo": "adapter",
-    "adapt": "adapter", "register_backend": "adapter", "resolve_backend": "adapter",
+    "adapt": "registry", "register_backend": "registry", "resolve_backend": "adapter",
     "af1_subgraph": "af1", "apply": "forward", "run": "forward", "run_many": "forward",
     "BridgeAdapter": "backends", "HookedAdapter": "backends", "NNsightAdapter": "backends",
     "bridge_from_hooked": "convert", "bridge_from_hooked_state": "convert",

@@ -2,10 +2,10 @@
 
 Everything model-specific (hook lookup, hook registration, which module sees the token ids, shapes,
 running blocks from a residual) goes through :class:`ModelAdapter`, so that a backend is an addition,
-not a rewrite of the interventions. A backend is one module that subclasses :class:`ModelAdapter` and
-calls :func:`register_backend`; :func:`adapt` picks the first whose predicate accepts the model. The
-shipped backends live in :mod:`interventions.backends` (``hooked``: ``HookedTransformer``; ``bridge``:
-``TransformerBridge``).
+not a rewrite of the interventions. A backend is one module that subclasses :class:`ModelAdapter`; it is
+registered with :func:`interventions.registry.register_backend`, and :func:`interventions.registry.adapt` picks the
+first whose predicate accepts the model. The shipped backends live in :mod:`interventions.backends` (``hooked``:
+``HookedTransformer``; ``bridge``: ``TransformerBridge``; ``nnsight``), registered by :mod:`interventions.registry`.
 
 What a backend offers beyond hooks is declared in :attr:`ModelAdapter.capabilities`
 (:class:`Capabilities`); callers such as the fast AF1 search ask for a capability, never for a
@@ -47,8 +47,8 @@ from .vocab import BACKENDS
 from .weights import weights_sha256
 
 __all__ = [
-    "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "adapt", "attn_mask", "attn_out",
-    "check_block_range", "edit_kind", "mlp_out", "new_hook_level", "pattern", "register_backend",
+    "Capabilities", "HookFn", "HookScope", "ModelAdapter", "ModelInfo", "attn_mask", "attn_out",
+    "check_block_range", "edit_kind", "mlp_out", "new_hook_level", "pattern",
     "resid_mid", "resid_post", "resid_pre", "resolve_backend", "z",
 ]
 
@@ -375,10 +375,7 @@ def check_block_range(n_layers: int, start: int, stop: int | None) -> None:
         raise InterventionError(f"stop={stop} must satisfy start < stop <= {n_layers} (start={start})")
 
 
-# --- backend registry ------------------------------------------------------------------------------
-_BACKENDS: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = []
-
-
+# --- the default backend -------------------------------------------------------------------------------
 def resolve_backend(backend: str | None) -> str:
     """``backend`` checked against :data:`BACKENDS`; ``None`` means ``"hooked"`` where this
     TransformerLens still has ``HookedTransformer`` (3.x) and ``"bridge"`` otherwise (4.x)."""
@@ -389,28 +386,3 @@ def resolve_backend(backend: str | None) -> str:
             return "bridge"
         return "hooked"
     return check_choice("backend", backend, BACKENDS)
-
-
-def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAdapter]) -> None:
-    """Register an adapter class for models accepted by ``predicate`` (checked newest first: after the
-    shipped backends, which register first)."""
-    import interventions.backends  # noqa: F401 - the shipped backends first (a no-op while they register)
-
-    _BACKENDS.insert(0, (predicate, adapter_cls))
-
-
-def adapt(model: Any) -> ModelAdapter:
-    """The adapter for ``model``; raises ``TypeError`` for objects no backend accepts. The shipped backends
-    (:mod:`interventions.backends`) are registered on the first call."""
-    if isinstance(model, ModelAdapter):
-        return model
-    import interventions.backends  # noqa: F401 - registers the shipped backends (once)
-
-    for predicate, cls in _BACKENDS:
-        if predicate(model):
-            return cls(model)
-    raise TypeError(
-        f"expected a TransformerLens model (HookedTransformer or TransformerBridge) or an nnsight model "
-        f"(interventions.backends.nnsight.NNsightModel), got "
-        f"{type(model).__name__}: pass one of those, or register an adapter with register_backend"
-    )

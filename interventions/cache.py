@@ -11,7 +11,7 @@ length ``n_pos``, BOS at position 0) and holds, for every block ``l`` (0-indexed
 
 It also keeps one 64-bit digest per fit prompt (:func:`~interventions.coverage.row_digests`), so that
 :meth:`MeanCache.contains` tells whether a prompt was in the fit set (a prompt must never be ablated with
-a mean it contributes to: fit on a separate set, see ``circuits.fitset``). :meth:`MeanCache.coverage`
+a mean it contributes to: fit on a separate set, see ``circuits.prompts.fitset``). :meth:`MeanCache.coverage`
 counts the fit prompts behind every mean a set of prompts would read (and lists the pairs never seen),
 :meth:`MeanCache.covers` tells which prompts CAMA can ablate, and :meth:`MeanCache.extend` adds fit prompts
 (the means become those of a fit on both sets: :mod:`interventions.cache_sums`).
@@ -34,10 +34,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 
 from . import cache_file
-from .adapter import ModelAdapter, adapt
+from .adapter import ModelAdapter
 from .cache_sums import Sums, accumulate, merge
 from .coverage import Coverage, row_digests, token_text
 from .entries import EntryIndexer, UncoveredEntryError
+from .registry import adapt
 from .types import CacheMismatchError, InterventionError, Tokens
 from .validation import check_layout, check_positive, check_tokens, special_token_ids
 

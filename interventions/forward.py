@@ -9,11 +9,12 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from .adapter import ModelAdapter, adapt
+from .adapter import ModelAdapter
 from .base import ForwardContext, Intervention
 from .cache import MeanCache
 from .entries import UncoveredEntryError
 from .readout import answer_positions, answer_readout
+from .registry import adapt
 from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
 from .validation import check_choice, check_tokens
 

@@ -164,14 +164,14 @@ def disjoint_fit_tokens(tokens: torch.Tensor, n: int = 400, seed: int = 99) -> t
 
 
 def use_prompts(monkeypatch, tokens: torch.Tensor, fit: torch.Tensor | None = None) -> None:
-    """Make the commands' prompt preparation (:meth:`circuits.specs.PromptSpec.prepare`) return the first
+    """Make the commands' prompt preparation (:meth:`circuits.prompts.spec.PromptSpec.prepare`) return the first
     ``n_prompts`` rows of ``tokens`` with the model's own answers and, when the analysis needs means, the fit
     set ``fit`` (for random models, which no task fits)."""
     from dataclasses import replace
 
-    from circuits.fitset import FitSet
-    from circuits.prompts import self_answer_prompts
-    from circuits.specs import PromptSpec
+    from circuits.prompts.fitset import FitSet
+    from circuits.prompts.sampling import self_answer_prompts
+    from circuits.prompts.spec import PromptSpec
 
     def prepare(spec, model, *, means=None, progress=True, batch_size=128):
         prompts = self_answer_prompts(model, tokens[: spec.n_prompts], task=spec.task)

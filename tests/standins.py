@@ -22,11 +22,10 @@ at the last position the answer of each prompt, so the analyses can run on stand
 
 from __future__ import annotations
 
-from collections import Counter
-
 import contextlib
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -255,12 +254,12 @@ def split_covered(tokens: Any, n: int) -> tuple[list[int], list[int]]:
 
 def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: bool | None = None):
     """TEST ONLY: ``n`` prompts of ``task`` in one layout whose "answers" are the model's own top-1
-    tokens at the last position (``circuits.prompts.self_answer_prompts``), so that a random model
+    tokens at the last position (``circuits.prompts.sampling.self_answer_prompts``), so that a random model
     answers every prompt. Prompts have single-token numbers and BOS per ``prepend_bos``; ``fit`` holds the
     other prompts of that layout (the means' fit set, disjoint from the scored ones, minimum count 1)."""
-    from circuits import tasks
-    from circuits.prompts import self_answer_prompts
-    from circuits.fitset import FitSet
+    from circuits.prompts.fitset import FitSet
+    from circuits.prompts.sampling import self_answer_prompts
+    from circuits.tasks import catalogue as tasks
 
     spec = tasks.get_task(task)
     lo, hi = tasks.single_token_ranges(model, 0, 99)[0]  # e.g. 0..9 for Qwen2's one-digit tokens
@@ -279,16 +278,16 @@ def self_answered(model: Any, task: str, n: int, seed: int = 0, prepend_bos: boo
 def self_answered_multi(model: Any, task: str, n: int, seed: int = 0, prepend_bos: bool | None = True,
                         fmt: Any = None, n_fit: int | None = None):
     """TEST ONLY: ``n`` prompts of ``task`` in the largest layout of several-token numbers
-    (:mod:`circuits.digits`) whose "answers" are the model's own greedy continuation of the true answer's
+    (:mod:`circuits.tasks.digits`) whose "answers" are the model's own greedy continuation of the true answer's
     length ``k`` (each token the argmax given the ones before it), laid out for teacher forcing: ``tokens``
     are the prompt and the first ``k-1`` greedy tokens, ``answers`` ``[n, k]`` (``[n]`` when ``k = 1``);
     ``fit`` holds the other prompts of the layout (at most ``n_fit``) with their own greedy continuations."""
     import torch
 
-    from circuits import tasks
-    from circuits.prompts import self_answer_prompts
-    from circuits.digits import filter_multi_token
-    from circuits.fitset import FitSet
+    from circuits.prompts.fitset import FitSet
+    from circuits.prompts.sampling import self_answer_prompts
+    from circuits.tasks import catalogue as tasks
+    from circuits.tasks.digits import filter_multi_token
 
     ds = tasks.build_task(task, n=max(20 * n, 600), seed=seed)
     if fmt is not None:

@@ -1,5 +1,5 @@
 """What the model commands share: their options, the one place the flags become specs (:func:`specs_of`:
-a :class:`~circuits.specs.ModelSpec`, a :class:`~circuits.specs.PromptSpec` and how to run) and the checks
+a :class:`~circuits.models.spec.ModelSpec`, a :class:`~circuits.prompts.spec.PromptSpec` and how to run) and the checks
 made on them before anything is loaded.
 
 Every check here runs before the model loads (``--threshold 2`` costs nothing), and every failure is an
@@ -49,7 +49,7 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def batch_size_argument(text: str) -> int | str:
-    """``--batch-size``: a positive integer, or ``auto`` (see :func:`circuits.memory.auto_batch_size`)."""
+    """``--batch-size``: a positive integer, or ``auto`` (see :func:`circuits.models.memory.auto_batch_size`)."""
     if text == "auto":
         return text
     try:
@@ -89,8 +89,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.task_files`,
-    :mod:`circuits.prompt_data`)."""
+    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.tasks.files`,
+    :mod:`circuits.prompts.datasets`)."""
     parser.add_argument("--task", default=None, help="task name (see circuits.tasks.list_tasks()) or the path of a "
                         "task file (.toml / .json; see docs/tasks.md)")
     parser.add_argument("--prompts", default=None, help="instead of --task: a prompt dataset, .jsonl or .csv with "
@@ -98,14 +98,14 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_prompts_or_task(prompts: Any) -> None:
-    """The task or the prompt dataset of a :class:`~circuits.specs.PromptSpec`, checked (exactly one of them is
-    given, :meth:`~circuits.specs.PromptSpec.validate`): a task file or prompt file is read here, one line naming
+    """The task or the prompt dataset of a :class:`~circuits.prompts.spec.PromptSpec`, checked (exactly one of them is
+    given, :meth:`~circuits.prompts.spec.PromptSpec.validate`): a task file or prompt file is read here, one line naming
     the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
     the task's prompts or the dataset's rows."""
     if prompts.prompts is None:
         check_task(prompts.task, prompts.n_prompts, prompts.source)
         return
-    from circuits.prompt_data import prompts_label, read_prompts
+    from circuits.prompts.datasets import prompts_label, read_prompts
 
     if prompts.source != "build":
         raise ArgumentError("--source frozen applies to a task: drop it with --prompts")
@@ -117,7 +117,7 @@ def check_prompts_or_task(prompts: Any) -> None:
 
 def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
     """How prompts are tokenised and presented: ``--numbers single|multi``, ``--shots K``, ``--chat``
-    (:mod:`circuits.digits`, :mod:`circuits.formats`)."""
+    (:mod:`circuits.tasks.digits`, :mod:`circuits.tasks.formats`)."""
     parser.add_argument("--numbers", choices=NUMBERS, default="single",
                         help="single (default): every operand and answer one token, as the AF1 papers; multi: "
                              "several tokens (digit-level tokenizers such as SmolLM2, Qwen2, Gemma), answers read "
@@ -130,7 +130,7 @@ def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """The fit set of the means (``--fit-size``, ``--fit-min-count``, ``--fit-seed``, ``--fit-population``;
-    see :mod:`circuits.fitset`)."""
+    see :mod:`circuits.prompts.fitset`)."""
     parser.add_argument("--fit-size", type=int, default=FIT_SIZE,
                         help=f"prompts the means are fitted on, never the scored ones: the task's whole layout when "
                              f"it has at most this many, else a sample topped up to --fit-min-count (default "
@@ -184,7 +184,7 @@ def check_out(out: str) -> None:
 
 def task_size(task: Any) -> int:
     """Number of distinct prompts (operand tuples with an answer in range) of ``task`` (a name, task file or spec)."""
-    from circuits import tasks
+    from circuits.tasks import catalogue as tasks
 
     return tasks.operand_space_size(task)  # estimated for a space of more than 5 M tuples
 
@@ -192,7 +192,7 @@ def task_size(task: Any) -> int:
 def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -> None:
     """``ArgumentError`` for an unknown task or a task file that does not load (one line naming the file and the
     field), a frozen source the task has no set for, or more prompts than the task has."""
-    from circuits import tasks
+    from circuits.tasks import catalogue as tasks
 
     if isinstance(task, str) and tasks.task_path(task) is None and task not in tasks.list_tasks():
         raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}, or the path "
@@ -216,11 +216,11 @@ def check_backend(remote: bool, backend: str | None, models: Sequence[str], batc
     place things on this machine's devices)."""
     if not remote:
         return
-    from circuits.backend_loaders import get_loader, remote_backends
+    from circuits.models.loaders import get_loader, remote_backends
 
     if backend is None or not get_loader(backend).remote:
         raise ArgumentError(f"--remote runs on NDIF through nnsight: add --backend {' or '.join(remote_backends())}")
-    from circuits.loading import zoo_names
+    from circuits.models.loading import zoo_names
 
     zoo = [m for m in models if m in zoo_names()]
     if zoo:
@@ -237,8 +237,8 @@ def check_backend(remote: bool, backend: str | None, models: Sequence[str], batc
 
 def check_model(names: Sequence[str], remote: bool = False) -> None:
     """A model name that can only be a mistake fails here, at once and without the network
-    (:func:`circuits.model_names.check_model_name`); remote names are NDIF's to resolve."""
-    from circuits.model_names import check_model_name, custom_loader
+    (:func:`circuits.models.names.check_model_name`); remote names are NDIF's to resolve."""
+    from circuits.models.names import check_model_name, custom_loader
 
     if remote or custom_loader():
         return
@@ -248,7 +248,7 @@ def check_model(names: Sequence[str], remote: bool = False) -> None:
 
 def check_placement(batch_size: int | str, device_map: str | None, max_memory: str | None) -> None:
     """``--batch-size`` (an integer >= 1 or ``auto``), ``--device-map`` and ``--max-memory`` (which needs it)."""
-    from circuits import placement
+    from circuits.models import placement
 
     if batch_size != "auto":
         check_positive("--batch-size", int(batch_size))
@@ -284,9 +284,9 @@ def check_specs(specs: CommandSpecs) -> None:
 
 def check_checked(prompts: Any) -> None:
     """``--n-prompts`` at most the prompts that will be checked (``--max-checked``, default
-    :data:`circuits.prompts.MAX_CHECKED`) when prompts are built (a :class:`~circuits.specs.PromptSpec`):
+    :data:`circuits.prompts.MAX_CHECKED`) when prompts are built (a :class:`~circuits.prompts.spec.PromptSpec`):
     more can never be found."""
-    from circuits.prompts import MAX_CHECKED
+    from circuits.prompts.sampling import MAX_CHECKED
 
     if prompts.source != "build":
         return
@@ -335,20 +335,20 @@ def specs_of(args: argparse.Namespace) -> CommandSpecs:
 
 
 def model_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~circuits.specs.ModelSpec` the flags name (``--model``, ``--backend``, ``--dtype``,
+    """The :class:`~circuits.models.spec.ModelSpec` the flags name (``--model``, ``--backend``, ``--dtype``,
     ``--device``, ``--device-map``, ``--max-memory``, ``--remote``)."""
-    from circuits.specs import ModelSpec
+    from circuits.models.spec import ModelSpec
 
     return ModelSpec(name=args.model, backend=args.backend, dtype=args.dtype, device=args.device,
                      device_map=args.device_map, max_memory=args.max_memory, remote=bool(args.remote))
 
 
 def prompt_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~circuits.specs.PromptSpec` the flags name (``--task`` or ``--prompts``, counts, seed, source,
+    """The :class:`~circuits.prompts.spec.PromptSpec` the flags name (``--task`` or ``--prompts``, counts, seed, source,
     BOS, fit set, numbers and format)."""
-    from circuits.fitset import FitSpec
-    from circuits.formats import PromptFormat
-    from circuits.specs import PromptSpec
+    from circuits.prompts.fitset import FitSpec
+    from circuits.prompts.spec import PromptSpec
+    from circuits.tasks.formats import PromptFormat
 
     fit = FitSpec(size=args.fit_size, min_count=args.fit_min_count, seed=args.fit_seed, population=args.fit_population)
     try:
@@ -367,9 +367,9 @@ def set_prompt_defaults(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate: Callable[[int], T]) -> T:
-    """``evaluate(batch_size)`` with ``--batch-size`` and ``--dtype`` (:func:`circuits.memory.run_batched`; ``auto``:
-    the largest batch of ``tokens`` that fits, halved and retried on a device out-of-memory error)."""
-    from circuits import memory
+    """``evaluate(batch_size)`` with ``--batch-size`` and ``--dtype`` (:func:`circuits.models.memory.run_batched`;
+    ``auto``: the largest batch of ``tokens`` that fits, halved and retried on a device out-of-memory error)."""
+    from circuits.models import memory
 
     return memory.run_batched(args.batch_size, model, tokens, args.dtype, evaluate)
 

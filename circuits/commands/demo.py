@@ -34,8 +34,8 @@ def _random_model_prompts(n_prompts: int):
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from circuits.fitset import FitSet
-    from circuits.prompts import self_answer_prompts
+    from circuits.prompts.fitset import FitSet
+    from circuits.prompts.sampling import self_answer_prompts
 
     cfg = HookedTransformerConfig(n_layers=6, d_model=64, d_head=16, n_heads=4, d_mlp=256, n_ctx=32, d_vocab=64,
                                   act_fn="gelu", normalization_type="LN", seed=0, initializer_range=0.2)
@@ -50,9 +50,9 @@ def _random_model_prompts(n_prompts: int):
 
 def run(args: argparse.Namespace) -> int:
     from circuits.commands.common import command_line
-    from circuits.loading import load_model, zoo_names
+    from circuits.models.loading import load_model, zoo_names
+    from circuits.prompts.spec import PromptSpec
     from circuits.search import search_af1
-    from circuits.specs import PromptSpec
 
     names = zoo_names()
     if names:
@@ -104,10 +104,10 @@ def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_pro
     """A few lines: the search (auto grid, CAMA) on a planted zoo model recovers its planted
     (wait, transfer). ``name`` if it is installed, else the first planted model there is (a mask held by
     hooks says so); skipped with a note when there is none."""
-    from circuits.groundtruth import model_folder, planted_models, planted_structure
-    from circuits.loading import load_model
+    from circuits.groundtruth.recovery import model_folder, planted_models, planted_structure
+    from circuits.models.loading import load_model
+    from circuits.prompts.spec import PromptSpec
     from circuits.search import search_af1
-    from circuits.specs import PromptSpec
     from circuits.zoo.hf import read_meta
 
     planted = planted_models()

@@ -34,7 +34,7 @@ def check(args: argparse.Namespace) -> None:
     """Model-independent checks, before anything is loaded."""
     from circuits.commands.common import check_out
     from circuits.errors import ArgumentError
-    from circuits.tasks import list_tasks
+    from circuits.tasks.catalogue import list_tasks
     from circuits.validation import check_fraction, check_positive
     from circuits.vocab import ABLATIONS
 
@@ -53,8 +53,8 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from circuits import report
     from circuits.commands.common import command_line
-    from circuits.groundtruth import run_recovery
-    from circuits.groundtruth_report import write_outputs
+    from circuits.groundtruth.recovery import run_recovery
+    from circuits.groundtruth.report import write_outputs
     from circuits.runner import Run
 
     with Run(args.out, "groundtruth") as held:  # locked, and refused if another command's, before any model loads

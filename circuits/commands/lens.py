@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from circuits import files
 from circuits.commands.common import (
     add_backend_argument,
     add_prompt_format_arguments,
@@ -15,6 +14,7 @@ from circuits.commands.common import (
     batch_size_argument,
     set_prompt_defaults,
 )
+from circuits.store import files
 from circuits.vocab import DECODES
 
 

@@ -54,7 +54,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def check_range(args: argparse.Namespace) -> None:
     """``--wait``/``--transfer`` against the model's number of blocks, read from its ``config.json`` (zoo,
     local folder or Hugging Face cache) before any weight loads; skipped when the config is not here."""
-    from circuits.model_names import n_layers_of
+    from circuits.models.names import n_layers_of
     from circuits.prune.config import PruneConfig
 
     n = None if args.remote else n_layers_of(args.model)

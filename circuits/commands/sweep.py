@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from circuits import files
+from circuits.store import files
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +52,7 @@ def read_config(args: argparse.Namespace):
     from circuits.errors import ArgumentError
     from circuits.sweep import SweepConfig
     from circuits.sweep.config import config_tasks
-    from circuits.task_files import toml_module
+    from circuits.tasks.files import toml_module
 
     tomllib = toml_module()
 
@@ -99,7 +99,7 @@ def read_config(args: argparse.Namespace):
 def check_fixed_range(config) -> None:
     """``--wait``/``--transfer`` against every model's number of blocks, read from its ``config.json``."""
     from circuits.errors import ArgumentError
-    from circuits.model_names import n_layers_of
+    from circuits.models.names import n_layers_of
     from circuits.vocab import config_problem
 
     for model in config.models:
@@ -116,7 +116,7 @@ def check(args: argparse.Namespace) -> None:
 
     config = config_of(args)
     # Model names are not refused here: a model that fails to load is one failed cell, the others run (its
-    # load fails at once when the name can only be a mistake: circuits.model_names).
+    # load fails at once when the name can only be a mistake: circuits.models.names).
     if config.mode == "fixed":
         check_fixed_range(config)
     check_backend(config.remote, config.backend, config.models, config.batch_size, config.device_map)

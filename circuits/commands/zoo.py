@@ -42,7 +42,7 @@ def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, thres
     """Deprecated: :func:`circuits.groundtruth.af1_check` (a ``DeprecationWarning`` says so)."""
     import warnings
 
-    from circuits.groundtruth import af1_check as check
+    from circuits.groundtruth.recovery import af1_check as check
 
     warnings.warn("circuits.commands.zoo.af1_check is deprecated: use circuits.groundtruth.af1_check",
                   DeprecationWarning, stacklevel=2)

@@ -18,7 +18,8 @@ from circuits.vocab import DECODES
 def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
     """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template (a name, task
     file or spec). A task of string slots or answers (a lookup) has none: the checks swap integer operands."""
-    from circuits import lens, tasks
+    from circuits import lens
+    from circuits.tasks import catalogue as tasks
 
     spec = tasks.get_task(task)
     if not spec.numeric or spec.slot_values:
@@ -77,7 +78,7 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
     import torch
 
     from circuits import lens
-    from circuits.task_tokens import is_number
+    from circuits.tasks.tokens import is_number
 
     records = ctx.kept_prompts or []
     prompts = [r["prompt"] for r in records]
@@ -103,7 +104,7 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
 def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
     """The run identity of ``af1 lens``."""
     import interventions as iv
-    from circuits.runs import tokens_sha256
+    from circuits.store.runs import tokens_sha256
 
     ad = iv.adapt(model)
     # seed: the prompts' (the config's); n_requested: the prompts asked for (before dropping any).

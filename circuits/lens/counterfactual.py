@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from jaxtyping import Int
 
-from circuits import tasks
 from circuits.errors import ArgumentError, PromptError
-from circuits.tasks import TaskSpec
+from circuits.tasks import catalogue as tasks
+from circuits.tasks.catalogue import TaskSpec
 
 from .inputs import answer_token_id
 

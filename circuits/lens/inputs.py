@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
-from circuits import tasks
 from circuits.errors import ArgumentError, PromptError
+from circuits.tasks import catalogue as tasks
 from interventions.validation import check_tokens
 
 from .numeric import NumericTable

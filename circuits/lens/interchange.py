@@ -23,7 +23,7 @@ from interventions.adapter import attn_out
 from interventions.validation import check_tokens
 
 from .capture import block_list, capture_last
-from .result import json_ready
+from .jsonable import json_ready
 
 __all__ = ["InterchangeResult", "interchange"]
 
@@ -77,7 +77,7 @@ class InterchangeResult:
     def plot(self) -> Any:
         """The report's bar chart of the mean drop per patched block, with its 95% interval (a plotly figure;
         ``af1 lens`` draws every interchange of a run into one)."""
-        from circuits.lens.report import interchange_figure
+        from circuits.lens.figures import interchange_figure
 
         return interchange_figure([self])
 

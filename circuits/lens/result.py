@@ -6,7 +6,6 @@ interval of the mean (one shared resampling of prompts per call, ``numpy.random.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from circuits.errors import ArgumentError
+from circuits.lens import figures as lens_figures
+from circuits.lens.figures import METRICS
+from circuits.lens.jsonable import json_number, json_ready
 
 __all__ = ["ARRAYS", "METRICS", "LensResult", "json_ready"]
 
-METRICS = ("answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error")
 ARRAYS = ("answers", "answer_values", "layout_lengths", *METRICS, "top1_token", "visible")
 """The per-prompt arrays of a :class:`LensResult`, as ``lens.npz`` stores them."""
 INTERCHANGE_ARRAYS = ("layers", "clean_prob", "patched_prob", "orig_top1", "counter_prob", "counter_top1")
@@ -73,8 +74,8 @@ class LensResult:
         raises ``FileNotFoundError`` saying to rerun it) and the interchange checks."""
         import json
 
-        from circuits import files
         from circuits.lens.interchange import InterchangeResult
+        from circuits.store import files
 
         path = Path(run_dir)
         doc_path, npz_path = path / files.LENS, path / files.LENS_ARRAYS
@@ -105,7 +106,7 @@ class LensResult:
     def to_pandas(self, *, per_prompt: bool = False, n_boot: int = 1000, seed: int = 0) -> Any:
         """A ``pandas.DataFrame``: one row per (block, sub-layer) of :meth:`rows`; ``per_prompt=True``: one row
         per (prompt, block, sub-layer) with the raw metrics instead."""
-        from circuits.frames import dataframe
+        from circuits.store.frames import dataframe
 
         if not per_prompt:
             return dataframe(self.rows(n_boot=n_boot, seed=seed))
@@ -121,17 +122,13 @@ class LensResult:
     def figures(self, *, n_boot: int = 1000, seed: int = 0) -> list[Any]:
         """Every figure of the report, in its order (one line chart per metric of :data:`METRICS`, the tracked
         tokens' visibility, the rank heatmap, the interchange drops)."""
-        from circuits.lens.report import figures
-
-        return figures(self, self.interchanges, n_boot=n_boot, seed=seed)
+        return lens_figures.figures(self, self.interchanges, n_boot=n_boot, seed=seed)
 
     def plot(self, metric: str = "answer_prob", *, n_boot: int = 1000, seed: int = 0) -> Any:
         """The report's line chart of ``metric`` (one of :data:`METRICS`) over depth."""
-        from circuits.lens.report import metric_figure
-
         if metric not in METRICS:
             raise ArgumentError(f"metric={metric!r} is not one of {', '.join(METRICS)}")
-        return metric_figure(self, metric, n_boot=n_boot, seed=seed)
+        return lens_figures.metric_figure(self, metric, n_boot=n_boot, seed=seed)
 
     @property
     def n_prompts(self) -> int:
@@ -176,31 +173,13 @@ class LensResult:
     def to_dict(self, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
         """JSON-ready summary: ``prompts`` (``[{"prompt", "answer"}]``, answer = integer value or None),
         ``answer_tokens`` (answer token ids, same order), ``rows`` (:meth:`rows`) and the settings."""
-        prompts = [{"prompt": p, "answer": _json_num(a)} for p, a in zip(self.prompts, self.answer_values)]
+        prompts = [{"prompt": p, "answer": json_number(a)} for p, a in zip(self.prompts, self.answer_values)]
         return {
             "decode": self.decode, "top_k": self.top_k, "layers": list(map(int, self.layers)),
             "sublayers": list(self.sublayers), "tracked": list(self.tracked), "n_prompts": self.n_prompts,
             "prompts": prompts, "answer_tokens": [int(t) for t in self.answers],
             "rows": json_ready(self.rows(n_boot=n_boot, seed=seed)),
         }
-
-
-def _json_num(x: float) -> int | float | None:
-    x = float(x)
-    if math.isnan(x):
-        return None
-    return int(x) if x.is_integer() else x
-
-
-def json_ready(obj: Any) -> Any:
-    """NaN/inf -> None, recursively, so ``json.dumps`` writes strict JSON."""
-    if isinstance(obj, float):
-        return None if math.isnan(obj) or math.isinf(obj) else obj
-    if isinstance(obj, dict):
-        return {k: json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [json_ready(v) for v in obj]
-    return obj
 
 
 def _summary(name: str, v: np.ndarray, idx: np.ndarray | None) -> dict[str, float]:

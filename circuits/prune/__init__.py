@@ -19,7 +19,7 @@ The choice is recomputed after each removal (greedy). Which candidates are confi
 
 * ``rank="attribution"``: one forward + one backward pass on the current pruned subgraph gives, for
   every remaining head, the first-order estimate of the change of the summed logit difference when it
-  is removed (:mod:`circuits.attribution`); candidates are sorted by estimate, highest first (ties:
+  is removed (:mod:`circuits.prune.attribution`); candidates are sorted by estimate, highest first (ties:
   lowest ``(layer, head)``), and the first ``confirm_top`` of them are confirmed
   (``confirm_top=None``: all of them, which makes the greedy step exact, the estimates then only
   being recorded for diagnostics).

@@ -12,20 +12,20 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 import interventions as iv
-from circuits import files
 from circuits.analyses import Analysis, RunContext, configured
-from circuits.attribution import head_attribution
 from circuits.errors import ArgumentError, CorruptRunError
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
-from circuits.fitset import FitSet, FitSpec, fit_set_of
+from circuits.prompts.fitset import FitSet, FitSpec, fit_set_of
+from circuits.prune.attribution import head_attribution
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, summary_dict
-from circuits.records import Field, RecordSchema, faithfulness_fields
 from circuits.runner import execute
-from circuits.runs import RunDir, tokens_sha256
+from circuits.store import files
+from circuits.store.records import Field, RecordSchema, faithfulness_fields
+from circuits.store.runs import RunDir, tokens_sha256
 from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
-from interventions.adapter import adapt
+from interventions.registry import adapt
 from interventions.types import Head, Tokens
 
 

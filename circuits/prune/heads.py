@@ -10,7 +10,7 @@ from jaxtyping import Float
 
 import interventions as iv
 from interventions import adapter as hooks
-from interventions.adapter import adapt
+from interventions.registry import adapt
 from interventions.types import Head, Tokens
 from interventions.validation import check_tokens
 

@@ -5,62 +5,19 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from circuits.errors import ArgumentError
-from circuits.formats import describe_prompts
+from circuits.prune import figures as prune_figures
 from circuits.prune.config import PruneConfig
-from circuits.runs import dist_version
+from circuits.prune.curve import CURVE_FIELDS, CurvePoint
+from circuits.store.runs import dist_version
+from circuits.tasks.formats import describe_prompts
 from interventions.types import Head
-
-CURVE_FIELDS = (
-    "step", "removed", "heads_kept", "n_heads_kept", "faithfulness", "ci_low", "ci_high", "n",
-    "mean_answer_prob", "mean_logit_diff", "passes", "attribution_passes", "seconds", "candidates",
-)
-
-
-@dataclass
-class CurvePoint:
-    """One point of the pruning curve: the state after step ``step`` (step 0: nothing removed).
-
-    ``removed``: the head removed at this step (None at step 0); ``heads_kept``: transfer heads still
-    present; metrics as in :class:`circuits.faithfulness.FaithfulnessResult`; ``passes``: confirmed
-    forward passes spent on this step; ``attribution_passes``: forward+backward passes (0 or 1);
-    ``candidates``: per remaining head before the removal, its attribution ``estimate`` (None without
-    attribution) and, if confirmed, its ``faithfulness`` and ``mean_logit_diff`` after removal.
-    """
-
-    step: int
-    removed: Head | None
-    heads_kept: list[Head]
-    n_heads_kept: int
-    faithfulness: float
-    ci_low: float
-    ci_high: float
-    n: int
-    mean_answer_prob: float
-    mean_logit_diff: float
-    passes: int
-    attribution_passes: int
-    seconds: float
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["removed"] = list(self.removed) if self.removed is not None else None
-        out["heads_kept"] = [list(h) for h in self.heads_kept]
-        return out
-
-    @classmethod
-    def from_dict(cls, row: Mapping[str, Any]) -> CurvePoint:
-        data = {k: row[k] for k in CURVE_FIELDS}
-        data["removed"] = tuple(row["removed"]) if row["removed"] is not None else None
-        data["heads_kept"] = [tuple(h) for h in row["heads_kept"]]
-        return cls(**data)
 
 
 @dataclass
@@ -99,9 +56,9 @@ class PruneResult:
         without a model: the configuration from ``run.json``, the curve from ``curve.jsonl`` and the target,
         the smallest head set, its attention and the timings from ``summary.json`` (``FileNotFoundError``
         while the run has not finished)."""
-        from circuits import files
         from circuits.prune.heads import transfer_heads
-        from circuits.runs import read_json_object, read_jsonl
+        from circuits.store import files
+        from circuits.store.runs import read_json_object, read_jsonl
 
         path = Path(run_dir)
         for name in (files.IDENTITY, files.SUMMARY):
@@ -132,32 +89,26 @@ class PruneResult:
 
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame`` of the curve: one row per step (:data:`CURVE_FIELDS` but the candidates)."""
-        from circuits.frames import dataframe
+        from circuits.store.frames import dataframe
 
         cols = [c for c in CURVE_FIELDS if c != "candidates"]
         return dataframe([{k: getattr(p, k) for k in cols} for p in self.curve], cols)
 
     def plot_curve(self) -> Any:
         """The report's pruning curve: heads kept vs faithfulness with its interval and the target."""
-        from circuits.prune.report import curve_figure
-
-        return curve_figure(self)
+        return prune_figures.curve_figure(self)
 
     def plot_kept_heads(self) -> Any:
         """The report's block x head map of the smallest head set (``ValueError`` if none reaches the target)."""
-        from circuits.prune.report import kept_heads_figure
-
         if self.smallest_head_set is None:
             raise ArgumentError(f"no head set reaches the target {self.config.target:g}: nothing to map")
-        return kept_heads_figure(self)
+        return prune_figures.kept_heads_figure(self)
 
     def plot_attention(self) -> Any:
         """The report's map of what the kept heads attend to from the last position."""
-        from circuits.prune.report import attention_figure
-
         if not self.attention:
             raise ArgumentError("no kept head: no attention to show")
-        return attention_figure(self)
+        return prune_figures.attention_figure(self)
 
     def plot(self) -> Any:
         """:meth:`plot_curve` (shows inline in a notebook)."""
@@ -165,9 +116,7 @@ class PruneResult:
 
     def figures(self) -> list[Any]:
         """Every figure of the report, in its order."""
-        from circuits.prune.report import figures
-
-        return figures(self)
+        return prune_figures.figures(self)
 
     @property
     def removal_order(self) -> list[Head]:

@@ -6,34 +6,29 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
 from jaxtyping import Int
 from tqdm.auto import tqdm
 
 import interventions as iv
-from circuits import files
 from circuits.analyses import Analysis, RunContext, configured
-from circuits.faithfulness import answer_width, bootstrap_ci, summarize
-from circuits.fitset import FitSet, FitSpec, fit_set_of
+from circuits.faithfulness import answer_width, summarize
 from circuits.logs import get_logger
-from circuits.outcomes import PromptOutcomes, decode_mask
-from circuits.records import Field, RecordSchema, faithfulness_fields, layer_field
+from circuits.prompts.fitset import FitSet, FitSpec, fit_set_of
 from circuits.runner import execute
-from circuits.runs import RunDir, dist_version, tokens_sha256
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult, config_row
 from circuits.search.rule import Config, configurations, scan, select, smallest_transfers
+from circuits.search.schema import search_identity, search_schema
+from circuits.store import files
+from circuits.store.outcomes import PromptOutcomes
+from circuits.store.runs import RunDir, dist_version
 from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
 from interventions.types import Tokens
 
-if TYPE_CHECKING:
-    from circuits.search.fixed import FixedConfig
-
-NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """Keys of ``meta`` that describe a run rather than determine its results."""
 
 
@@ -74,12 +69,12 @@ def search_af1(
         cache: a :class:`interventions.MeanCache` for CAMA / mean ablation fitted on prompts other than
             ``tokens`` (a scored prompt inside its fit set is refused).
         fit_tokens: ``[n_fit, pos]`` prompts of the same layout to fit the means on instead (the scored
-            prompts are removed from them; e.g. ``circuits.fitset.draw_fit_set(model, task, tokens).tokens``);
+            prompts are removed from them; e.g. ``circuits.prompts.fitset.draw_fit_set(model, task, tokens).tokens``);
             the cache is reloaded from ``out_dir/means.safetensors`` on resume. ``fit``: a
-            :class:`~circuits.fitset.FitSet` (records how it was drawn) instead of ``fit_tokens``, or a
-            :class:`~circuits.fitset.FitSpec`, drawn for the task ``meta["task"]``.
+            :class:`~circuits.prompts.fitset.FitSet` (records how it was drawn) instead of ``fit_tokens``, or a
+            :class:`~circuits.prompts.fitset.FitSpec`, drawn for the task ``meta["task"]``.
         min_count: fit prompts each mean the scored prompts read needs (default
-            :data:`circuits.fitset.DEFAULT_MIN_COUNT`); fewer raise :class:`~circuits.errors.FitSetError`.
+            :data:`circuits.prompts.fitset.DEFAULT_MIN_COUNT`); fewer raise :class:`~circuits.errors.FitSetError`.
         threshold: faithfulness (fraction in [0, 1]) a configuration needs to be sufficient (default 0.9).
         grid: ``"full"`` evaluates every configuration; ``"auto"`` (default) only what the selection needs.
         ablation: ``"cama"`` (default), ``"mean"`` or ``"zero"`` at ``blocks.{wait}.hook_resid_post``.
@@ -185,55 +180,6 @@ def scored_texts(ctx: RunContext) -> list[str]:
     return [str(r["prompt"]) for r in search_prompt_records(ctx)]
 
 
-def search_identity(config: SearchConfig | FixedConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
-    """The run identity of a search (the keys of the first release, so that its directories resume)."""
-    ad = iv.adapt(model)
-    return {
-        **{k: v for k, v in ctx.meta.items() if k not in NOT_IDENTITY},
-        "n_prompts": int(ctx.tokens.shape[0]),
-        "prompts_sha256": tokens_sha256(ctx.tokens, ctx.answers),
-        "model_signature": ad.model_identity(),
-        **config.identity(),
-        # The fit set (how it was drawn, its hash) or a given cache's hash, and the minimum count.
-        "means": ctx.means_identity if means_kind(config.ablation) is not None else None,
-    }
-
-
-def search_schema(config: SearchConfig | FixedConfig, info: Any, n_prompts: int) -> RecordSchema:
-    """The schema of a ``results.jsonl`` line of this run (ranges of this model and prompt count)."""
-    return record_schema(info.n_layers, n_prompts, config.ablation, seed=config.seed, n_boot=config.n_boot)
-
-
-def record_schema(n_layers: int, n_prompts: int, ablation: str | None, *, seed: int | None = None,
-                  n_boot: int | None = None) -> RecordSchema:
-    """The schema of a ``results.jsonl`` line of a search of a model of ``n_layers`` blocks on ``n_prompts``
-    prompts with ``ablation`` (``None``: any): the ranges of :func:`search_schema`, the per-prompt outcomes
-    consistent with the totals (:func:`circuits.outcomes.record_problem`) and, given the run's bootstrap ``seed``
-    and ``n_boot``, a confidence interval equal to the one those outcomes give."""
-    n = n_layers
-
-    def check(rec: dict[str, Any]) -> tuple[str, str] | None:
-        limit = n - 1 - rec["wait"]
-        if rec["transfer"] > limit:
-            return "transfer", f"= {rec['transfer']} exceeds {limit} for wait={rec['wait']}"
-        if seed is None or n_boot is None or not isinstance(rec.get("prompt_faithful"), str):
-            return None
-        flags = decode_mask(rec["prompt_faithful"], rec["n"]).astype(np.float64)
-        for name, value in zip(("ci_low", "ci_high"), bootstrap_ci(flags, n_boot=n_boot, seed=seed)):
-            if isinstance(rec.get(name), (int, float)) and abs(rec[name] - value) > 1e-9:
-                return name, (f"= {rec[name]!r} is not the bootstrap interval of the stored per-prompt outcomes "
-                              f"({n_boot} resamples, seed {seed}: {value!r})")
-        return None
-
-    choices = (ablation,) if ablation is not None else None
-    return RecordSchema(
-        fields=(layer_field("wait", n, lo=-1), Field("transfer", "int", 0, n), *faithfulness_fields(n_prompts),
-                Field("ablation", "str", choices=choices, required=False)),
-        key=("wait", "transfer"),
-        check=check,
-    )
-
-
 def search_prompt_records(ctx: RunContext) -> list[dict[str, Any]]:
     """``prompts.jsonl``: the caller's records of the kept prompts, or their token ids and answer ids."""
     kept = ctx.kept_prompts
@@ -300,8 +246,8 @@ def write_outputs(
 
     import circuits
     from circuits import report
-    from circuits.formats import describe_prompts
-    from circuits.runs import write_json
+    from circuits.store.runs import write_json
+    from circuits.tasks.formats import describe_prompts
 
     out_dir = Path(out_dir)
     sel = result.selected

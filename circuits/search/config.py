@@ -1,11 +1,12 @@
-"""The configuration of one AF1 search, validated before anything is loaded."""
+"""The configurations of an AF1 search (:class:`SearchConfig`) and of one fixed configuration (:class:`FixedConfig`),
+validated before anything is loaded."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from circuits.validation import check_choice, check_fraction, check_int, check_positive
+from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS, Ablation, Grid, SearchMethod
 
 
@@ -47,3 +48,30 @@ class SearchConfig:
         method, batch size and configurations per pass); directories of earlier releases, whose
         ``run.json`` records a threshold, resume with any."""
         return {"ablation": self.ablation, "seed": int(self.seed), "n_boot": int(self.n_boot)}
+
+
+@dataclass(frozen=True)
+class FixedConfig:
+    """One configuration: ``wait`` (last waiting block, 0-indexed; -1 = no ablation), ``transfer``
+    (number of transfer blocks), ``ablation``, bootstrap ``seed``/``n_boot`` and ``batch_size``."""
+
+    wait: int
+    transfer: int
+    ablation: Ablation = "cama"
+    seed: int = 0
+    batch_size: int = 128
+    n_boot: int = 1000
+
+    def validate(self, info: Any = None) -> FixedConfig:
+        check_choice("ablation", self.ablation, ABLATIONS)
+        check_positive("batch_size", self.batch_size)
+        check_positive("n_boot", self.n_boot)
+        check_int("wait", self.wait, -1)
+        check_int("transfer", self.transfer, 0)
+        if info is not None:
+            check_config(info.n_layers, self.wait, self.transfer)
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        return {"wait": int(self.wait), "transfer": int(self.transfer), "ablation": self.ablation,
+                "seed": int(self.seed), "n_boot": int(self.n_boot)}

@@ -4,46 +4,18 @@ analysis of its own with one record in ``results.jsonl``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from circuits import files
 from circuits.analyses import Analysis, RunContext
 from circuits.faithfulness import summarize
-from circuits.outcomes import PromptOutcomes
-from circuits.runs import RunDir
-from circuits.search.analysis import search_identity, search_schema
+from circuits.search.config import FixedConfig
 from circuits.search.evaluators import FastEvaluator
 from circuits.search.results import ConfigResult, config_row
-from circuits.validation import check_choice, check_config, check_int, check_positive
-from circuits.vocab import ABLATIONS, Ablation, Means, means_kind
-
-
-@dataclass(frozen=True)
-class FixedConfig:
-    """One configuration: ``wait`` (last waiting block, 0-indexed; -1 = no ablation), ``transfer``
-    (number of transfer blocks), ``ablation``, bootstrap ``seed``/``n_boot`` and ``batch_size``."""
-
-    wait: int
-    transfer: int
-    ablation: Ablation = "cama"
-    seed: int = 0
-    batch_size: int = 128
-    n_boot: int = 1000
-
-    def validate(self, info: Any = None) -> FixedConfig:
-        check_choice("ablation", self.ablation, ABLATIONS)
-        check_positive("batch_size", self.batch_size)
-        check_positive("n_boot", self.n_boot)
-        check_int("wait", self.wait, -1)
-        check_int("transfer", self.transfer, 0)
-        if info is not None:
-            check_config(info.n_layers, self.wait, self.transfer)
-        return self
-
-    def identity(self) -> dict[str, Any]:
-        return {"wait": int(self.wait), "transfer": int(self.transfer), "ablation": self.ablation,
-                "seed": int(self.seed), "n_boot": int(self.n_boot)}
+from circuits.search.schema import search_identity, search_schema
+from circuits.store import files
+from circuits.store.outcomes import PromptOutcomes
+from circuits.store.runs import RunDir
+from circuits.vocab import Means, means_kind
 
 
 def run_fixed(model: Any, config: FixedConfig, ctx: RunContext) -> ConfigResult:

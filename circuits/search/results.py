@@ -12,13 +12,13 @@ import numpy as np
 
 from circuits.errors import CorruptRunError
 from circuits.faithfulness import FaithfulnessResult
-from circuits.outcomes import PromptOutcomes
 from circuits.search.rule import Config, select, smallest_transfers
+from circuits.store.outcomes import PromptOutcomes
 
 RECORD_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "n", "n_faithful", "mean_answer_prob",
                  "mean_logit_diff", "ablation")
 """The aggregate fields of a ``results.jsonl`` line (and the columns of :meth:`SearchResult.to_pandas`); a line
-of this release adds the per-prompt outcomes (:data:`circuits.outcomes.FIELDS`)."""
+of this release adds the per-prompt outcomes (:data:`circuits.store.outcomes.FIELDS`)."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ class SearchResult:
         with ``out_dir``, a sweep cell or ``af1 groundtruth``), without a model: the configurations of
         ``results.jsonl``, the selection with ``threshold`` (default: the run's), and what ``summary.json``
         says of the run (grid, method, timings; absent while a run has not finished)."""
-        from circuits import files
-        from circuits.runs import read_json_object, read_jsonl
+        from circuits.store import files
+        from circuits.store.runs import read_json_object, read_jsonl
 
         path = Path(run_dir)
         ident_path = path / files.IDENTITY
@@ -177,7 +177,7 @@ class SearchResult:
     # --- per prompt, tables, figures --------------------------------------------------------------
     def prompt_outcomes(self, wait: int, transfer: int) -> PromptOutcomes:
         """Prompt by prompt, for configuration ``(wait, transfer)``: which prompts keep their answer, the
-        answer's probability and margin (:class:`~circuits.outcomes.PromptOutcomes`; ``.flipped()``: the
+        answer's probability and margin (:class:`~circuits.store.outcomes.PromptOutcomes`; ``.flipped()``: the
         prompts it changes). ``KeyError`` if the configuration was not evaluated, ``ValueError`` for a run of
         an earlier release, which stored aggregates only."""
         r = self.result(wait, transfer)
@@ -194,7 +194,7 @@ class SearchResult:
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame``: one row per evaluated configuration (:data:`RECORD_FIELDS`), plus
         ``selected`` (the configuration the rule picks at this threshold)."""
-        from circuits.frames import dataframe
+        from circuits.store.frames import dataframe
 
         chosen = self.selected.config if self.selected is not None else None
         rows = [{**{k: getattr(r, k) for k in RECORD_FIELDS}, "selected": r.config == chosen} for r in self.results]
@@ -269,10 +269,10 @@ class SearchResult:
 
 def checked_records(path: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The records of a search's ``results.jsonl``, checked as a resumed run checks them (types, ranges, totals
-    that agree with the per-prompt outcomes; :func:`circuits.search.analysis.record_schema`): a malformed or
+    that agree with the per-prompt outcomes; :func:`circuits.search.schema.record_schema`): a malformed or
     forged line is a :class:`~circuits.errors.CorruptRunError` naming the file, the line and the field."""
-    from circuits.runs import read_jsonl
-    from circuits.search.analysis import record_schema
+    from circuits.search.schema import record_schema
+    from circuits.store.runs import read_jsonl
 
     signature = identity.get("model_signature")
     n_layers = summary.get("n_layers") or (signature.get("n_layers") if isinstance(signature, Mapping) else None)

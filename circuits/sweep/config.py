@@ -20,11 +20,11 @@ Optional keys: ``analyses`` (further registered analyses, :mod:`circuits.analyse
 (``"full"``), ``source`` (``"build"``), ``batch_size``
 (128), ``device`` (``"cpu"``), ``backend``, ``dtype``, ``device_map`` (``"auto"``, ``"balanced"``,
 ``"sequential"``: a large model over several GPUs) and ``max_memory`` (``"0=70GiB,1=70GiB"`` or a table
-``{0 = "70GiB", 1 = "70GiB"}``; needs ``device_map``), see :mod:`circuits.placement`; ``remote``
+``{0 = "70GiB", 1 = "70GiB"}``; needs ``device_map``), see :mod:`circuits.models.placement`; ``remote``
 (``false``; ``true`` with ``backend = "nnsight"`` runs on NDIF, see ``docs/remote.md``); the fit set of the
 means: ``fit_size`` (10000), ``fit_min_count`` (5), ``fit_seed`` (0), ``fit_population`` (``"all"``), see
-:mod:`circuits.fitset`; the prompts: ``numbers`` (``"single"`` or ``"multi"``, :mod:`circuits.digits`), ``shots``
-(0) and ``chat`` (``false``), :mod:`circuits.formats`.
+:mod:`circuits.prompts.fitset`; the prompts: ``numbers`` (``"single"`` or ``"multi"``, :mod:`circuits.tasks.digits`),
+``shots`` (0) and ``chat`` (``false``), :mod:`circuits.tasks.formats`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuits import placement
 from circuits.errors import ArgumentError
-from circuits.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
+from circuits.models import placement
+from circuits.prompts.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
 from circuits.validation import check_choice
 from circuits.vocab import ABLATIONS
@@ -86,7 +86,7 @@ def config_tasks(sweep: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def task_slug(task: str) -> str:
     """A task as one folder name: a catalogue name as it is, a task file by its stem (``tasks/mul.toml`` -> ``mul``)."""
-    from circuits import tasks
+    from circuits.tasks import catalogue as tasks
 
     return Path(task).stem if tasks.task_path(task) is not None else task
 
@@ -128,7 +128,7 @@ class SweepConfig:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> SweepConfig:
         """A config from the ``[sweep]`` table (task groups expanded); unknown keys are refused."""
-        from circuits import tasks as catalogue
+        from circuits.tasks import catalogue
 
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         unknown = sorted(set(raw) - names)
@@ -156,7 +156,7 @@ class SweepConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> SweepConfig:
         """Read ``path`` (a TOML file with a ``[sweep]`` table)."""
-        from circuits.task_files import toml_module
+        from circuits.tasks.files import toml_module
 
         tomllib = toml_module()
         try:
@@ -169,7 +169,7 @@ class SweepConfig:
 
     def validate(self) -> SweepConfig:
         """Raise :class:`ArgumentError` naming the first bad field (checks that need no model)."""
-        from circuits import tasks as catalogue
+        from circuits.tasks import catalogue
 
         if self.mode not in MODES:
             raise ArgumentError(f"mode={self.mode!r} is not valid: choose 'search' or 'fixed'")
@@ -221,8 +221,8 @@ class SweepConfig:
         return self
 
     def model_spec(self, name: str) -> Any:
-        """The :class:`~circuits.specs.ModelSpec` of model ``name`` with the sweep's backend and placement."""
-        from circuits.specs import ModelSpec
+        """The :class:`~circuits.models.spec.ModelSpec` of model ``name`` with the sweep's backend and placement."""
+        from circuits.models.spec import ModelSpec
 
         return ModelSpec(name, backend=self.backend, dtype=self.dtype, device=self.device,
                          device_map=self.device_map, max_memory=self.max_memory, remote=self.remote)
@@ -244,9 +244,9 @@ class SweepConfig:
         return {k: v for k, v in out.items() if v is not None}
 
     def prompt_spec(self, task: str, seed: int) -> Any:
-        """The :class:`~circuits.specs.PromptSpec` of the cells of ``task`` and ``seed``."""
-        from circuits.formats import PromptFormat
-        from circuits.specs import PromptSpec
+        """The :class:`~circuits.prompts.spec.PromptSpec` of the cells of ``task`` and ``seed``."""
+        from circuits.prompts.spec import PromptSpec
+        from circuits.tasks.formats import PromptFormat
 
         fit = FitSpec(size=self.fit_size, min_count=self.fit_min_count, seed=self.fit_seed,
                       population=self.fit_population)

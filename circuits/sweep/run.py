@@ -10,9 +10,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from circuits import files
 from circuits.errors import ArgumentError
 from circuits.logs import get_logger
+from circuits.store import files
 from circuits.sweep.config import Cell, SweepConfig
 
 
@@ -66,7 +66,7 @@ class SweepResult:
         """The sweep of ``out`` (its ``summary.json``; ``FileNotFoundError`` while it has not finished)."""
         import dataclasses
 
-        from circuits.runs import read_json_object
+        from circuits.store.runs import read_json_object
 
         path = Path(out)
         if not (path / files.SUMMARY).is_file():
@@ -82,7 +82,7 @@ class SweepResult:
 
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame``: one row per cell (the columns of ``table.csv``)."""
-        from circuits.frames import dataframe
+        from circuits.store.frames import dataframe
         from circuits.sweep.table import COLUMNS, prompt_format
 
         return dataframe([{**c.to_dict(), "prompt_format": prompt_format(self.config, c.task)} for c in self.cells],
@@ -124,7 +124,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
     ``table.csv``, ``table.md`` and ``report.html`` in ``out``). Re-running resumes cell by cell and,
     inside a cell, configuration by configuration."""
     from circuits.runner import Run
-    from circuits.runs import RunDir
+    from circuits.store.runs import RunDir
     from circuits.sweep.table import write_outputs
 
     out = Path(out)
@@ -155,7 +155,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, progress: bool = True,
 def cell_folder(out: Path, cell: Cell) -> Path:
     """The run directory of ``cell``: ``<out>/cells/<model>/<task>/<ablation>-seed<seed>``, each part one plain
     folder name (a task or model name holding ``/`` or ``..`` is refused, so no cell lies outside ``out``)."""
-    from circuits.atomic import inside, safe_name
+    from circuits.store.atomic import inside, safe_name
     from circuits.sweep.config import slug, task_slug
 
     parts = (safe_name(slug(cell.model), "model"), safe_name(task_slug(cell.task), "task"),
@@ -198,10 +198,11 @@ class _State:
 
     def prepare(self, spec: Any, key: tuple) -> Any:
         """The prompts of ``spec``: reloaded from a cell of the same (model, task, seed) that prepared them
-        under the same key (:mod:`circuits.prepared`), else prepared. One prompt set serves every cell of the
+        under the same key (:mod:`circuits.prompts.prepared`), else prepared. One prompt set serves every cell of the
         (model, task, seed), so the cells of a row score the same prompts: drawn as CAMA needs them (its fit
         set backing every entry they read) when any of those cells needs means."""
-        from circuits import analyses, prepared
+        from circuits import analyses
+        from circuits.prompts import prepared
 
         group = [c for c in self.folders if (c.model, c.task, c.seed) == key]
         needs = any(analyses.get(c.analysis).needs_means(self.cell_config(c)) for c in group)

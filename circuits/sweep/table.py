@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from circuits import files
+from circuits.store import files
 from circuits.sweep.config import SweepConfig
 
 COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_prompts", "selected", "wait",
            "transfer", "faithfulness", "ci_low", "ci_high", "error", "path", "prompt_format")
 """The columns of ``table.csv``; ``prompt_format`` (the sweep's ``numbers``, ``shots`` and ``chat`` with the
-row's task file's prefix and answer format: :func:`circuits.formats.describe_prompts`)."""
+row's task file's prefix and answer format: :func:`circuits.tasks.formats.describe_prompts`)."""
 
 
 def fmt(x: Any, digits: int = 3) -> str:
@@ -27,9 +27,9 @@ def fmt(x: Any, digits: int = 3) -> str:
 
 
 def prompt_format(config: SweepConfig, task: Any = None) -> str:
-    """How the sweep's prompts of ``task`` are presented (:func:`circuits.formats.describe_prompts`; without a
+    """How the sweep's prompts of ``task`` are presented (:func:`circuits.tasks.formats.describe_prompts`; without a
     task: the sweep's ``numbers``, ``shots`` and ``chat`` alone)."""
-    from circuits.formats import describe_prompts
+    from circuits.tasks.formats import describe_prompts
 
     return describe_prompts({"numbers": config.numbers, "format": {"shots": config.shots, "chat": config.chat}},
                             task=task)
@@ -168,7 +168,7 @@ def figures(config: SweepConfig, rows: Sequence[Any]) -> list[Any]:
 def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, seconds: float) -> None:
     """``table.csv``, ``table.md``, ``summary.json`` and ``report.html`` of the sweep in ``out``."""
     from circuits import report
-    from circuits.runs import write_json
+    from circuits.store.runs import write_json
 
     report.write_text(out / files.TABLE_CSV, csv_text(rows, config))
     md = markdown(config, rows)

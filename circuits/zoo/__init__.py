@@ -99,7 +99,7 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     """:func:`load` for a model folder anywhere (a Hugging Face checkpoint as written by
     :mod:`circuits.zoo.export`), e.g. the ``--out`` folder of ``af1 zoo train``.
 
-    The backend's registered loader builds the model (:func:`circuits.backend_loaders.get_loader`): ``"hooked"``
+    The backend's registered loader builds the model (:func:`circuits.models.loaders.get_loader`): ``"hooked"``
     converts the Hugging Face weights with TransformerLens' own converters (:func:`circuits.zoo.hf.hooked_state`);
     ``"bridge"`` wraps the Hugging Face model in a ``TransformerBridge``; ``"nnsight"`` wraps it in nnsight
     (:func:`interventions.backends.nnsight.wrap`). A planted attention mask recorded in ``zoo.json`` is attached
@@ -116,7 +116,7 @@ def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None
     folder = Path(folder)
     hf_model, b_U = _hf.load_hf(folder)  # b_U: only in a folder of the former format
     tokenizer = load_tokenizer(folder / "tokenizer.json")
-    from circuits.backend_loaders import get_loader
+    from circuits.models.loaders import get_loader
 
     model = get_loader(backend).from_hf(hf_model, tokenizer, folder, b_U, device)
     from circuits.logs import quiet_to

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from circuits import tasks as _tasks
 from circuits.errors import ArgumentError
+from circuits.tasks import catalogue as _tasks
 from circuits.zoo.tokenizer import MAX_NUMBER
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from circuits import tasks as _tasks
-from circuits.atomic import write_text
 from circuits.errors import ArgumentError
+from circuits.store.atomic import write_text
+from circuits.tasks import catalogue as _tasks
 from circuits.zoo import hf as _hf
 from circuits.zoo.data import FRESH_N, FRESH_SEEDS, evaluate_fresh, evaluate_frozen
 from circuits.zoo.recipes import STYLE_TASKS

@@ -51,8 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from circuits.atomic import write_text
 from circuits.errors import ModelLoadError
+from circuits.store.atomic import write_text
 from circuits.zoo import MODELS_DIR, trainer
 from circuits.zoo.data import accuracy, build_splits, layout_batches
 from circuits.zoo.gt_recipes import (
@@ -325,7 +325,7 @@ def _keep_if_best(model, state: dict, score: float, ckpt_dir: Path, log=print) -
     held-out accuracy) is at least the best so far; ``state["best"]`` records its step and score."""
     from safetensors.torch import save_file
 
-    from circuits.atomic import write_with
+    from circuits.store.atomic import write_with
 
     if state.get("best") and score < state["best"]["min_val"]:
         return
@@ -341,7 +341,7 @@ def measure(model, structure: Structure, tasks: list[str] = ORIGINAL_TASKS) -> d
     import numpy as np
     import torch
 
-    from circuits import tasks as _tasks
+    from circuits.tasks import catalogue as _tasks
     from circuits.zoo.data import TaskData
 
     per_task, rows = {}, []

@@ -275,7 +275,7 @@ def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -
     (:mod:`circuits.zoo.refit`)."""
     from safetensors.torch import save_file
 
-    from circuits.atomic import write_files, write_text, write_with
+    from circuits.store.atomic import write_files, write_text, write_with
     from circuits.zoo.tokenizer import save_tokenizer
 
     head = hf_model.get_output_embeddings()
@@ -284,7 +284,7 @@ def save_hf(folder: str | Path, hf_model, tokenizer, meta: dict | None = None) -
                             "unembedding bias first (circuits.zoo.refit.refit_unembed)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    # every file through the atomic writer (circuits.atomic): a killed export leaves whole files only
+    # every file through the atomic writer (circuits.store.atomic): a killed export leaves whole files only
     write_with(folder / "config.json", lambda p: hf_model.config.to_json_file(str(p)))
     write_with(folder / WEIGHTS, lambda p: save_file({k: v.detach().float().contiguous()
                                                       for k, v in hf_model.state_dict().items()},

@@ -113,6 +113,6 @@ if __name__ == "__main__":  # pragma: no cover
     print("DEPRECATED: `python -m circuits.zoo.planted train` trains the former mask-based arith-gpt2-af1; "
           "`af1 zoo train arith-gpt2-gt-w2t2` trains the ground truth that replaces it (docs/groundtruth.md). "
           "Running the former recipe (planted.train(planted.CONFIG)); options are ignored", file=sys.stderr)
-    from circuits.groundtruth import af1_check  # the script's own check (the library takes check=)
+    from circuits.groundtruth.recovery import af1_check  # the script's own check (the library takes check=)
 
     train(CONFIG, resume="--fresh" not in sys.argv, check=af1_check)

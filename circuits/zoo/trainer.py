@@ -63,11 +63,11 @@ def make_optimizer(model, cfg: Any) -> torch.optim.AdamW:
 
 def save_optimizer(opt, model, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write the AdamW state of every parameter as safetensors (``<param name>::<state key>``), atomically
-    (:func:`circuits.atomic.write_with`)."""
+    (:func:`circuits.store.atomic.write_with`)."""
     import torch
     from safetensors.torch import save_file
 
-    from circuits.atomic import write_with
+    from circuits.store.atomic import write_with
 
     names = {id(p): n for n, p in model.named_parameters()}
     flat = {}
@@ -90,11 +90,11 @@ def load_optimizer(opt, model, path: Path) -> None:
 
 def save_checkpoint(model, opt, state: dict, ckpt_dir: Path) -> None:
     """Weights, optimiser state and ``state`` (step, wall time, history) into ``ckpt_dir``, each file through
-    the atomic writer (:mod:`circuits.atomic`), ``state.json`` last; both weight files record the step, so a
+    the atomic writer (:mod:`circuits.store.atomic`), ``state.json`` last; both weight files record the step, so a
     command killed between the files is caught on resume (:func:`start`)."""
     from safetensors.torch import save_file
 
-    from circuits.atomic import write_text, write_with
+    from circuits.store.atomic import write_text, write_with
 
     tag = {"step": str(state["step"])}
     weights = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -141,8 +141,8 @@ def start(model, opt, cfg: Any, ckpt_dir: Path, resume: bool, d_vocab: int,
     state dict. Otherwise ``init()`` (e.g. load a base model's weights) and a fresh state at step 0."""
     from safetensors.torch import load_file
 
-    from circuits.atomic import clean_temporaries
     from circuits.errors import CorruptRunError
+    from circuits.store.atomic import clean_temporaries
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     clean_temporaries(ckpt_dir)

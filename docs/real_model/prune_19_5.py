@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 import interventions as iv
-from circuits.loading import load_model
+from circuits.models.loading import load_model
 from circuits.prune import prune_heads
-from circuits.runs import tokens_sha256
+from circuits.store.runs import tokens_sha256
 from circuits.search import SearchResult
-from circuits.task_tokens import encode_texts
+from circuits.tasks.tokens import encode_texts
 
 cell = Path(sys.argv[1]); wait, transfer, n_max, out = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 model = load_model("smollm2-135m-instruct", backend="bridge")

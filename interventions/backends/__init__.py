@@ -1,5 +1,4 @@
-"""The shipped backends; importing this package registers their adapters with
-:func:`interventions.adapter.register_backend`.
+"""The shipped backends; :mod:`interventions.registry` registers their adapters.
 
 * :mod:`.hooked`: TransformerLens 3.x ``HookedTransformer`` (:class:`~.hooked.HookedAdapter`).
 * :mod:`.bridge`: ``TransformerBridge`` of TransformerLens 4.x and the 3.9 preview
@@ -8,11 +7,10 @@
   (:class:`~.nnsight.NNsightAdapter`; nnsight itself is imported only when such a model is built).
 
 A further backend is one module that subclasses :class:`interventions.adapter.ModelAdapter`, declares
-its :class:`~interventions.adapter.Capabilities` and calls ``register_backend(predicate, cls)``;
-import it here (or anywhere before :func:`interventions.adapt` is called).
+its :class:`~interventions.adapter.Capabilities` and calls
+:func:`interventions.registry.register_backend` ``(predicate, cls)`` before :func:`interventions.adapt` is called.
 """
 
-from . import bridge, hooked, nnsight  # noqa: F401  (registration)
 from .bridge import BridgeAdapter
 from .hooked import HookedAdapter
 from .nnsight import NNsightAdapter

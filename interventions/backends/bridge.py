@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from ..adapter import Capabilities, ModelAdapter, register_backend
+from ..adapter import Capabilities, ModelAdapter
 from ..edits import without_user_hooks
 from ..errors import InterventionError
 from ..hooks import resid_post
@@ -196,7 +196,6 @@ def is_bridge(model: Any) -> bool:
     return isinstance(model, TransformerBridge)
 
 
-register_backend(is_bridge, BridgeAdapter)
 
 
 def boot(hf_model: Any, arch: str, tokenizer: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from ..adapter import Capabilities, ModelAdapter, check_block_range, register_backend
+from ..adapter import Capabilities, ModelAdapter, check_block_range
 from ..errors import InterventionError
 
 
@@ -113,4 +113,3 @@ def is_hooked_transformer(model: Any) -> bool:
     return isinstance(model, HookedTransformer)
 
 
-register_backend(is_hooked_transformer, HookedAdapter)

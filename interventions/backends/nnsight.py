@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from ..adapter import Capabilities, HookFn, ModelAdapter, register_backend
+from ..adapter import Capabilities, HookFn, ModelAdapter
 from ..edits import edit_problems
 from ..hooks import PER_HEAD_MASK, resid_post, resid_pre
 from ..types import InterventionError
@@ -143,4 +143,3 @@ def is_nnsight_model(model: Any) -> bool:
     return isinstance(model, NNsightModel)
 
 
-register_backend(is_nnsight_model, NNsightAdapter)

@@ -70,8 +70,8 @@ def pages(folder: Path) -> dict[str, Path]:
     import numpy as np
 
     from circuits import report
-    from circuits.groundtruth import Recovery
-    from circuits.groundtruth_report import write_outputs as write_groundtruth
+    from circuits.groundtruth.recovery import Recovery
+    from circuits.groundtruth.report import write_outputs as write_groundtruth
     from circuits.lens.interchange import InterchangeResult
     from circuits.lens.report import figures as lens_figures
     from circuits.prune.report import figures as prune_figures

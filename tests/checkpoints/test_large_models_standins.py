@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from circuits import cli, loading, memory
+from circuits import cli
+from circuits.models import loading, memory
 from tests import standins
 from tests.checkpoints.test_commands_standins import read_jsonl
 from tests.conftest import BACKENDS, needs_hooked
@@ -69,7 +70,7 @@ def test_estimate_before_loading(standin_hub):
     snapshot = standin_hub / "models--meta-llama--Meta-Llama-3-8B" / "snapshots" / standins.REVISION
     hf = tf.AutoModelForCausalLM.from_pretrained(snapshot)
     tok = tf.AutoTokenizer.from_pretrained(snapshot)
-    from circuits import tasks
+    from circuits.tasks import catalogue as tasks
 
     est = memory.estimate_pretrained("meta-llama/Meta-Llama-3-8B", "bfloat16", "add", 8, 4)
     n_params = sum(p.numel() for p in hf.parameters())
@@ -120,7 +121,7 @@ def test_search_halves_the_batch_after_out_of_memory(backend, self_answering, mo
 
 def test_commands_take_a_device_map_and_print_the_estimate(self_answering, tmp_path, capsys):
     """``af1 necessity --device-map sequential --max-memory cpu=1GiB`` writes what the plain command writes,
-    after printing the estimate of :func:`circuits.memory.estimate_pretrained` for its arguments."""
+    after printing the estimate of :func:`circuits.models.memory.estimate_pretrained` for its arguments."""
     common = ["necessity", "--model", "Qwen/Qwen2.5-0.5B", "--task", "add", "--n-prompts", "8", "--backend",
               "bridge", "--prepend-bos", "--no-progress", "--batch-size", "4"]
     assert cli.main([*common, "--out", str(tmp_path / "plain")]) == 0

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits import loading, tasks
 from circuits.errors import ModelLoadError
+from circuits.models import hub, loading
+from circuits.prompts import sampling
+from circuits.tasks import catalogue as tasks
 from tests import standins
 from tests.checkpoints.conftest import combos
 from tests.conftest import BACKENDS, needs_hooked
@@ -84,11 +86,11 @@ def test_bos_follows_the_model_default(key, backend, load_standin):
     if key == "pythia":
         assert default.bos is None and model.cfg.default_prepend_bos is False
         with pytest.raises(ValueError, match=r"need BOS \(token \d+\) at position 0 .* use --prepend-bos"):
-            loading.check_bos(model, default.tokens)
+            sampling.check_bos(model, default.tokens)
     else:
         assert default.bos == bos
-        loading.check_bos(model, default.tokens)
-    loading.check_bos(model, with_bos.tokens)
+        sampling.check_bos(model, default.tokens)
+    sampling.check_bos(model, with_bos.tokens)
 
 
 @pytest.mark.parametrize("key,backend", combos(["qwen2"]))
@@ -134,15 +136,15 @@ def test_cached_spelling_finds_the_weights_under_either_spelling(tmp_path):
     for cache, spelling in ((lower, "EleutherAI/gpt-j-6b"), (upper, "EleutherAI/gpt-j-6B")):
         with standins.offline_cache(cache):
             for asked in ("EleutherAI/gpt-j-6b", "EleutherAI/gpt-j-6B", "eleutherai/GPT-J-6B"):
-                assert loading.cached_spelling(asked) == spelling
-            assert loading.cached_spelling("meta-llama/Meta-Llama-3-8B") is None
+                assert hub.cached_spelling(asked) == spelling
+            assert hub.cached_spelling("meta-llama/Meta-Llama-3-8B") is None
     # A config without weights is not a cached model.
     snapshot = lower / "models--EleutherAI--gpt-j-6b" / "snapshots" / standins.REVISION
     for weights in snapshot.glob("*.safetensors"):
         weights.unlink()
     with standins.offline_cache(lower):
-        assert not loading.has_cached_weights("EleutherAI/gpt-j-6b")
-        assert loading.cached_spelling("EleutherAI/gpt-j-6B") is None
+        assert not hub.has_cached_weights("EleutherAI/gpt-j-6b")
+        assert hub.cached_spelling("EleutherAI/gpt-j-6B") is None
 
 
 def snapshot_folder(hub_cache, key: str):

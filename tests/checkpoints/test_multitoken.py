@@ -1,4 +1,4 @@
-"""Numbers of several tokens (``--numbers multi``, :mod:`circuits.digits`) on the digit tokenizer of the
+"""Numbers of several tokens (``--numbers multi``, :mod:`circuits.tasks.digits`) on the digit tokenizer of the
 Qwen2 stand-in: layouts that line up digit by digit, answers read under teacher forcing, and the search's
 fast path equal to complete intervened passes; with single-token numbers exactly the single-token path."""
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import interventions as iv
-from circuits import tasks
-from circuits.digits import filter_multi_token, number_roles
 from circuits.faithfulness import last_token_metrics
-from circuits.loading import prepare_prompts
+from circuits.prompts.sampling import prepare_prompts
 from circuits.search import FastEvaluator, NaiveEvaluator, configurations, search_af1
+from circuits.tasks import catalogue as tasks
+from circuits.tasks.digits import filter_multi_token, number_roles
 from interventions.readout import answer_readout, readout_metrics
 from tests import standins
 from tests.checkpoints.conftest import combos

@@ -5,10 +5,9 @@ caught before anything connects. The API key comes from ``NDIF_API_KEY`` and is 
 from __future__ import annotations
 
 import pytest
-import torch
 
 import interventions as iv
-from circuits import loading
+from circuits.models import loading
 from circuits.search.cost import search_cost
 from tests import standins
 
@@ -112,7 +111,9 @@ def test_remote_search_served_by_a_stand_in_server(standin_hub, load_standin, mo
                        n_fit=len(p.fit))
     assert (client.usage.requests, client.usage.tokens) == (cost.requests, cost.tokens) == (len(keys), cost.tokens)
     assert set(keys) == {FAKE_KEY}
-    from circuits import tasks  # prompt checks put their inputs on the CPU, not on the skeleton's meta device
+    from circuits.tasks import (
+        catalogue as tasks,  # prompt checks put their inputs on the CPU, not on the skeleton's meta device
+    )
 
     ds = tasks.build_task("add", 16, seed=0)
     assert tasks.filter_correct(client, ds)[0]["prompt"] == tasks.filter_correct(server, ds)[0]["prompt"]

@@ -2,7 +2,7 @@
 (learned positions), Llama-3 (grouped-query attention: 4 query heads, 2 key-value heads), Qwen2 (no BOS
 token, grouped-query attention) and Pythia (GPT-NeoX: parallel attention and MLP, partial rotary).
 
-Both load the same checkpoint with ``circuits.loading.load_model``. The bridge runs in compatibility
+Both load the same checkpoint with ``circuits.models.loading.load_model``. The bridge runs in compatibility
 mode (LayerNorm folded, writing weights and the unembedding centred), so its logits differ from the
 checkpoint's by a constant per position and its residual stream by a constant per position and
 feature: log-probabilities, faithfulness and search results are what must be equal, and are (to 1e-4

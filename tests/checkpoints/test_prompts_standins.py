@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from circuits import loading, tasks
 from circuits.errors import ArgumentError, PromptError
+from circuits.prompts import sampling
+from circuits.tasks import catalogue as tasks
 from tests import standins
 
 
@@ -106,7 +107,7 @@ def test_sampling_continues_until_enough_correct_prompts(toks):
     tok = toks["gpt2"]
     rule = lambda a, b: (a + b) % 7 == 0  # noqa: E731 - about one prompt in seven
     model = Oracle(tok, rule)
-    p = loading.prepare_prompts(model, "add", 40, seed=0, progress=False)
+    p = sampling.prepare_prompts(model, "add", 40, seed=0, progress=False)
     assert len(p) == 40 and p.stop == "found" and p.n_drawn > 3 * 40  # more than the first round
     single, correct = _expected(tok, rule, "add", p.n_drawn)
     assert p.n_checked == len(single) == model.rows  # each checked prompt: one forward row
@@ -128,7 +129,7 @@ def test_zero_accuracy_stops_after_the_first_batch(toks):
     single, _ = _expected(tok, lambda a, b: False, "add", 3 * 10)
     with pytest.raises(PromptError, match=rf"^task 'add': the model answers none of the {len(single)} checked "
                                           rf"prompts correctly \(base accuracy 0%\)"):
-        loading.prepare_prompts(model, "add", 10, progress=False)
+        sampling.prepare_prompts(model, "add", 10, progress=False)
     assert model.rows == len(single)
 
 
@@ -138,7 +139,7 @@ def test_budget_and_exhaustion_name_the_count_that_works(toks):
     model = Oracle(tok, rule)
     with pytest.raises(PromptError, match=r"too few correct prompts .*lower --n-prompts to (\d+) or less, "
                                           r"raise --max-checked above 100") as err:
-        loading.prepare_prompts(model, "add", 40, max_checked=100, progress=False)
+        sampling.prepare_prompts(model, "add", 40, max_checked=100, progress=False)
     assert model.rows == 100
     # independent: the correct ones among the first 100 single-token prompts
     single, _ = _expected(tok, rule, "add", 400)
@@ -147,11 +148,11 @@ def test_budget_and_exhaustion_name_the_count_that_works(toks):
     # the operand space runs out: every prompt was drawn once; the error names how many there are
     same = lambda a, b: a == b  # noqa: E731
     with pytest.raises(PromptError, match=r"too few correct prompts") as err:
-        loading.prepare_prompts(Oracle(tok, same), "add", 200, progress=False)
+        sampling.prepare_prompts(Oracle(tok, same), "add", 200, progress=False)
     single, correct = _expected(tok, same, "add", 10_000)
     assert f"{len(correct)} of {len(single)} checked prompts" in str(err.value)
     assert f"lower --n-prompts to {len(correct)} or less, or use" in str(err.value)
-    p = loading.prepare_prompts(Oracle(tok, same), "add", 200, min_prompts=10, progress=False)
+    p = sampling.prepare_prompts(Oracle(tok, same), "add", 200, min_prompts=10, progress=False)
     assert p.stop == "exhausted" and p.n_drawn == 10_000 and len(p) == len(correct)
 
 
@@ -160,20 +161,20 @@ def test_arguments_are_checked_first(toks):
     # add_small: A, B in 0..99 with A + B <= 99, i.e. 100 + 99 + ... + 1 prompts
     with pytest.raises(ArgumentError, match=r"^n_prompts=6000 is more than task 'add_small' can give \(its operand "
                                             r"space has 5050 prompts\): lower --n-prompts to 5050 or less$"):
-        loading.prepare_prompts(model, "add_small", 6000, progress=False)
+        sampling.prepare_prompts(model, "add_small", 6000, progress=False)
     with pytest.raises(ArgumentError, match="max_checked=0 must be an integer >= 1"):
-        loading.prepare_prompts(model, "add", 5, max_checked=0, progress=False)
+        sampling.prepare_prompts(model, "add", 5, max_checked=0, progress=False)
     with pytest.raises(ArgumentError, match="min_prompts=9 must be between 1 and n_prompts=5"):
-        loading.prepare_prompts(model, "add", 5, min_prompts=9, progress=False)
+        sampling.prepare_prompts(model, "add", 5, min_prompts=9, progress=False)
     with pytest.raises(ArgumentError, match="prepend_bos='yes' must be True, False or None"):
-        loading.prepare_prompts(model, "add", 5, prepend_bos="yes", progress=False)
+        sampling.prepare_prompts(model, "add", 5, prepend_bos="yes", progress=False)
     assert model.rows == 0
 
 
 @pytest.mark.parametrize("style,text", [("gpt2", " "), ("llama3", "")])
 def test_records_say_how_the_answer_is_written(toks, style, text):
     tok = toks[style]
-    p = loading.prepare_prompts(Oracle(tok, lambda a, b: True), "verbal_add", 12, progress=False)
+    p = sampling.prepare_prompts(Oracle(tok, lambda a, b: True), "verbal_add", 12, progress=False)
     for rec in p.records():
         assert rec["answer_text"] == text + str(rec["answer"])
         assert rec["prompt"].endswith(" ") == (text == "")
@@ -184,10 +185,10 @@ def test_records_say_how_the_answer_is_written(toks, style, text):
 def test_bos_default_and_progress_bar(toks, capsys):
     tok = toks["gpt2"]
     bos = tok.bos_token_id
-    p = loading.prepare_prompts(Oracle(tok, lambda a, b: True, prepend_bos=False), "add", 8, progress=False)
+    p = sampling.prepare_prompts(Oracle(tok, lambda a, b: True, prepend_bos=False), "add", 8, progress=False)
     assert not p.prepend_bos and p.bos_token is None and p.tokens[0].tolist() == tok.encode(p.prompts[0])
     with pytest.raises(PromptError, match="use --prepend-bos"):
-        loading.check_bos(Oracle(tok, None, prepend_bos=False), p.tokens)
-    q = loading.prepare_prompts(Oracle(tok, lambda a, b: True, prepend_bos=False), "add", 8, prepend_bos=True)
+        sampling.check_bos(Oracle(tok, None, prepend_bos=False), p.tokens)
+    q = sampling.prepare_prompts(Oracle(tok, lambda a, b: True, prepend_bos=False), "add", 8, prepend_bos=True)
     assert q.prepend_bos and q.bos_token == bos and q.tokens[:, 1:].tolist() == p.tokens.tolist()
     assert "prompts of add" in capsys.readouterr().err

@@ -17,10 +17,11 @@ from collections import defaultdict
 import pytest
 import torch
 
-from circuits import cli, gguf
-from circuits.formats import PromptFormat
-from circuits.loading import load_model
+from circuits import cli
+from circuits.models import gguf
+from circuits.models.loading import load_model
 from circuits.search import FastEvaluator, NaiveEvaluator
+from circuits.tasks.formats import PromptFormat
 from tests import standins
 from tests.checkpoints.conftest import SMOLLM2, needs_smollm2
 

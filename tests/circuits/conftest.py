@@ -27,7 +27,9 @@ def counted(monkeypatch):
     """Counts of the prompt checks (``tasks.filter_correct``, the runner's ``base_correct``), the fit-set draws
     and the means fits made from now on (a rerun of a finished directory makes none)."""
     import interventions as iv
-    from circuits import fitset, runner, tasks
+    from circuits import runner
+    from circuits.prompts import fitset
+    from circuits.tasks import catalogue as tasks
 
     calls = {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from circuits import backend_loaders, loading, zoo
+from circuits import zoo
 from circuits.errors import ArgumentError
+from circuits.models import loaders as backend_loaders
+from circuits.models import loading
 from interventions.vocab import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +71,7 @@ def test_a_failure_names_the_registered_loaders_call(monkeypatch):
         loading.load_model("gpt2", backend="bridge")
 
 
-@pytest.mark.parametrize("module", ["circuits/loading.py", "circuits/zoo/__init__.py", "circuits/commands/common.py"])
+@pytest.mark.parametrize("module", ["circuits/models/loading.py", "circuits/zoo/__init__.py", "circuits/commands/common.py"])
 def test_loading_and_the_zoo_never_compare_a_backend_name(module):
     """No `backend == "bridge"`, `backend != "hooked"` or `backend in ("bridge", "nnsight")` in the modules that
     load models: a new backend is a loader registration, not an edit here."""

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import interventions as iv
-from circuits import loading
 from circuits.lens import decode_states, lens_states
+from circuits.models import loading
 from circuits.necessity import necessity_sweep
 from circuits.prune import prune_heads
 from tests.conftest import build_bridge, build_hooked, disjoint_fit_tokens, needs_hooked, random_tokens

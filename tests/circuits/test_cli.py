@@ -6,11 +6,13 @@ import json
 
 import pytest
 
-from circuits import cli, fitset, loading
+from circuits import cli
 from circuits.commands import common
 from circuits.errors import PromptError
-from circuits.fitset import FitSet
-from circuits.prompts import self_answer_prompts
+from circuits.models import loading
+from circuits.prompts import fitset, sampling
+from circuits.prompts.fitset import FitSet
+from circuits.prompts.sampling import self_answer_prompts
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 
@@ -31,7 +33,7 @@ def tiny_loading(monkeypatch):
         return self_answer_prompts(model_, tokens[:n_prompts], task=task)
 
     monkeypatch.setattr(loading, "load_model", load_model)
-    monkeypatch.setattr(loading, "prepare_prompts", prepare_prompts)
+    monkeypatch.setattr(sampling, "prepare_prompts", prepare_prompts)
     fit = disjoint_fit_tokens(tokens)
     monkeypatch.setattr(fitset, "draw_fit_set", lambda model_, task, scored, spec, **kw: FitSet.given(fit, spec.min_count))
     monkeypatch.setattr(common, "check_task", lambda *args, **kwargs: None)  # task "t" is not in the catalogue
@@ -109,7 +111,7 @@ def test_demo_command(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_configs_evaluated"] == summary["n_configs_total"] == 28 and summary["n_prompts"] == 20
     assert (out / "report.html").exists() and (out / "necessity" / "report.html").exists()
-    from circuits.groundtruth import planted_models, planted_structure
+    from circuits.groundtruth.recovery import planted_models, planted_structure
 
     planted = planted_models()
     if planted:  # a few lines: the search recovers a planted structure

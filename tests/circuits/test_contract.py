@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from circuits import analyses, files
+from circuits import analyses
 from circuits.analyses import Analysis, RunContext
 from circuits.errors import ArgumentError
+from circuits.models.spec import ModelSpec
+from circuits.prompts.spec import PromptSpec
 from circuits.runner import execute, run_analysis
-from circuits.runs import RunDir, tokens_sha256
-from circuits.specs import ModelSpec, PromptSpec
+from circuits.store import files
+from circuits.store.runs import RunDir, tokens_sha256
 from circuits.sweep import SweepConfig, run_sweep
 
 
@@ -142,8 +144,8 @@ def test_a_sweep_refuses_an_unknown_analysis():
 def tiny():
     from dataclasses import replace
 
-    from circuits.fitset import FitSet
-    from circuits.prompts import self_answer_prompts
+    from circuits.prompts.fitset import FitSet
+    from circuits.prompts.sampling import self_answer_prompts
     from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
     model = build_default("gpt2")

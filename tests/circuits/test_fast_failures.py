@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from circuits import cli, loading, model_names
+from circuits import cli
 from circuits.errors import ModelLoadError
+from circuits.models import loading
+from circuits.models import names as model_names
 
 ROOT = Path(__file__).resolve().parents[2]
 

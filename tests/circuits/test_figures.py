@@ -140,7 +140,7 @@ def test_smallest_head_set_has_a_legend_and_labelled_cells():
 
 
 def test_pruning_curve_counts_whole_heads_and_the_attention_map_grows_with_its_heads():
-    from circuits.prune.report import MAX_HEIGHT, attention_figure, curve_figure
+    from circuits.prune.figures import MAX_HEIGHT, attention_figure, curve_figure
 
     result = prune_result([(1, 0)])
     curve = curve_figure(result)
@@ -185,7 +185,7 @@ def test_lens_axes_have_readable_names_and_the_rank_a_log_axis():
 
 
 def test_lens_rank_heatmap_height_is_capped():
-    from circuits.lens.report import HEATMAP_ROW_PX, MAX_LABELLED_ROWS, rank_heatmap
+    from circuits.lens.figures import HEATMAP_ROW_PX, MAX_LABELLED_ROWS, rank_heatmap
 
     class Many:
         n_prompts = 500

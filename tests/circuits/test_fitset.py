@@ -14,12 +14,13 @@ import pytest
 import torch
 
 import interventions as iv
-from circuits import cli, tasks
+from circuits import cli
 from circuits.errors import FitSetError
 from circuits.faithfulness import base_correct
-from circuits.fitset import FitSet, FitSpec, draw_fit_set
+from circuits.prompts.fitset import FitSet, FitSpec, draw_fit_set
+from circuits.prompts.spec import PromptSpec, fit_covered
 from circuits.search import search_af1
-from circuits.specs import PromptSpec, fit_covered
+from circuits.tasks import catalogue as tasks
 from interventions.coverage import row_digests
 
 

@@ -1,4 +1,4 @@
-"""Prompt formats (:mod:`circuits.formats`): solved examples before the query and the chat template, from the
+"""Prompt formats (:mod:`circuits.tasks.formats`): solved examples before the query and the chat template, from the
 Python API, the command line and sweep configs, and what the outputs say about the format used.
 
 The real tokenizer's chat template (SmolLM2) is exercised in ``tests/checkpoints/test_real_model.py``; here a
@@ -13,13 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from circuits import cli, tasks
+from circuits import cli
 from circuits.commands.common import prompt_spec
 from circuits.errors import ArgumentError
-from circuits.formats import EXAMPLES_SEED, PromptFormat, describe_prompts
 from circuits.sweep import SweepConfig
 from circuits.sweep.run import CellResult
 from circuits.sweep.table import COLUMNS, csv_text, markdown
+from circuits.tasks import catalogue as tasks
+from circuits.tasks.formats import EXAMPLES_SEED, PromptFormat, describe_prompts
 
 
 class TemplateTokenizer:
@@ -150,7 +151,8 @@ def test_the_command_line_flags_make_the_format_and_run_json_records_it():
 
 
 def test_a_bad_shots_flag_is_refused_before_anything_loads(capsys, tmp_path, monkeypatch):
-    from circuits import loading, zoo
+    from circuits import zoo
+    from circuits.models import loading
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("a model was loaded")

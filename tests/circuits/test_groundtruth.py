@@ -280,9 +280,9 @@ def planted(request):
 
 
 def test_ground_truth_is_accurate_and_its_structure_holds_without_hooks(planted):
+    from circuits.zoo.data import evaluate_frozen
     from circuits.zoo.groundtruth import measure
     from circuits.zoo.recipes import ORIGINAL_TASKS
-    from circuits.zoo.data import evaluate_frozen
 
     name, model, structure = planted
     assert "planted" not in zoo.card(name)  # no attention-mask hooks are attached at load time
@@ -324,7 +324,7 @@ def test_search_and_pruning_recover_the_planted_structure(planted):
     greedy pruning at 0.9 keeps exactly the planted heads. (With disjoint windows every designated head is
     the only reader of its keys, so necessary by construction; with full windows, as in w2t2, the model
     could have used fewer heads than it may use, and this checks that it uses them all.)"""
-    from circuits.specs import PromptSpec
+    from circuits.prompts.spec import PromptSpec
 
     name, model, structure = planted
     prompts = PromptSpec("add_sub", 200, seed=0).prepare(model, means="cama", progress=False)
@@ -355,7 +355,7 @@ def test_a_planted_mask_folder_reads_as_its_structure(tmp_path):
 def test_a_deprecated_name_loads_its_replacement_loudly(monkeypatch):
     """The alias mechanism that redirects ``arith-gpt2-af1`` (tested on a stand-in alias to ``arith-gpt2``):
     zoo.load and load_model resolve it with a FutureWarning."""
-    from circuits.loading import load_model
+    from circuits.models.loading import load_model
 
     if "arith-gpt2" not in zoo.available():
         pytest.skip("arith-gpt2 is not shipped")

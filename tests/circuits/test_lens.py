@@ -11,13 +11,13 @@ import torch
 
 from circuits.lens import (
     counterfactual_rows,
-    parse_operands,
     counterfactual_set,
     decode_states,
     early_decode,
     interchange,
     lens_states,
     numeric_table,
+    parse_operands,
 )
 from tests.conftest import BACKENDS, build_default, hooked_state, needs_hooked, random_tokens
 
@@ -331,26 +331,21 @@ def test_counterfactual_rows_and_layout_filter():
 # --- command and outputs --------------------------------------------------------------------------
 def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     import json
-    import sys
 
     from circuits import cli
-    from circuits.prompts import Prompts
+    from circuits.prompts.sampling import Prompts
 
     model, vocab = tiny_tokenizer_model("llama")
     prompts = ["3+4=", "2+5=", "6-1=", "8-8=", "1+1="]
     values = [7, 7, 5, 0, 2]
-    fake = SimpleNamespace(
-        load_model=lambda name, device, backend=None, dtype=None: model,
-        zoo_names=lambda: ["tiny"],
-        prepare_prompts=lambda m, task, n, seed, prepend_bos=None, **kw: Prompts(
-            tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
-            prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5, n_checked=2 * n, n_correct=n),
-    )
-    import circuits
+    from circuits.models import loading
+    from circuits.prompts import sampling
 
-    # Both routes to the module: the import system and the package attribute (set once imported).
-    monkeypatch.setitem(sys.modules, "circuits.loading", fake)
-    monkeypatch.setattr(circuits, "loading", fake, raising=False)
+    monkeypatch.setattr(loading, "load_model", lambda name, device, backend=None, dtype=None: model)
+    monkeypatch.setattr(loading, "zoo_names", lambda: ["tiny"])
+    monkeypatch.setattr(sampling, "prepare_prompts", lambda m, task, n, seed, prepend_bos=None, **kw: Prompts(
+        tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
+        prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5, n_checked=2 * n, n_correct=n))
     out = tmp_path / "lens"
     assert cli.main(["lens", "--model", "tiny", "--task", "add", "--n-prompts", "4", "--out", str(out),
                      "--no-interchange"]) == 0

@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from circuits import loading
+from circuits.models import loading
+from circuits.prompts import sampling
 
 
 class FakeLayout:
@@ -22,9 +23,9 @@ class FakeLayout:
 
 @pytest.fixture
 def fake_tasks(monkeypatch):
-    """A stand-in for circuits.tasks that records the pipeline's calls."""
+    """A stand-in for the task catalogue (circuits.tasks.catalogue) that records the pipeline's calls."""
     calls = []
-    mod = types.ModuleType("circuits.tasks")
+    mod = types.ModuleType("circuits.tasks.catalogue")
 
     def build_task(name, n=None, seed=0, start=0):
         calls.append(("build", name, n, seed))
@@ -60,15 +61,15 @@ def fake_tasks(monkeypatch):
     for fn in (build_task, operand_space_size, frozen_set, filter_single_token, filter_correct, to_layouts, get_task,
                task_label):
         setattr(mod, fn.__name__, fn)
-    monkeypatch.setitem(sys.modules, "circuits.tasks", mod)
-    import circuits
+    monkeypatch.setitem(sys.modules, "circuits.tasks.catalogue", mod)
+    import circuits.tasks
 
-    monkeypatch.setattr(circuits, "tasks", mod, raising=False)
+    monkeypatch.setattr(circuits.tasks, "catalogue", mod)
     return calls
 
 
 def test_prepare_prompts_pipeline(fake_tasks):
-    p = loading.prepare_prompts(object(), "add", 20, seed=3, min_prompts=1)
+    p = sampling.prepare_prompts(object(), "add", 20, seed=3, min_prompts=1)
     # built 3 x 20 = 60, 50 single-token, 25 correct -> layouts of 17 and 8: all 17 of the larger one
     assert len(p) == 17 and p.tokens.shape == (17, 7)
     assert fake_tasks[0] == ("build", "add", 60, 3)
@@ -77,7 +78,7 @@ def test_prepare_prompts_pipeline(fake_tasks):
 
 
 def test_prepare_prompts_truncates_and_reports(fake_tasks):
-    p = loading.prepare_prompts(object(), "add", 10, seed=0, oversample=10)
+    p = sampling.prepare_prompts(object(), "add", 10, seed=0, oversample=10)
     # built 100, 90 single-token, 45 correct, layouts 30 and 15: first 10 of the 30-prompt layout
     assert p.tokens.shape == (10, 7) and p.answers.tolist() == list(range(100, 110))
     assert p.prompts[0] == "p0-0" and p.answer_values == list(range(10))
@@ -88,18 +89,18 @@ def test_prepare_prompts_truncates_and_reports(fake_tasks):
 def test_prepare_prompts_too_few(fake_tasks):
     with pytest.raises(ValueError, match=r"too few correct prompts for task 'add': 25 of 50 .* 17 of them in the "
                                          r"largest layout .* 20 are needed; lower --n-prompts to 17"):
-        loading.prepare_prompts(object(), "add", 20)
-    p = loading.prepare_prompts(object(), "add", 20, min_prompts=5)
+        sampling.prepare_prompts(object(), "add", 20)
+    p = sampling.prepare_prompts(object(), "add", 20, min_prompts=5)
     assert len(p) == 17
 
 
 def test_prepare_prompts_frozen_and_bad_args(fake_tasks):
-    p = loading.prepare_prompts(object(), "add", 50, source="frozen")
+    p = sampling.prepare_prompts(object(), "add", 50, source="frozen")
     assert fake_tasks[0] == ("frozen", "add") and len(p) == 50
     with pytest.raises(ValueError, match="n_prompts=0"):
-        loading.prepare_prompts(object(), "add", 0)
+        sampling.prepare_prompts(object(), "add", 0)
     with pytest.raises(ValueError, match="source='x'"):
-        loading.prepare_prompts(object(), "add", 5, source="x")
+        sampling.prepare_prompts(object(), "add", 5, source="x")
 
 
 def test_prepare_prompts_on_zoo_model():
@@ -108,7 +109,7 @@ def test_prepare_prompts_on_zoo_model():
     if not hasattr(tasks, "to_layouts") or zoo.DEFAULT_MODEL not in zoo.available():
         pytest.skip("zoo models or task layouts not available")
     model = loading.load_model(zoo.DEFAULT_MODEL)
-    p = loading.prepare_prompts(model, "add", 30, seed=0)
+    p = sampling.prepare_prompts(model, "add", 30, seed=0)
     assert p.tokens.shape[0] == 30 and 0 < p.base_accuracy <= 1
     with torch.inference_mode():
         assert torch.equal(model(p.tokens)[:, -1].argmax(-1), p.answers)
@@ -139,7 +140,7 @@ def test_load_model_dtype_reaches_the_pretrained_loader(monkeypatch):
         from transformer_lens.model_bridge import TransformerBridge
 
         monkeypatch.setattr(TransformerBridge, "boot_transformers", staticmethod(fake))
-    from circuits import model_names
+    from circuits.models import names as model_names
 
     # the test's own loader stands for the hub: the name counts as cached (an uncached name is refused offline)
     monkeypatch.setattr(model_names, "in_hf_cache", lambda name: True)

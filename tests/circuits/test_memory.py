@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits import memory, placement
 from circuits.errors import ArgumentError
+from circuits.models import memory, placement
 
 GIB = 2**30
 

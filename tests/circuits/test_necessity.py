@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from circuits.necessity import necessity_sweep
-from circuits.runs import RunMismatchError
+from circuits.store.runs import RunMismatchError
 from tests.conftest import build_default, random_tokens
 
 

@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from circuits import cli, loading
+from circuits import cli
 from circuits.commands import common
+from circuits.models import loading
 
 pytest.importorskip("nnsight", reason="nnsight is not installed: pip install 'af1-circuits[nnsight]'")
 zoo = pytest.importorskip("circuits.zoo")

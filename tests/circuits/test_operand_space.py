@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from circuits import memory, operand_space, tasks
 from circuits.errors import ArgumentError
+from circuits.models import memory
+from circuits.tasks import catalogue as tasks
+from circuits.tasks import operand_space
 
 BIG = "examples/add_sub_3digit.toml"
 
@@ -87,7 +89,7 @@ def test_a_fit_set_is_drawn_from_a_large_space(tmp_path, monkeypatch):
     (never enumerated), disjoint from the scored prompts, of their layout, and every entry they read has
     ``min_count`` fit prompts (counted by hand)."""
     from circuits import zoo
-    from circuits.fitset import FitSpec, draw_fit_set
+    from circuits.prompts.fitset import FitSpec, draw_fit_set
     from interventions.coverage import row_digests
 
     if "arith-gpt2" not in zoo.available():
@@ -113,7 +115,7 @@ def test_a_fit_set_is_drawn_from_a_large_space(tmp_path, monkeypatch):
 
 
 def test_the_fit_cost_of_llama3_8b_on_three_digit_operands():
-    """The line printed before loading (circuits.memory.fit_cost): 10,000 fit prompts of 7 tokens (BOS and 6:
+    """The line printed before loading (circuits.models.memory.fit_cost): 10,000 fit prompts of 7 tokens (BOS and 6:
     Llama-3 writes 0..999 as one token each), 79 passes of 128, 2 x 8,030,261,248 FLOP per token."""
     import transformers as tf
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from circuits import cli, tasks, zoo
+from circuits import cli, zoo
 from circuits.errors import ArgumentError
-from circuits.prompt_data import read_prompts
-from circuits.specs import PromptSpec
+from circuits.prompts.datasets import read_prompts
+from circuits.prompts.spec import PromptSpec
+from circuits.tasks import catalogue as tasks
 from interventions.coverage import entry_counts, row_digests
 
 
@@ -130,7 +131,7 @@ def test_text_answers_run_through_search_and_lens(tmp_path):
     """Answers that are words (not numbers), on a random GPT-2-architecture stand-in (``tests/standins.py``) whose
     own top-1 words are written as the answers of a prompt file; the lens's numeric metrics are NaN for them
     (documented), nothing crashes."""
-    from circuits import loading
+    from circuits.models import loading
     from tests import standins
 
     words = ["red", "blue", "green", "cat", "dog", "bird", "tree", "house", "car", "book"]
@@ -160,9 +161,8 @@ def test_text_answers_run_through_search_and_lens(tmp_path):
 def test_slot_columns_line_prompts_up_slot_by_slot(gpt2, tmp_path):
     """Rows of one token length whose slot values sit at other positions fall into separate layouts; a slot value
     missing from its prompt is one line naming the line and the column."""
+    from circuits.prompts.datasets import slot_layouts
     from datasets import Dataset
-
-    from circuits.prompt_data import slot_layouts
 
     rows = [{"prompt": "The sum of 12 is", "answer": "5", "x": "The sum", "y": 12},
             {"prompt": "sum of 12 13 is", "answer": "5", "x": "sum", "y": "12 13"},

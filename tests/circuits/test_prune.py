@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import interventions as iv
-from circuits.attribution import head_attribution, head_attribution_per_prompt
 from circuits.faithfulness import last_token_metrics
 from circuits.prune import area_under_curve, head_attention, prune_heads, transfer_heads
+from circuits.prune.attribution import head_attribution, head_attribution_per_prompt
 from tests.conftest import arch_config, build_default, disjoint_fit_tokens, needs_hooked, random_tokens, use_prompts
 
 N_LAYERS = 4
@@ -328,7 +328,8 @@ def test_errors_name_the_bad_value():
 
 
 def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys):
-    from circuits import cli, loading
+    from circuits import cli
+    from circuits.models import loading
 
     torch.manual_seed(0)
     model = build_default("gpt2")

@@ -20,15 +20,16 @@ import pytest
 import torch
 
 import interventions as iv
-from circuits import cli, files
-from circuits.fitset import FitSet
+from circuits import cli
 from circuits.errors import ArgumentError, CorruptRunError, RunLockedError, RunMismatchError
-from circuits.lock import DirLock
-from circuits.prompts import self_answer_prompts
-from circuits.necessity import necessity_sweep
 from circuits.faithfulness import faithfulness
+from circuits.necessity import necessity_sweep
+from circuits.prompts.fitset import FitSet
+from circuits.prompts.sampling import self_answer_prompts
 from circuits.prune import prune_heads
 from circuits.search import SearchConfig, search_af1
+from circuits.store import files
+from circuits.store.lock import DirLock
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

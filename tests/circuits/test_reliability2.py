@@ -14,11 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import interventions as iv
-from circuits import atomic, cli, files
+from circuits import cli
 from circuits.errors import ArgumentError, CorruptRunError, RunDirError, RunMismatchError
-from circuits.fitset import FitSet
-from circuits.prompts import self_answer_prompts
+from circuits.prompts.fitset import FitSet
+from circuits.prompts.sampling import self_answer_prompts
 from circuits.search import search_af1
+from circuits.store import atomic, files
 from tests.conftest import build_default, disjoint_fit_tokens, random_tokens
 
 ZOO = ["--model", "arith-gpt2", "--task", "add_sub", "--no-progress"]
@@ -73,7 +74,7 @@ def test_a_results_file_that_is_a_link_is_refused(finished, tiny, tmp_path):
 
 
 def test_the_record_functions_never_follow_a_link(tmp_path):
-    from circuits.runs import append_line, read_jsonl
+    from circuits.store.runs import append_line, read_jsonl
 
     victim = tmp_path / "victim.jsonl"
     victim.write_bytes(b'{"a": 1}\n{"torn"')
@@ -101,7 +102,7 @@ def test_a_run_directory_holding_links_is_refused(finished, tiny, tmp_path, plan
 
 def test_atomic_writes_use_exclusive_unpredictable_names_and_refuse_links(tmp_path, monkeypatch):
     from circuits.report import write_text
-    from circuits.runs import write_json
+    from circuits.store.runs import write_json
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
@@ -181,8 +182,8 @@ def test_groundtruth_into_another_commands_directory_is_refused(tmp_path, capsys
 
 
 def test_groundtruth_holds_the_lock_and_writes_its_identity(tmp_path, capsys, monkeypatch):
-    from circuits import groundtruth
-    from circuits.lock import DirLock
+    from circuits.groundtruth import recovery as groundtruth
+    from circuits.store.lock import DirLock
 
     out = tmp_path / "gt"
     out.mkdir()
@@ -305,7 +306,7 @@ def test_a_tasks_file_without_tasks_or_malformed_is_named(tmp_path, capsys, monk
     for text, expected in (('{"other": []}', "missing field 'tasks'"), ("{not json", "malformed"),
                            ('{"tasks": [{"name": "x"}]}', "missing field 'template'")):
         (data / "tasks.json").write_text(text)
-        from circuits import tasks
+        from circuits.tasks import catalogue as tasks
 
         tasks._load_specs.cache_clear()
         one_line_error(capsys, cli.main(["search", *ZOO, "--out", str(tmp_path / "o")]),
@@ -403,7 +404,7 @@ def test_flags_refused_before_loading(argv, expected, tmp_path, capsys):
 
 def test_a_full_disk_while_saving_means_is_reported_as_such(finished, monkeypatch):
     from circuits.means import keep_means
-    from circuits.runs import RunDir
+    from circuits.store.runs import RunDir
 
     cache = iv.MeanCache.load(finished / files.MEANS)
     (finished / files.MEANS).unlink()
@@ -423,7 +424,7 @@ def test_a_full_disk_while_saving_means_is_reported_as_such(finished, monkeypatc
 
 
 def test_a_read_only_file_system_does_not_mask_the_error_as_a_lock_failure(tmp_path, monkeypatch):
-    from circuits.lock import DirLock
+    from circuits.store.lock import DirLock
 
     lock = DirLock(tmp_path).acquire()
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from circuits import cli, files, results
+from circuits import cli, results
 from circuits.errors import CorruptRunError
-from circuits.outcomes import encode_mask
+from circuits.store import files
+from circuits.store.outcomes import encode_mask
 from tests.circuits.test_reliability2 import one_line_error, tiny  # noqa: F401 - a fixture
 from tests.circuits.test_reliability2 import search as search_n
 from tests.conftest import build_default
@@ -107,11 +108,11 @@ def test_a_model_folder_asking_for_absurd_sizes_is_refused_from_its_config(absur
     Python API and in a sweep (a failed cell), before any weight loads or any estimate is printed."""
     import time
 
-    from circuits import loading
-    from circuits.local_models import load_hooked
+    from circuits.models import loading
+    from circuits.models.local import load_hooked
 
     loaded = []
-    monkeypatch.setattr("circuits.local_models.load_hooked", lambda *a, **k: loaded.append(a) or load_hooked(*a, **k))
+    monkeypatch.setattr("circuits.models.local.load_hooked", lambda *a, **k: loaded.append(a) or load_hooked(*a, **k))
     expected = (f"{absurd_folder / 'config.json'} asks for at least", "n_layer=4096, n_embd=65536",
                 "the config does not describe these weights")
     t0 = time.perf_counter()
@@ -133,8 +134,8 @@ def test_a_model_folder_asking_for_absurd_sizes_is_refused_from_its_config(absur
 def test_zoo_train_holds_the_lock_and_writes_every_file_atomically(tmp_path, monkeypatch, capsys):
     import os
 
-    from circuits.atomic import LinkError
-    from circuits.lock import DirLock
+    from circuits.store.atomic import LinkError
+    from circuits.store.lock import DirLock
     from circuits.zoo import train as zoo_train
     from circuits.zoo import trainer
     from tests.circuits.test_zoo_train import _tiny
@@ -212,9 +213,10 @@ def test_a_finished_search_rerun_checks_no_prompt_and_fits_no_means(tmp_path, co
 def test_prepared_prompts_are_reused_only_when_they_are_this_runs(tmp_path, counted, capsys):
     """A prepared file changed since it was recorded is prepared again (and the run resumes as before); one
     changed together with its recorded hash gives other prompts, which the run identity refuses."""
-    from safetensors.torch import load as load_bytes, save
+    from safetensors.torch import load as load_bytes
+    from safetensors.torch import save
 
-    from circuits.runs import file_sha256
+    from circuits.store.runs import file_sha256
 
     out = tmp_path / "s"
     assert cli.main([*SEARCH, str(out)]) == 0
@@ -242,13 +244,14 @@ def test_a_task_or_prompts_file_changed_under_its_path_is_prepared_again(tmp_pat
     """The prepared prompts' key holds the SHA-256 of the task file and of the prompt dataset: a file edited under
     the same path (here a comment only, which changes no field of the task) is not taken for the one the
     prompts were prepared from; an unchanged one is reloaded."""
+    from circuits import zoo
+    from circuits.prompts import prepared
+    from circuits.prompts.spec import PromptSpec
+    from circuits.tasks import package_data
     from datasets import Dataset
 
-    from circuits import package_data, prepared, zoo
-    from circuits.specs import PromptSpec
-
     task = tmp_path / "mine.toml"
-    task.write_text((package_data.package_path("data") / "tasks" / "add.toml").read_text())
+    task.write_text((package_data.data_dir() / "tasks" / "add.toml").read_text())
     argv = [*SEARCH[:4], str(task), *SEARCH[5:], str(tmp_path / "s")]
     assert cli.main(argv) == 0
     for edit in ("", "# the same task, edited\n"):
@@ -281,7 +284,8 @@ def test_hooked_from_pretrained_chatter_is_silenced(monkeypatch, capfd, caplog):
     on stdout: the loader sends them to the circuits logger at DEBUG instead."""
     import logging
 
-    from circuits import loading, model_names
+    from circuits.models import hub, loading
+    from circuits.models import names as model_names
     from tests.conftest import has_hooked_transformer
 
     if not has_hooked_transformer():
@@ -295,7 +299,7 @@ def test_hooked_from_pretrained_chatter_is_silenced(monkeypatch, capfd, caplog):
 
     monkeypatch.setattr(transformer_lens.HookedTransformer, "from_pretrained", staticmethod(from_pretrained))
     monkeypatch.setattr(model_names, "check_model_name", lambda *a, **k: None)
-    monkeypatch.setattr(loading, "check_builtin_config", lambda name: None)
+    monkeypatch.setattr(hub, "check_builtin_config", lambda name: None)
     with caplog.at_level(logging.DEBUG, logger="circuits"):
         loading.load_model("gpt2", backend="hooked")
     captured = capfd.readouterr()
@@ -308,7 +312,7 @@ def test_a_task_name_from_a_data_folder_that_would_leave_out_is_refused_by_af1_s
     """A `tasks.json` (the earlier one-file catalogue, which still loads) under AF1_DATASETS_DIR naming a task
     `../escape`: `af1 sweep` refuses it in one line before anything is written, and no folder appears outside
     --out."""
-    from circuits import tasks
+    from circuits.tasks import catalogue as tasks
 
     data = tmp_path / "data"
     data.mkdir()
@@ -360,7 +364,7 @@ def test_a_crafted_means_file_resumed_by_the_command_is_one_line(cli_search, tmp
     import torch
     from safetensors.torch import load_file
 
-    from circuits.runs import file_sha256
+    from circuits.store.runs import file_sha256
     from tests.circuits.test_reliability2 import crafted
 
     out = tmp_path / "s"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from circuits import cli
+from circuits.prompts.spec import PromptSpec
 from circuits.search import SearchResult, search_af1, select
-from circuits.specs import PromptSpec
 from tests.circuits.test_cli import tiny_loading  # noqa: F401 - the fixture
 from tests.circuits.test_search import small_case
 
@@ -210,8 +210,8 @@ def test_sweep_reopened_and_one_heatmap_per_ablation(tmp_path):
 
 
 def test_groundtruth_reopened(tmp_path):
-    from circuits.groundtruth import Recovery
-    from circuits.groundtruth_report import GroundTruthResult, table_rows, write_outputs
+    from circuits.groundtruth.recovery import Recovery
+    from circuits.groundtruth.report import GroundTruthResult, table_rows, write_outputs
     from circuits.results import load
 
     rows = [Recovery(model="gt", task="add_sub", ablation=a, n_prompts=20, planted=(2, 2), selected=(2, 2),

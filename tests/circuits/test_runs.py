@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from circuits import runs
+from circuits.store import runs
 
 
 def test_append_and_read_back(tmp_path):

@@ -14,9 +14,17 @@ import torch
 import interventions as iv
 from circuits import search as S
 from circuits.faithfulness import faithfulness
-from circuits.runs import RunMismatchError
-from tests.conftest import (BACKENDS, ForwardStopped, build_hooked, build_model, disjoint_fit_tokens, needs_hooked,
-                            random_tokens, token_devices)
+from circuits.store.runs import RunMismatchError
+from tests.conftest import (
+    BACKENDS,
+    ForwardStopped,
+    build_hooked,
+    build_model,
+    disjoint_fit_tokens,
+    needs_hooked,
+    random_tokens,
+    token_devices,
+)
 
 N_LAYERS = 4
 
@@ -306,7 +314,7 @@ def test_bad_inputs_raise(data, model):
 
 def summary_fit_is_recorded(out, fit) -> bool:
     """``summary.json`` and ``run.json`` name the fit set by its size and content hash."""
-    from circuits.fitset import FitSet
+    from circuits.prompts.fitset import FitSet
 
     summary = json.loads((out / "summary.json").read_text())
     ident = json.loads((out / "run.json").read_text())

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from circuits import cli, files
+from circuits import cli
 from circuits.errors import MAX_MESSAGE, ArgumentError
+from circuits.store import files
 from circuits.sweep import SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from circuits import cli, task_files, tasks
+from circuits import cli
 from circuits.errors import ArgumentError, PromptError
+from circuits.tasks import catalogue as tasks
+from circuits.tasks import files as task_files
 
 FIXTURE = Path(__file__).parent / "data" / "catalogue_tasks_json.json"
-"""What the earlier one-file catalogue (``circuits/data/tasks.json``) built, recorded before it became task files."""
+"""What the earlier one-file catalogue (``datasets/tasks.json``) built, recorded before it became task files."""
 
 
 def _digest(ds) -> str:
@@ -71,7 +73,7 @@ def test_frozen_sets_regenerate_byte_for_byte(tmp_path, monkeypatch):
     names = ["add", "sub_sub", "python_sub", "add_3d1d", "add_2d2d"]
     written = tasks.write_frozen_sets(names)
     assert len(written) == 5
-    shipped = Path(tasks.__file__).parent / "data" / "frozen"
+    shipped = tasks.datasets_dir() / "frozen"
     for name, path in zip(names, written):
         assert path.read_bytes() == (shipped / f"{name}.jsonl").read_bytes(), name
 
@@ -184,7 +186,7 @@ def test_unreadable_and_missing_task_files_are_one_line(tmp_path):
 
 def test_a_task_whose_answers_are_never_one_token_says_so(tmp_path):
     from circuits import zoo
-    from circuits.prompts import prepare_prompts
+    from circuits.prompts.sampling import prepare_prompts
 
     path = _write(tmp_path, 'name = "w"\ntemplate = "{A}+{B}="\n[slots]\nA = { values = ["1", "2"] }\n'
                             'B = { values = ["3", "4", "5", "6", "7"] }\n'
@@ -196,7 +198,7 @@ def test_a_task_whose_answers_are_never_one_token_says_so(tmp_path):
 
 
 def test_slots_that_cannot_line_up_are_named(tmp_path):
-    from circuits.task_checks import check_slot_tokens
+    from circuits.tasks.checks import check_slot_tokens
     from circuits.zoo.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
@@ -299,7 +301,7 @@ def test_the_capital_example_and_its_prompt_file_agree():
 
 
 def test_solved_examples_of_a_task_file_follow_its_prefix_and_answer_format(tmp_path):
-    from circuits.formats import PromptFormat
+    from circuits.tasks.formats import PromptFormat
     from circuits.zoo.tokenizer import build_tokenizer
 
     path = str(_write(tmp_path, MUL.replace('answer = "A*B"', 'answer = "A*B"\nprefix = "Go: "\nanswer_format = " {}"')))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from circuits import tasks
 from circuits.errors import ArgumentError
-from circuits.task_files import expression_slots
+from circuits.tasks import catalogue as tasks
+from circuits.tasks.files import expression_slots
 from circuits.zoo.tokenizer import build_tokenizer
 from tests.conftest import BACKENDS
 
@@ -113,7 +113,7 @@ def test_bad_build_arguments_are_argument_errors():
 
 
 def test_frozen_sets_are_fixed_and_correct():
-    from circuits.task_files import toml_module
+    from circuits.tasks.files import toml_module
 
     cat = toml_module().loads((tasks.datasets_dir() / "tasks" / "catalogue.toml").read_text())
     for name in tasks.list_tasks():
@@ -149,12 +149,13 @@ def test_datasets_dir_of_task_files_is_overridable(tmp_path, monkeypatch):
     assert tasks.get_task("tiny").frozen_n == 2
 
 
-def test_datasets_dir_is_the_package_data_folder(monkeypatch):
+def test_datasets_dir_is_the_repository_data_folder(monkeypatch):
+    """In a checkout the data is the top-level datasets/ folder (the wheel test checks circuits/data of a wheel)."""
     monkeypatch.delenv("AF1_DATASETS_DIR", raising=False)
     import circuits
 
     data = tasks.datasets_dir()
-    assert data.resolve() == Path(circuits.__file__).resolve().parent / "data"
+    assert data.resolve() == Path(circuits.__file__).resolve().parent.parent / "datasets"
     assert (data / "tasks" / "catalogue.toml").is_file() and (data / "tasks" / "add.toml").is_file()
     assert (data / "frozen" / "add.jsonl").is_file()
     assert not (data / "__init__.py").exists()  # a data folder, not a package
@@ -167,7 +168,7 @@ def test_package_data_is_extracted_from_a_zip(tmp_path):
     """Where the package is imported from a zip archive, its data folder is copied to a real folder."""
     import zipfile
 
-    from circuits.package_data import materialize
+    from circuits.tasks.package_data import materialize
 
     archive = tmp_path / "pkg.zip"
     with zipfile.ZipFile(archive, "w") as zf:

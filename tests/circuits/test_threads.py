@@ -41,7 +41,8 @@ def test_a_bad_value_is_one_line(flag, env, said, monkeypatch, restore_threads):
 
 def test_the_commands_take_the_flag_and_refuse_a_bad_one_before_loading(tmp_path, capsys, monkeypatch,
                                                                         restore_threads):
-    from circuits import loading, zoo
+    from circuits import zoo
+    from circuits.models import loading
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("a model was loaded")

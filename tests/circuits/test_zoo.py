@@ -13,7 +13,8 @@ from functools import lru_cache
 import pytest
 import torch
 
-from circuits import tasks, zoo
+from circuits import zoo
+from circuits.tasks import catalogue as tasks
 from circuits.zoo import export as zoo_export
 from circuits.zoo import hf as zoo_hf
 from circuits.zoo import train as zoo_train

@@ -200,7 +200,7 @@ def test_remote_dry_run_serialises_and_gives_the_same_numbers(pair):
 
 
 def test_importing_interventions_does_not_import_nnsight():
-    code = "import sys, interventions, circuits.loading; print('nnsight' in sys.modules)"
+    code = "import sys, interventions, circuits.models.loading; print('nnsight' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -29,7 +29,7 @@ def test_tokens_and_accuracy_are_the_same_on_every_backend(name, backend):
     """Same tokens on every backend, and the model's card accuracy is reproduced (also on 4.x, where
     there is no HookedTransformer to compare with): first 100 frozen prompts within 0.1 of the card (add_sub, or
     the first task a model's card records where it was not trained on add_sub, e.g. arith-mul's task file)."""
-    from circuits import tasks
+    from circuits.tasks import catalogue as tasks
 
     model = zoo.load(name, backend=backend)
     assert not model.training

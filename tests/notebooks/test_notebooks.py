@@ -100,7 +100,8 @@ def test_notebook_executes(name, monkeypatch):
 
 # Test only: a stand-in checkpoint (random weights) answers nothing; its own top-1 tokens become the answers.
 SELF_ANSWERS = """\
-from circuits import fitset, loading
+from circuits.prompts import fitset
+from circuits.prompts import sampling
 from tests import standins
 
 def self_answered(model, task, n_prompts, seed=0, *, prepend_bos=None, **options):
@@ -109,7 +110,7 @@ def self_answered(model, task, n_prompts, seed=0, *, prepend_bos=None, **options
 def standin_fit_set(model, task, scored, spec, *, prepend_bos=None, **options):
     return standins.self_answered(model, task, int(scored.shape[0]), prepend_bos=prepend_bos).fit
 
-loading.prepare_prompts = self_answered
+sampling.prepare_prompts = self_answered
 fitset.draw_fit_set = standin_fit_set
 """
 

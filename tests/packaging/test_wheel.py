@@ -101,9 +101,10 @@ def installed(tmp_path_factory) -> Iterator[dict]:
 def test_wheel_carries_task_data_and_zoo_models(installed):
     with zipfile.ZipFile(installed["wheel"]) as zf:
         names = set(zf.namelist())
-    shipped = [p for folder in ("circuits/data", "circuits/zoo/models") for p in (ROOT / folder).rglob("*")
+    # datasets/ of the repository ships as circuits/data/ inside the package.
+    shipped = [p for folder in ("datasets", "circuits/zoo/models") for p in (ROOT / folder).rglob("*")
                if p.is_file() and "__pycache__" not in p.parts]
-    expected = {p.relative_to(ROOT).as_posix() for p in shipped}
+    expected = {p.relative_to(ROOT).as_posix().replace("datasets/", "circuits/data/", 1) for p in shipped}
     assert "circuits/data/tasks/catalogue.toml" in expected and "circuits/data/tasks/add.toml" in expected
     assert "circuits/data/examples/mul.toml" in expected and "circuits/data/examples/capital.toml" in expected
     assert "circuits/zoo/models/arith-gpt2/model.safetensors" in expected
@@ -130,9 +131,9 @@ def test_installed_package_reads_its_data_from_site_packages(installed):
     assert data == purelib / "circuits" / "data"
     assert Path(info["package"]).resolve().is_relative_to(purelib)
     assert not data.is_relative_to(ROOT)
-    from circuits.task_files import toml_module
+    from circuits.tasks.files import toml_module
 
-    catalogue = toml_module().loads((ROOT / "circuits" / "data" / "tasks" / "catalogue.toml").read_text())
+    catalogue = toml_module().loads((ROOT / "datasets" / "tasks" / "catalogue.toml").read_text())
     assert info["n_tasks"] == len(catalogue["tasks"]) and info["n_frozen"] == catalogue["frozen_n"]
     assert info["n_mul"] == 300  # a shipped example task file, found in the installed data folder
     assert info["torch"].startswith("2.13.0")
