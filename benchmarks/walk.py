@@ -3,9 +3,9 @@ back to a file it left.
 
 A *walk* follows the arguments: below a root (the command module's ``check`` and ``run``, or one function such as
 ``PromptSpec.prepare``), every call into a ``circuits/`` function that receives one of the values carrying the user's
-arguments (the ``argparse.Namespace``, and the specs and configs built from it: instances of the package's
-dataclasses named ``*Spec``, ``*Specs``, ``*Config``, ``PromptFormat``) as a parameter other than ``self`` is a
-*stop* (``sys.setprofile``; a value's own methods, and what the functions do with other values, are not followed). Consecutive stops in one file make a *stay*; a *return* is a stay
+arguments (the ``argparse.Namespace``, a command's specs, and the values whose fields the flags set: the package's
+dataclasses with :func:`circuits.flags.flag` fields, such as ``ModelSpec``, ``PromptSpec``, ``FitSpec``,
+``RunOptions`` and the analyses' configs) as a parameter other than ``self`` is a *stop* (``sys.setprofile``; a value's own methods, and what the functions do with other values, are not followed). Consecutive stops in one file make a *stay*; a *return* is a stay
 in a file the walk has already left (stays minus distinct files); a *climb* is a stop whose caller's module is
 imported by the callee's (a lower layer calling back up, through a callback or an import inside a function).
 
@@ -33,15 +33,20 @@ NOT_FOLLOWED = ("circuits/moved.py",)
 
 
 def carries_arguments(value: object) -> bool:
-    """Whether ``value`` carries the user's arguments: the parsed command line or a spec or config of the package."""
+    """Whether ``value`` carries the user's arguments: the parsed command line, a command's specs (``*Specs``) or a
+    value whose fields the flags set (a dataclass with :func:`circuits.flags.flag` fields: the model and prompt specs,
+    the fit set's and the format's, the run options, the analyses' configs)."""
     import argparse
     import dataclasses
 
+    from circuits.flags import flag_fields
+
     if isinstance(value, argparse.Namespace):
         return True
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return False
     cls = type(value)
-    return (dataclasses.is_dataclass(value) and cls.__module__.startswith("circuits.")
-            and (cls.__name__.endswith(("Spec", "Specs", "Config")) or cls.__name__ == "PromptFormat"))
+    return cls.__module__.startswith("circuits.") and (cls.__name__.endswith("Specs") or bool(flag_fields(cls)))
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """The ``af1`` command line.
 
-Each sub-command lives in its own module which exposes ``add_arguments(parser)``, optionally
-``check(args)`` (model-independent checks, run before anything is loaded) and ``run(args) -> int``;
-modules are imported only when their command runs, so ``af1 --help`` stays fast.
+Each sub-command lives in its own module which exposes ``add_arguments(parser)``, ``spec(args)`` (the one place
+the parsed arguments are read: the command's specs, a frozen value), ``check(spec)`` (model-independent checks, run
+before anything is loaded) and ``run(spec) -> int``. The modules declare their flags on the fields of the specs and
+configs they set (:mod:`circuits.flags`) and import torch only when their command runs, so ``af1 --help`` stays
+fast.
 
 Every expected failure (the project's errors, OS errors, out of memory, Ctrl-C: see
 :func:`circuits.errors.describe`) ends as one line on stderr, ``af1 COMMAND: error: ...``, and exit code 2;
@@ -52,7 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(module).add_arguments(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the traceback of an error")
-        p.set_defaults(_module=module)
     return parser
 
 
@@ -95,10 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
         set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
-        module = importlib.import_module(args._module)
-        if hasattr(module, "check"):
-            module.check(args)
-        return int(module.run(args) or 0)
+        module = importlib.import_module(COMMANDS[args.command][0])
+        spec = module.spec(args)
+        module.check(spec)
+        return int(module.run(spec) or 0)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place every failure becomes one line
         if debug:
             traceback.print_exc()

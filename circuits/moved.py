@@ -50,6 +50,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "circuits.groundtruth_report": ("circuits.groundtruth.report",),
     "circuits.attribution": ("circuits.prune.attribution",),
     "circuits.lens_report": ("circuits.lens.report",),
+    "circuits.lens.interchange": ("circuits.lens.interchange_check",),
 }
 """Old module path -> the module(s) holding its code now (the first one for a single module)."""
 

@@ -24,7 +24,9 @@ from tqdm.auto import tqdm
 import interventions as iv
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, faithfulness
-from circuits.runner import execute
+from circuits.models.spec import LoadedModel
+from circuits.prompts.ready import ReadyPrompts
+from circuits.runner import RunOptions, run
 from circuits.store import files
 from circuits.store.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import RunDir, tokens_sha256
@@ -153,7 +155,8 @@ def necessity_sweep(
     """
     config = configured(NecessityConfig, config, layers=None if layers is None else tuple(int(x) for x in layers),
                         seed=seed, batch_size=batch_size, n_boot=n_boot)
-    return execute(NECESSITY, model, tokens, answers, config, out_dir=out_dir, meta=meta, progress=progress)
+    return run(NECESSITY, config, LoadedModel(model, name=(meta or {}).get("model")),
+               ReadyPrompts(tokens, answers, meta=dict(meta or {})), RunOptions(out=out_dir, progress=progress))
 
 
 def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> NecessityResult:

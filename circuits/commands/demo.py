@@ -12,6 +12,7 @@ runs the same search on a small randomly initialised model (answers = its own pr
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 DEMO_TASK = "add_sub"
 DEMO_PROMPTS = 100
@@ -19,13 +20,35 @@ PLANTED_DEMO_MODEL = "arith-gpt2-gt-w2t2"
 """The ground-truth model whose planted structure the demo recovers in a few lines."""
 
 
+@dataclass(frozen=True)
+class DemoSpecs:
+    """What ``af1 demo``'s command line names, read once (:func:`spec`)."""
+
+    out: str = "runs/demo"
+    n_prompts: int = DEMO_PROMPTS
+    task: str = DEMO_TASK
+    threshold: float = 0.9
+    progress: bool = True
+    command: tuple[str, ...] = ("af1", "demo")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
-    parser.add_argument("--n-prompts", type=int, default=DEMO_PROMPTS,
-                        help=f"evaluation prompts (default {DEMO_PROMPTS})")
-    parser.add_argument("--task", default=DEMO_TASK, help=f"task (default {DEMO_TASK})")
-    parser.add_argument("--threshold", type=float, default=0.9, help="faithfulness threshold (default 0.9)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    from circuits.flags import add_flags
+    from circuits.options import RunOptions
+    from circuits.prompts.spec import PromptSpec
+    from circuits.search.config import SearchConfig
+
+    add_flags(parser, RunOptions, ("out",), defaults={"out": DemoSpecs.out})
+    add_flags(parser, PromptSpec, ("n_prompts", "task"), defaults={"n_prompts": DEMO_PROMPTS, "task": DEMO_TASK})
+    add_flags(parser, SearchConfig, ("threshold",))
+    add_flags(parser, RunOptions, ("progress",))
+
+
+def spec(args: argparse.Namespace) -> DemoSpecs:
+    from circuits.commands.common import command_line
+
+    return DemoSpecs(out=args.out, n_prompts=args.n_prompts, task=args.task, threshold=args.threshold,
+                     progress=not args.no_progress, command=tuple(command_line(args)))
 
 
 def _random_model_prompts(n_prompts: int):
@@ -48,11 +71,10 @@ def _random_model_prompts(n_prompts: int):
     return "random-gpt2-6", model, replace(prompts, fit=FitSet.given(tokens[n_prompts:]))
 
 
-def run(args: argparse.Namespace) -> int:
-    from circuits.commands.common import command_line
+def run(spec: DemoSpecs) -> int:
     from circuits.models.loading import load_model, zoo_names
     from circuits.prompts.spec import PromptSpec
-    from circuits.search import search_af1
+    from circuits.search.analysis import search_af1
 
     names = zoo_names()
     if names:
@@ -60,54 +82,54 @@ def run(args: argparse.Namespace) -> int:
 
         name = zoo.DEFAULT_MODEL
         model = load_model(name)
-        prompts = PromptSpec(args.task, args.n_prompts).prepare(model, means="cama", progress=not args.no_progress)
-        task = args.task
+        prompts = PromptSpec(spec.task, spec.n_prompts).prepare(model, means="cama", progress=spec.progress)
+        task = spec.task
     else:
         print("af1 demo: the model zoo (circuits.zoo) is not installed; running the search on a small "
               "random 6-block model whose answers are its own predictions (a smoke run, not a finding)")
-        name, model, prompts = _random_model_prompts(args.n_prompts)
+        name, model, prompts = _random_model_prompts(spec.n_prompts)
         task = prompts.task
     print(f"model {name}, task {task}: base accuracy {prompts.base_accuracy:.1%}, {len(prompts)} prompts of "
           f"{prompts.tokens.shape[1]} tokens")
     result = search_af1(
-        model, prompts.tokens, prompts.answers, fit=prompts.fit, threshold=args.threshold, grid="full",
-        out_dir=args.out, progress=not args.no_progress, prompts=prompts.records(),
+        model, prompts.tokens, prompts.answers, fit=prompts.fit, threshold=spec.threshold, grid="full",
+        out_dir=spec.out, progress=spec.progress, prompts=prompts.records(),
         meta={"model": name, "task": task, "source": prompts.source, "base_accuracy": prompts.base_accuracy,
-              "n_checked": prompts.n_checked, "command": command_line(args)},
+              "n_checked": prompts.n_checked, "command": list(spec.command)},
     )
     print()
     print(result.table())
     print(result.summary_line())
-    print(f"{len(result.results)} configurations in {result.seconds:.1f} s; report: {args.out}/report.html")
+    print(f"{len(result.results)} configurations in {result.seconds:.1f} s; report: {spec.out}/report.html")
 
     # Which blocks the last token needs to read the other tokens in (cheap: one pass per block).
     from pathlib import Path
 
     from circuits.necessity import necessity_sweep
 
-    nec_dir = Path(args.out) / "necessity"
+    nec_dir = Path(spec.out) / "necessity"
     nec = necessity_sweep(
-        model, prompts.tokens, prompts.answers, out_dir=nec_dir, progress=not args.no_progress,
+        model, prompts.tokens, prompts.answers, out_dir=nec_dir, progress=spec.progress,
         meta={"model": name, "task": task, "source": prompts.source, "base_accuracy": prompts.base_accuracy,
-              "n_checked": prompts.n_checked, "command": command_line(args)},
+              "n_checked": prompts.n_checked, "command": list(spec.command)},
     )
     print()
     print("necessity: faithfulness when the last token reads only BOS and itself in one block")
     print(nec.table())
     print(f"report: {nec_dir}/report.html")
     if names:
-        planted_demo(args)
+        planted_demo(spec)
     return 0
 
 
-def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_prompts: int = 60) -> None:
+def planted_demo(spec: DemoSpecs, name: str = PLANTED_DEMO_MODEL, n_prompts: int = 60) -> None:
     """A few lines: the search (auto grid, CAMA) on a planted zoo model recovers its planted
     (wait, transfer). ``name`` if it is installed, else the first planted model there is (a mask held by
     hooks says so); skipped with a note when there is none."""
     from circuits.groundtruth.recovery import model_folder, planted_models, planted_structure
     from circuits.models.loading import load_model
     from circuits.prompts.spec import PromptSpec
-    from circuits.search import search_af1
+    from circuits.search.analysis import search_af1
     from circuits.zoo.hf import read_meta
 
     planted = planted_models()
@@ -120,13 +142,24 @@ def planted_demo(args: argparse.Namespace, name: str = PLANTED_DEMO_MODEL, n_pro
            else "held by attention-mask hooks, so recovery is by construction")
     s = planted_structure(name)
     model = load_model(name)
-    prompts = PromptSpec(args.task, n_prompts).prepare(model, means="cama", progress=False)
-    res = search_af1(model, prompts.tokens, prompts.answers, fit=prompts.fit, threshold=args.threshold, grid="auto",
+    prompts = PromptSpec(spec.task, n_prompts).prepare(model, means="cama", progress=False)
+    res = search_af1(model, prompts.tokens, prompts.answers, fit=prompts.fit, threshold=spec.threshold, grid="auto",
                      progress=False, n_boot=200)
     got = res.selected.config if res.selected is not None else None
     print()
     print(f"planted check: {name} was trained with wait={s.wait}, transfer={s.transfer} (last position reads "
           f"through heads " + " ".join(f"L{b}H{h}" for b, h in sorted(s.head_set)) + f"; {how})")
-    print(f"  search on {len(prompts)} {args.task} prompts: {res.summary_line()}")
+    print(f"  search on {len(prompts)} {spec.task} prompts: {res.summary_line()}")
     print(f"  {'recovered' if got == (s.wait, s.transfer) else 'NOT recovered'}; all planted models: "
           f"`af1 groundtruth` (docs/groundtruth.md)")
+
+
+def check(spec: DemoSpecs) -> None:
+    """Checks before anything loads: the prompt count, the threshold and the task."""
+    from circuits.commands.common import check_out, check_task
+    from circuits.validation import check_fraction, check_positive
+
+    check_positive("--n-prompts", spec.n_prompts)
+    check_fraction("--threshold", spec.threshold)
+    check_task(spec.task, spec.n_prompts)
+    check_out(spec.out)

@@ -10,27 +10,58 @@ head pruning at the selected configuration; writes ``table.csv``, ``table.md``, 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GroundTruthSpecs:
+    """What ``af1 groundtruth``'s command line names, read once (:func:`spec`)."""
+
+    models: tuple[str, ...] | None
+    tasks: tuple[str, ...]
+    ablations: tuple[str, ...]
+    n_prompts: int
+    seed: int
+    threshold: float
+    target: float
+    out: str
+    progress: bool
+    command: tuple[str, ...]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from circuits.flags import add_flags
+    from circuits.options import RunOptions
+    from circuits.prompts.spec import PromptSpec
+    from circuits.prune.config import PruneConfig
+    from circuits.search.config import SearchConfig
+
     parser.add_argument("--models", default=None,
                         help="comma-separated planted zoo models (default: every model with a planted ground truth)")
     parser.add_argument("--tasks", default="add_sub", help="comma-separated tasks (default add_sub)")
     parser.add_argument("--ablations", default="cama,mean,zero",
                         help="comma-separated ablations after the wait block (default cama,mean,zero)")
-    parser.add_argument("--n-prompts", type=int, default=200, help="correctly answered prompts per task (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
-    parser.add_argument("--threshold", type=float, default=0.9, help="search: faithfulness needed (default 0.9)")
-    parser.add_argument("--target", type=float, default=0.9, help="pruning: faithfulness to keep (default 0.9)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--out", default="runs/groundtruth", help="output directory (default runs/groundtruth)")
+    add_flags(parser, PromptSpec, ("n_prompts", "seed"))
+    add_flags(parser, SearchConfig, ("threshold",))
+    add_flags(parser, PruneConfig, ("target",))
+    add_flags(parser, RunOptions, ("progress", "out"), defaults={"out": "runs/groundtruth"})
 
 
-def _split(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+def split(text: str) -> tuple[str, ...]:
+    """The items of a comma-separated flag value."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def check(args: argparse.Namespace) -> None:
+def spec(args: argparse.Namespace) -> GroundTruthSpecs:
+    from circuits.commands.common import command_line
+
+    return GroundTruthSpecs(models=split(args.models) if args.models else None, tasks=split(args.tasks),
+                            ablations=split(args.ablations), n_prompts=args.n_prompts, seed=args.seed,
+                            threshold=args.threshold, target=args.target, out=args.out,
+                            progress=not args.no_progress, command=tuple(command_line(args)))
+
+
+def check(spec: GroundTruthSpecs) -> None:
     """Model-independent checks, before anything is loaded."""
     from circuits.commands.common import check_out
     from circuits.errors import ArgumentError
@@ -38,34 +69,34 @@ def check(args: argparse.Namespace) -> None:
     from circuits.validation import check_fraction, check_positive
     from circuits.vocab import ABLATIONS
 
-    check_fraction("--threshold", args.threshold)
-    check_fraction("--target", args.target)
-    check_positive("--n-prompts", args.n_prompts)
-    bad = [a for a in _split(args.ablations) if a not in ABLATIONS]
-    if bad or not _split(args.ablations):
-        raise ArgumentError(f"--ablations {args.ablations!r}: choose from {', '.join(ABLATIONS)}")
-    unknown = [t for t in _split(args.tasks) if t not in list_tasks()]
-    if unknown or not _split(args.tasks):
-        raise ArgumentError(f"--tasks {args.tasks!r}: unknown task(s) {unknown}; see circuits.tasks.list_tasks()")
-    check_out(args.out)
+    check_fraction("--threshold", spec.threshold)
+    check_fraction("--target", spec.target)
+    check_positive("--n-prompts", spec.n_prompts)
+    bad = [a for a in spec.ablations if a not in ABLATIONS]
+    if bad or not spec.ablations:
+        raise ArgumentError(f"--ablations {','.join(spec.ablations)!r}: choose from {', '.join(ABLATIONS)}")
+    unknown = [t for t in spec.tasks if t not in list_tasks()]
+    if unknown or not spec.tasks:
+        raise ArgumentError(f"--tasks {','.join(spec.tasks)!r}: unknown task(s) {unknown}; see "
+                            f"circuits.tasks.list_tasks()")
+    check_out(spec.out)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(spec: GroundTruthSpecs) -> int:
     from circuits import report
-    from circuits.commands.common import command_line
+    from circuits.destinations import Run
     from circuits.groundtruth.recovery import run_recovery
     from circuits.groundtruth.report import write_outputs
-    from circuits.runner import Run
 
-    with Run(args.out, "groundtruth") as held:  # locked, and refused if another command's, before any model loads
+    with Run(spec.out, "groundtruth") as held:  # locked, and refused if another command's, before any model loads
         if report.plotlyjs_mode() == "directory":
-            report.ensure_plotlyjs(args.out)  # one plotly.js for the table's report and every run's
-        rows = run_recovery(models=_split(args.models) if args.models else None, tasks=_split(args.tasks),
-                            n_prompts=args.n_prompts, ablations=_split(args.ablations), out_dir=args.out,
-                            seed=args.seed, threshold=args.threshold, target=args.target,
-                            progress=not args.no_progress, log=print, held=held)
-        paths = write_outputs(rows, args.out, meta={"command": command_line(args), "n_prompts": args.n_prompts,
-                                                    "threshold": args.threshold, "target": args.target})
+            report.ensure_plotlyjs(spec.out)  # one plotly.js for the table's report and every run's
+        rows = run_recovery(models=list(spec.models) if spec.models else None, tasks=list(spec.tasks),
+                            n_prompts=spec.n_prompts, ablations=list(spec.ablations), out_dir=spec.out,
+                            seed=spec.seed, threshold=spec.threshold, target=spec.target,
+                            progress=spec.progress, log=print, held=held)
+        paths = write_outputs(rows, spec.out, meta={"command": list(spec.command), "n_prompts": spec.n_prompts,
+                                                    "threshold": spec.threshold, "target": spec.target})
     print()
     print(paths["md"].read_text())
     print(f"{sum(r.config_recovered for r in rows)}/{len(rows)} configurations and "

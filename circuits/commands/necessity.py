@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import argparse
 
-from circuits.commands.common import add_common_arguments, check_common, specs_of
+from circuits.commands.common import CommandSpecs, add_common_arguments, check_specs, specs_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
 
 
-def check(args: argparse.Namespace) -> None:
+def spec(args: argparse.Namespace) -> CommandSpecs:
+    from circuits.necessity import NecessityConfig
+
+    return specs_of(args, NecessityConfig(seed=args.seed))
+
+
+def check(spec: CommandSpecs) -> None:
     """Model-independent checks, before anything is loaded."""
-    check_common(args)
+    check_specs(spec)
 
 
-def run(args: argparse.Namespace) -> int:
-    from circuits.necessity import NECESSITY, NecessityConfig
+def run(spec: CommandSpecs) -> int:
+    from circuits.necessity import NECESSITY
 
-    specs = specs_of(args)
-    result = specs.run(NECESSITY, NecessityConfig(seed=args.seed))
+    result = spec.run(NECESSITY)
     print(result.table())
-    print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {specs.out}/report.html")
+    print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {spec.out}/report.html")
     return 0

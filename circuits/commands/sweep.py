@@ -10,43 +10,58 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from circuits.store import files
 
 
+@dataclass(frozen=True)
+class SweepSpecs:
+    """What ``af1 sweep``'s command line names, read once (:func:`spec`): the sweep (``--config`` with the flags on
+    top), the output directory, progress bars and the command line."""
+
+    config: Any
+    out: str
+    progress: bool
+    command: tuple[str, ...]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from circuits.commands.common import add_backend_argument
+    from circuits.commands.common import BACKEND_FIELDS, add_model_arguments
+    from circuits.flags import add_flags
+    from circuits.options import RunOptions
+    from circuits.prompts.spec import PromptSpec
+    from circuits.search.config import FixedConfig, SearchConfig
 
     parser.add_argument("--config", default=None, help="TOML file with a [sweep] table (flags below override it)")
     parser.add_argument("--models", default=None, help="comma-separated model names")
     parser.add_argument("--tasks", default=None, help="comma-separated tasks or groups (original, style)")
     parser.add_argument("--ablations", default=None, help="comma-separated: cama, mean, zero (default cama)")
     parser.add_argument("--seeds", default=None, help="comma-separated integer seeds (default 0)")
-    parser.add_argument("--n-prompts", type=int, default=None, help="prompts per cell (default 200)")
-    parser.add_argument("--wait", type=int, default=None, help="fixed configuration: last waiting block")
-    parser.add_argument("--transfer", type=int, default=None, help="fixed configuration: transfer blocks")
-    parser.add_argument("--threshold", type=float, default=None, help="search: faithfulness needed (default 0.9)")
+    add_flags(parser, PromptSpec, ("n_prompts",), defaults={"n_prompts": None},
+              helps={"n_prompts": "prompts per cell (default 200)"})
+    add_flags(parser, FixedConfig, ("wait", "transfer"))
+    add_flags(parser, SearchConfig, ("threshold",), defaults={"threshold": None},
+              helps={"threshold": "search: faithfulness needed (default 0.9)"})
     parser.add_argument("--necessity", action="store_true", help="also run the necessity sweep per cell")
     parser.add_argument("--lens", action="store_true", help="also run early decoding per cell")
-    parser.add_argument("--batch-size", type=int, default=None, help="prompts per forward pass (default 128)")
-    parser.add_argument("--device", default=None, help="torch device (default cpu)")
-    add_backend_argument(parser)
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--out", required=True, help="output directory (created; re-run to resume)")
+    add_flags(parser, RunOptions, ("batch_size",), helps={"batch_size": "prompts per forward pass (default 128)"})
+    add_model_arguments(parser, ("device", *BACKEND_FIELDS), device=None)
+    add_flags(parser, RunOptions, ("progress", "out"), required=("out",))
 
 
-def config_of(args: argparse.Namespace):
-    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top, read once per
-    command line (kept on ``args``: ``check`` and ``run`` share it)."""
-    built = vars(args).get("_config")
-    if built is None:
-        built = args._config = read_config(args)
-    return built
+def spec(args: argparse.Namespace) -> SweepSpecs:
+    """The sweep of ``--config`` with the flags applied on top (:func:`read_config`), and how to run it."""
+    from circuits.commands.common import command_line
+
+    return SweepSpecs(config=read_config(args), out=args.out, progress=not args.no_progress,
+                      command=tuple(command_line(args)))
 
 
-def read_config(args: argparse.Namespace):
-    """:func:`config_of`, read."""
+def read_config(args: argparse.Namespace) -> Any:
+    """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top."""
     from pathlib import Path
 
     from circuits.errors import ArgumentError
@@ -110,29 +125,27 @@ def check_fixed_range(config) -> None:
                 raise ArgumentError(f"{model} has {n} blocks: {problem}")
 
 
-def check(args: argparse.Namespace) -> None:
+def check(spec: SweepSpecs) -> None:
     """Model-independent checks, before anything is loaded."""
     from circuits.commands.common import check_backend, check_device, check_out
 
-    config = config_of(args)
+    config = spec.config
     # Model names are not refused here: a model that fails to load is one failed cell, the others run (its
     # load fails at once when the name can only be a mistake: circuits.models.names).
     if config.mode == "fixed":
         check_fixed_range(config)
     check_backend(config.remote, config.backend, config.models, config.batch_size, config.device_map)
     check_device(config.device)
-    check_out(args.out)
+    check_out(spec.out)
 
 
-def run(args: argparse.Namespace) -> int:
-    from circuits.commands.common import command_line
-    from circuits.sweep import run_sweep
+def run(spec: SweepSpecs) -> int:
+    from circuits.sweep.run import run_sweep
 
-    config = config_of(args)
-    rows = run_sweep(config, args.out, progress=not args.no_progress, command=command_line(args))
-    print(Path(args.out, files.TABLE_MD).read_text())
+    rows = run_sweep(spec.config, spec.out, progress=spec.progress, command=list(spec.command))
+    print(Path(spec.out, files.TABLE_MD).read_text())
     failed = [r for r in rows if r.status != "ok"]
-    print(f"{len(rows)} cells, {len(failed)} failed; table: {args.out}/table.md, report: {args.out}/report.html")
+    print(f"{len(rows)} cells, {len(failed)} failed; table: {spec.out}/table.md, report: {spec.out}/report.html")
     if failed:
         print(f"af1 sweep: error: {failed_line(failed, len(rows))}", file=sys.stderr)
         return 2

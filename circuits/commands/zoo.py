@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.vocab import MODEL_CLASSES
@@ -49,46 +51,81 @@ def af1_check(model_dir: Path, task: str = "add_sub", n_build: int = 4000, thres
     return check(model_dir, task, n_build, threshold)
 
 
-def _train(args: argparse.Namespace) -> dict:
+@dataclass(frozen=True)
+class ZooSpecs:
+    """What ``af1 zoo``'s command line names, read once (:func:`spec`): the ``action`` (``list``, ``train``,
+    ``eval``), the model ``name`` and the action's options."""
+
+    action: str
+    name: str | None = None
+    out: str | None = None
+    ckpt: str | None = None
+    resume: bool = True
+    threads: int = 1
+    continue_from: str | None = None
+    model_class: str | None = None
+    overrides: tuple[tuple[str, Any], ...] = ()
+    tasks: tuple[str, ...] | None = None
+    n: int | None = None
+
+
+def spec(args: argparse.Namespace) -> ZooSpecs:
+    action = getattr(args, "zoo_command", None) or "list"
+    if action == "train":
+        overrides = tuple((k, v) for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr),
+                                               ("eval_every", args.eval_every), ("max_wall_s", args.max_wall_s))
+                          if v is not None)
+        return ZooSpecs(action, name=args.name, out=args.out, ckpt=args.ckpt, resume=not args.no_resume,
+                        threads=args.threads, continue_from=args.continue_from, model_class=args.model_class,
+                        overrides=overrides)
+    if action == "eval":
+        return ZooSpecs(action, name=args.name, tasks=tuple(args.tasks) if args.tasks else None, n=args.n)
+    return ZooSpecs(action)
+
+
+def check(spec: ZooSpecs) -> None:
+    """Checks before anything is loaded or trained."""
+    if spec.action == "eval" and spec.n is not None and spec.n < 1:
+        raise ArgumentError(f"-n {spec.n} is out of range: give an integer >= 1 (prompts per frozen set)")
+
+
+def train_model(spec: ZooSpecs) -> dict[str, Any]:
     """Run ``af1 zoo train``: a ground truth through :mod:`circuits.zoo.groundtruth` (the deprecated
     ``arith-gpt2-af1`` becomes its replacement, with a message), any other through
     :func:`circuits.zoo.train.train`; returns the card."""
     import dataclasses
 
-    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr),
-                                   ("eval_every", args.eval_every), ("max_wall_s", args.max_wall_s))
-                 if v is not None}
     from circuits.zoo import ALIASES, groundtruth
 
-    if args.name in ALIASES:
+    overrides = dict(spec.overrides)
+    name = str(spec.name)
+    if name in ALIASES:
         import sys
 
-        print(f"DEPRECATED: {args.name} (a permanent attention mask) is replaced by {ALIASES[args.name]} (the same "
+        print(f"DEPRECATED: {name} (a permanent attention mask) is replaced by {ALIASES[name]} (the same "
               f"planted wait=2, transfer=2, learned in the weights): training that", file=sys.stderr)
-        args.name = ALIASES[args.name]
-    if args.name in groundtruth.GROUND_TRUTHS:
-        if args.model_class == "transformers":
-            raise ArgumentError(f"{args.name} trains with TransformerLens hooks on the attention scores, which needs a "
-                             f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
-        cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS[args.name], threads=args.threads, **overrides)
-        return groundtruth.train(cfg, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
-                                 continue_from=args.continue_from)
-    if args.continue_from:
+        name = ALIASES[name]
+    if name in groundtruth.GROUND_TRUTHS:
+        if spec.model_class == "transformers":
+            raise ArgumentError(f"{name} trains with TransformerLens hooks on the attention scores, which needs a "
+                                f"HookedTransformer: drop --model-class transformers (TransformerLens 3.x)")
+        cfg = dataclasses.replace(groundtruth.GROUND_TRUTHS[name], threads=spec.threads, **overrides)
+        return groundtruth.train(cfg, out_dir=spec.out, ckpt_dir=spec.ckpt, resume=spec.resume,
+                                 continue_from=spec.continue_from)
+    if spec.continue_from:
         raise ArgumentError(f"--continue-from continues a ground truth's recipe "
                             f"({', '.join(groundtruth.GROUND_TRUTHS)}); "
-                            f"{args.name} trains in one run: drop --continue-from (checkpoints resume on their own)")
+                            f"{name} trains in one run: drop --continue-from (checkpoints resume on their own)")
     from circuits.zoo.train import train
 
-    return train(args.name, out_dir=args.out, ckpt_dir=args.ckpt, resume=not args.no_resume,
-                 threads=args.threads, model_class=args.model_class, **overrides)
+    return train(name, out_dir=spec.out, ckpt_dir=spec.ckpt, resume=spec.resume, threads=spec.threads,
+                 model_class=spec.model_class, **overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(spec: ZooSpecs) -> int:
     from circuits import zoo
-    from circuits.errors import ArgumentError
 
-    action = getattr(args, "zoo_command", None)
-    if action in (None, "list"):
+    if spec.action == "list":
         names = zoo.available()
         if not names:
             print("no models shipped")
@@ -100,24 +137,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:14s} {c.get('arch', '?'):6s} {len(trained):2d} tasks  min acc {worst:.3f}  "
                   f"{c.get('description', '')}")
         return 0
-    if action == "train":
-        card = _train(args)
+    if spec.action == "train":
+        card = train_model(spec)
         for t, a in card["frozen_accuracy"].items():
             print(f"{t:18s} {a:.3f}")
         return 0 if all(card["meets_bar"].values()) else 1
-    if action == "eval":
+    if spec.action == "eval":
         from circuits.zoo.data import evaluate_frozen
 
-        if args.n is not None and args.n < 1:
-            raise ArgumentError(f"-n {args.n} is out of range: give an integer >= 1 (prompts per frozen set)")
-        model = zoo.load(args.name)
-        c = zoo.card(args.name)
-        names = args.tasks or list(c.get("frozen_accuracy") or c["train"]["tasks"])
+        name = str(spec.name)
+        model = zoo.load(name)
+        c = zoo.card(name)
+        names = list(spec.tasks) if spec.tasks else list(c.get("frozen_accuracy") or c["train"]["tasks"])
         bars = c.get("bars", {})
         ok = True
-        for t, a in evaluate_frozen(model, names, n=args.n).items():
+        for t, a in evaluate_frozen(model, names, n=spec.n).items():
             bar = bars.get(t)
             ok &= bar is None or a >= bar
             print(f"{t:18s} {a:.3f}" + (f"  (bar {bar})" if bar is not None else ""))
         return 0 if ok else 1
-    raise ArgumentError(f"unknown zoo action {action!r}; known: list, train, eval")
+    raise ArgumentError(f"unknown zoo action {spec.action!r}; known: list, train, eval")

@@ -175,23 +175,26 @@ def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: Ablat
     its means, :meth:`circuits.prompts.spec.PromptSpec.prepare`) and score the
     result against ``structure``. ``out_dir``: ``<out_dir>/search`` and ``<out_dir>/prune`` run
     directories (:func:`prune_folder`; ``None``: nothing written)."""
-    from circuits.prune import PRUNE, PruneConfig
-    from circuits.runner import execute
-    from circuits.search import SEARCH, SearchConfig
+    from circuits.models.spec import LoadedModel
+    from circuits.prompts.ready import ReadyPrompts
+    from circuits.prune.config import PruneConfig
+    from circuits.prune.greedy import PRUNE
+    from circuits.runner import RunOptions, run
+    from circuits.search.analysis import SEARCH
+    from circuits.search.config import SearchConfig
 
     meta = {"model": name, "task": task, "source": prompts.source, "base_accuracy": prompts.base_accuracy,
             "n_checked": prompts.n_checked, "command": "groundtruth"}
     sub = (lambda d: Path(out_dir) / d) if out_dir is not None else (lambda d: None)
-    search = execute(SEARCH, model, prompts.tokens, prompts.answers,
-                     SearchConfig(threshold=threshold, grid="full", ablation=ablation).validate(),
-                     out_dir=sub("search"), fit=prompts.fit, meta=meta, prompts=prompts.records(), progress=progress)
+    source = LoadedModel(model, name=name)
+    ready = ReadyPrompts(prompts.tokens, prompts.answers, fit=prompts.fit, records=prompts.records(), meta=meta)
+    search = run(SEARCH, SearchConfig(threshold=threshold, grid="full", ablation=ablation).validate(), source, ready,
+                 RunOptions(out=sub("search"), progress=progress))
     planted = (structure.wait, structure.transfer)
     selected = search.selected.config if search.selected is not None else None
     at = selected if selected is not None and selected[1] >= 1 else planted
-    pruned = execute(PRUNE, model, prompts.tokens, prompts.answers,
-                     PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target),
-                     out_dir=sub(prune_folder(planted, at)), fit=prompts.fit, meta=meta, prompts=prompts.records(),
-                     progress=progress)
+    pruned = run(PRUNE, PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target), source, ready,
+                 RunOptions(out=sub(prune_folder(planted, at)), progress=progress))
     heads = sorted(structure.head_set)
     found = sorted(tuple(h) for h in pruned.smallest_head_set) if pruned.smallest_head_set is not None else None
     prec, rec = precision_recall(found, heads)
@@ -290,7 +293,7 @@ def af1_check(model_dir: str | Path, task: str = "add_sub", n_build: int = 4000,
     keys), summary line."""
     from circuits import zoo
     from circuits.prompts.sampling import prepare_prompts
-    from circuits.search import search_af1
+    from circuits.search.analysis import search_af1
 
     model = zoo.load_dir(Path(model_dir))
     p = prepare_prompts(model, task, n_build, seed=0, min_prompts=1)

@@ -14,7 +14,7 @@ works for all of them):
 * :mod:`~circuits.lens.inputs`: prompts grouped by layout, answer token ids (:func:`answer_token_id`).
 * :mod:`~circuits.lens.decode`: decoding conventions and metrics, :func:`early_decode`.
 * :mod:`~circuits.lens.result`: :class:`LensResult`, its summary rows and :func:`json_ready`.
-* :mod:`~circuits.lens.interchange`: :func:`interchange` and :class:`InterchangeResult`.
+* :mod:`~circuits.lens.interchange_check`: :func:`interchange` and :class:`InterchangeResult`.
 * :mod:`~circuits.lens.counterfactual`: counterfactual prompt pairs from the task's own arithmetic
   (:class:`circuits.tasks.TaskSpec`).
 * :mod:`~circuits.lens.report`: ``lens.json`` and the offline HTML report (the only module that writes
@@ -23,15 +23,7 @@ works for all of them):
 Every analysis streams over batches and keeps only the last-position vectors of the hooks it reads.
 """
 
-from __future__ import annotations
-
-from .capture import SUBLAYERS, block_list, capture_last, lens_states, sublayer_hooks, sublayers_of
-from .counterfactual import CounterfactualSet, counterfactual_rows, counterfactual_set, parse_operands
-from .decode import decode_states, early_decode
-from .inputs import PromptGroup, answer_token_id, prompt_groups
-from .interchange import InterchangeResult, interchange
-from .numeric import OPERATOR_TEXTS, NumericTable, numeric_table
-from .result import METRICS, LensResult, json_ready
+from circuits.lazy import exports
 
 __all__ = [
     "METRICS", "SUBLAYERS", "OPERATOR_TEXTS", "NumericTable", "numeric_table", "LensResult",
@@ -39,3 +31,29 @@ __all__ = [
     "block_list", "InterchangeResult", "interchange", "CounterfactualSet", "counterfactual_rows",
     "counterfactual_set", "parse_operands", "answer_token_id", "PromptGroup", "prompt_groups", "json_ready",
 ]
+
+__getattr__ = exports(__name__, {
+    "SUBLAYERS": "circuits.lens.capture",
+    "block_list": "circuits.lens.capture",
+    "capture_last": "circuits.lens.capture",
+    "lens_states": "circuits.lens.capture",
+    "sublayer_hooks": "circuits.lens.capture",
+    "sublayers_of": "circuits.lens.capture",
+    "CounterfactualSet": "circuits.lens.counterfactual",
+    "counterfactual_rows": "circuits.lens.counterfactual",
+    "counterfactual_set": "circuits.lens.counterfactual",
+    "parse_operands": "circuits.lens.counterfactual",
+    "decode_states": "circuits.lens.decode",
+    "early_decode": "circuits.lens.decode",
+    "PromptGroup": "circuits.lens.inputs",
+    "answer_token_id": "circuits.lens.inputs",
+    "prompt_groups": "circuits.lens.inputs",
+    "InterchangeResult": "circuits.lens.interchange_check",
+    "interchange": "circuits.lens.interchange_check",
+    "OPERATOR_TEXTS": "circuits.lens.numeric",
+    "NumericTable": "circuits.lens.numeric",
+    "numeric_table": "circuits.lens.numeric",
+    "METRICS": "circuits.lens.result",
+    "LensResult": "circuits.lens.result",
+    "json_ready": "circuits.lens.result",
+})

@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from circuits.analyses import Analysis, RunContext
+from circuits.lens.config import LensConfig
 from circuits.lens.result import LensResult
 from circuits.logs import get_logger
-from circuits.validation import check_choice, check_positive
-from circuits.vocab import DECODES
 
 
 def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
     """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template (a name, task
     file or spec). A task of string slots or answers (a lookup) has none: the checks swap integer operands."""
-    from circuits import lens
+    from circuits.lens.counterfactual import counterfactual_rows, counterfactual_set, parse_operands
     from circuits.tasks import catalogue as tasks
 
     spec = tasks.get_task(task)
@@ -27,7 +25,7 @@ def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[in
         return []
     rows = []
     for p, a in zip(prompts, answers):
-        ops = lens.parse_operands(spec.template, spec.operand_names, p[len(spec.prefix):] if
+        ops = parse_operands(spec.template, spec.operand_names, p[len(spec.prefix):] if
                                   p.startswith(spec.prefix) else p)
         if ops is not None:
             rows.append({"prompt": p, "answer": int(a), "operands": ops, "task": task})
@@ -36,32 +34,12 @@ def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[in
     changes += [("operator", i, f"operator {i + 1}") for i in range(n_ops)]
     sets = []
     for change, index, label in changes:
-        pairs = lens.counterfactual_rows(rows, change=change, index=index, seed=seed, spec=spec)
+        pairs = counterfactual_rows(rows, change=change, index=index, seed=seed, spec=spec)
         try:
-            sets.append(lens.counterfactual_set(model, pairs, label=label))
+            sets.append(counterfactual_set(model, pairs, label=label))
         except ValueError as err:
             get_logger("lens").warning("lens: skipping interchange '%s': %s", label, err)
     return sets
-
-
-@dataclass(frozen=True)
-class LensConfig:
-    """What determines an ``af1 lens`` run besides the model and the prompts: ``decode``
-    (``"final_norm"`` or ``"raw"``), ``top_k`` of the visibility test, ``interchange`` (run the check),
-    ``seed`` (counterfactual pairs), ``batch_size`` (prompts per forward pass)."""
-
-    decode: str = "final_norm"
-    top_k: int = 10
-    interchange: bool = True
-    seed: int = 0
-    batch_size: int = 64
-    n_boot: int = 1000
-
-    def validate(self, info: Any = None) -> LensConfig:
-        check_choice("decode", self.decode, DECODES)
-        check_positive("top_k", self.top_k)
-        check_positive("batch_size", self.batch_size)
-        return self
 
 
 def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
@@ -77,7 +55,8 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
     decoded top-1 token) are NaN, and the interchange checks are skipped."""
     import torch
 
-    from circuits import lens
+    from circuits.lens.decode import early_decode
+    from circuits.lens.interchange_check import interchange
     from circuits.tasks.tokens import is_number
 
     records = ctx.kept_prompts or []
@@ -87,14 +66,14 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
     tokens, answers = ctx.tokens, torch.as_tensor(ctx.answers)
     if answers.ndim == 2:  # the first answer token, predicted at the last prompt position
         tokens, answers, values = tokens[:, : tokens.shape[1] - answers.shape[1] + 1], answers[:, 0], None
-    result = lens.early_decode(model, tokens, answers=answers, answer_values=values,
+    result = early_decode(model, tokens, answers=answers, answer_values=values,
                                prompts=prompts or None, decode=config.decode, top_k=config.top_k,
                                batch_size=config.batch_size)
     inter = []
     if config.interchange and values is not None and ctx.meta.get("task") is not None \
             and ctx.meta.get("source") != "prompts":
         for cf in interchange_sets(model, ctx.meta["task"], prompts, values, config.seed):
-            inter.append(lens.interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
+            inter.append(interchange(model, cf.tokens, cf.answers, cf.counter_tokens,
                                           counter_answers=cf.counter_answers, batch_size=config.batch_size,
                                           label=cf.label))
     result.interchanges = inter

@@ -43,7 +43,7 @@ class LensFigureData(Protocol):
 
 
 class InterchangeFigureData(Protocol):
-    """What the interchange figure reads of one check (:class:`~circuits.lens.interchange.InterchangeResult`)."""
+    """What the interchange figure reads of one check (:class:`~circuits.lens.interchange_check.InterchangeResult`)."""
 
     label: str
     clean_prob: np.ndarray

@@ -25,7 +25,7 @@ from circuits.store import files
 from circuits.tasks.formats import describe_prompts
 
 from .figures import MAX_HEATMAP_PROMPTS, TITLES, figures, interchange_figure, metric_figure, rank_heatmap
-from .interchange import InterchangeResult
+from .interchange_check import InterchangeResult
 from .jsonable import json_ready
 from .result import LensResult
 

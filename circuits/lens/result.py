@@ -74,7 +74,7 @@ class LensResult:
         raises ``FileNotFoundError`` saying to rerun it) and the interchange checks."""
         import json
 
-        from circuits.lens.interchange import InterchangeResult
+        from circuits.lens.interchange_check import InterchangeResult
         from circuits.store import files
 
         path = Path(run_dir)

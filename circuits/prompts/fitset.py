@@ -31,50 +31,16 @@ import torch
 from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError
-from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE, POPULATIONS
+from circuits.prompts.fitspec import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from interventions.coverage import row_digests
 
 __all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSet", "FitSpec", "draw_fit_set", "fit_passes", "fit_set_of",
            "pick_covered", "split_whole"]
 
-DEFAULT_SIZE = FIT_SIZE
-"""Default :attr:`FitSpec.size` (:data:`circuits.vocab.FIT_SIZE`)."""
-DEFAULT_MIN_COUNT = FIT_MIN_COUNT
-"""Default :attr:`FitSpec.min_count` (:data:`circuits.vocab.FIT_MIN_COUNT`)."""
 CHUNK = 4096
 """Prompts drawn, tokenised (and, for ``population="correct"``, checked) per round."""
 TOP_UP_ROUNDS = 16
 """Rounds of top-up draws (``CHUNK`` prompts each) after the first ``size`` fit prompts, at most."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class FitSpec:
-    """How the fit set is drawn (see the module docstring): ``size`` (prompts, >= 1), ``min_count`` (fit
-    prompts per needed entry, >= 1), ``seed`` (order of the operand space) and ``population``."""
-
-    size: int = DEFAULT_SIZE
-    min_count: int = DEFAULT_MIN_COUNT
-    seed: int = 0
-    population: str = "all"
-
-    def validate(self) -> FitSpec:
-        """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
-        for name, lo in (("size", 1), ("min_count", 1), ("seed", 0)):
-            value = getattr(self, name)
-            if not _is_int(value) or value < lo:
-                raise ArgumentError(f"fit {name}={value!r} must be an integer >= {lo} (--fit-{name.replace('_', '-')})")
-        if self.population not in POPULATIONS:
-            raise ArgumentError(f"fit population={self.population!r} is not valid: choose one of "
-                                f"{', '.join(POPULATIONS)} (--fit-population)")
-        return self
-
-    def identity(self) -> dict[str, Any]:
-        return {"size": int(self.size), "min_count": int(self.min_count), "seed": int(self.seed),
-                "population": self.population}
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,19 @@ prompts from a dataset instead (:mod:`circuits.prompts.datasets`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.prompts import sampling
-from circuits.prompts.fitset import FitSet, FitSpec, split_whole
+from circuits.flags import flag
+from circuits.logs import get_logger
+from circuits.prompts.fitspec import FitSpec
 from circuits.tasks.formats import PromptFormat
 from circuits.vocab import NUMBERS, SOURCES
+
+if TYPE_CHECKING:
+    from circuits.prompts.fitset import FitSet
+    from circuits.prompts.ready import ReadyPrompts
 
 __all__ = ["MAX_REDRAWS", "PromptSpec", "fit_covered"]
 
@@ -49,16 +53,33 @@ class PromptSpec:
     ``"single"`` or ``"multi"``, :mod:`circuits.tasks.digits`) and the prompt ``format`` (solved examples, the chat
     template; :mod:`circuits.tasks.formats`)."""
 
-    task: Any = None
-    n_prompts: int = 200
-    seed: int = 0
-    source: str = "build"
-    max_checked: int | None = None
-    prepend_bos: bool | None = None
+    task: Any = field(default=None, metadata=flag(
+        "task name (see circuits.tasks.list_tasks()) or the path of a task file (.toml / .json; see docs/tasks.md)"))
+    n_prompts: int = field(default=200, metadata=flag(
+        "evaluation prompts the model answers correctly, one layout"))
+    seed: int = field(default=0, metadata=flag("seed of the prompts and bootstrap CIs"))
+    source: str = field(default="build", metadata=flag(
+        "prompts generated with --seed (build) or the task's frozen set", choices=SOURCES))
+    max_checked: int | None = field(default=None, metadata=flag(
+        "most prompts checked with a forward pass while looking for --n-prompts correct ones (default 20000)",
+        type=int))
+    prepend_bos: bool | None = field(default=None, metadata=flag(
+        "put BOS at position 0 (default: the model's own default; CAMA and the search need it, so models that do "
+        "not prepend it, e.g. Pythia, need --prepend-bos)", tristate=True))
     fit: FitSpec = field(default_factory=FitSpec)
-    numbers: str = "single"
+    numbers: str = field(default="single", metadata=flag(
+        "single: every operand and answer one token, as the AF1 papers; multi: several tokens (digit-level "
+        "tokenizers such as SmolLM2, Qwen2, Gemma), answers read under teacher forcing", choices=NUMBERS))
     format: PromptFormat = field(default_factory=PromptFormat)
-    prompts: Any = None
+    prompts: Any = field(default=None, metadata=flag(
+        "instead of --task: a prompt dataset, .jsonl or .csv with columns prompt and answer (see docs/tasks.md); "
+        "means are fitted on its other rows"))
+
+    @property
+    def spec(self) -> PromptSpec:
+        """Itself: the prompt spec the prompts come from (as :attr:`ReadyPrompts.spec
+        <circuits.prompts.ready.ReadyPrompts.spec>` says of prepared ones)."""
+        return self
 
     @property
     def label(self) -> str:
@@ -89,7 +110,10 @@ class PromptSpec:
         means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
         prompts reading an entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
         ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set."""
-        from circuits.prompts.fitset import draw_fit_set
+        import torch
+
+        from circuits.prompts import sampling
+        from circuits.prompts.fitset import draw_fit_set, split_whole
 
         if self.prompts is not None:
             from circuits.prompts.datasets import prepare_dataset_prompts
@@ -136,6 +160,32 @@ class PromptSpec:
         # prompts set aside before the last one kept.
         last = int(keep.nonzero().flatten()[self.n_prompts - 1]) + 1
         return replace(drawn.subset(keep, self.n_prompts), fit=fit, n_dropped_fit=int((~keep[:last]).sum()))
+
+    def ready(self, model: Any, *, name: str | None, means: str | None, out: str | Path | None = None,
+              progress: bool = True, batch_size: int = 128) -> ReadyPrompts:
+        """These prompts, ready for the runner: :meth:`prepare`d with the fit set of ``means``, or reloaded from the
+        run directory ``out`` when an earlier run prepared them there under the same key
+        (:func:`circuits.prompts.prepared.prepare`); says what it uses (the ``circuits.runner`` logger), naming the
+        model ``name``."""
+        from circuits.prompts import prepared
+        from circuits.prompts.ready import ReadyPrompts
+
+        prompts = prepared.prepare(self, model, means=means, out=out, progress=progress, batch_size=batch_size)
+        kept = prepared.prepared_of(prompts)
+        lines = [f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)"] \
+            if kept is not None and kept.source is not None else []
+        lines.append(f"{name} on {self.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
+                     f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
+                     f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))")
+        if prompts.fit is not None:
+            fit = prompts.fit
+            how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
+            dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
+                       f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
+            lines.append(f"means: fitted on {len(fit)} prompts of {self.label} ({how}, population "
+                         f"{fit.spec.population}), none of them scored{dropped}")
+        get_logger("runner").info("\n".join(lines))
+        return ReadyPrompts.of(prompts, self)
 
     def meta(self) -> dict[str, Any]:
         """The prompts' part of a run's description (``run.json`` / ``summary.json``): the task, the source, and

@@ -39,13 +39,27 @@ results raises :class:`FileExistsError`. ``target``, ``batch_size`` and ``progre
 run's identity: rerunning with another ``target`` only recomputes the summary and the report.
 """
 
-from circuits.prune.config import NOT_IDENTITY, PruneConfig
-from circuits.prune.greedy import PRUNE, prune_heads, run_prune
-from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
-from circuits.prune.result import CURVE_FIELDS, CurvePoint, PruneResult, area_under_curve, summary_dict
+from circuits.lazy import exports
 
 __all__ = [
     "CURVE_FIELDS", "CurvePoint", "NOT_IDENTITY", "PRUNE", "PruneConfig", "PruneResult", "area_under_curve",
     "head_attention", "key_labels", "prune_heads", "pruned_subgraph", "run_prune", "summary_dict",
     "transfer_heads",
 ]
+
+__getattr__ = exports(__name__, {
+    "NOT_IDENTITY": "circuits.prune.config",
+    "PruneConfig": "circuits.prune.config",
+    "PRUNE": "circuits.prune.greedy",
+    "prune_heads": "circuits.prune.greedy",
+    "run_prune": "circuits.prune.greedy",
+    "head_attention": "circuits.prune.heads",
+    "key_labels": "circuits.prune.heads",
+    "pruned_subgraph": "circuits.prune.heads",
+    "transfer_heads": "circuits.prune.heads",
+    "CURVE_FIELDS": "circuits.prune.result",
+    "CurvePoint": "circuits.prune.result",
+    "PruneResult": "circuits.prune.result",
+    "area_under_curve": "circuits.prune.result",
+    "summary_dict": "circuits.prune.result",
+})

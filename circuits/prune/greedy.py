@@ -15,12 +15,14 @@ import interventions as iv
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.errors import ArgumentError, CorruptRunError
 from circuits.faithfulness import FaithfulnessResult, answer_logits, answer_width, last_token_metrics, summarize
+from circuits.models.spec import LoadedModel
 from circuits.prompts.fitset import FitSet, FitSpec, fit_set_of
+from circuits.prompts.ready import ReadyPrompts
 from circuits.prune.attribution import head_attribution
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
 from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, summary_dict
-from circuits.runner import execute
+from circuits.runner import RunOptions, run
 from circuits.store import files
 from circuits.store.records import Field, RecordSchema, faithfulness_fields
 from circuits.store.runs import RunDir, tokens_sha256
@@ -82,10 +84,10 @@ def prune_heads(
     cfg = configured(PruneConfig, config, wait=wait, transfer=transfer, ablation=ablation, method=method,
                      target=None if target is None else float(target), rank=rank, confirm_top=confirm_top,
                      batch_size=batch_size, n_boot=n_boot, seed=seed)
-    return execute(PRUNE, model, tokens, answers, cfg, out_dir=out_dir, cache=cache,
-                   fit=fit_set_of(fit, fit_tokens, min_count, model=model, tokens=tokens, meta=meta),
-                   min_count=min_count, meta=meta, prompts=prompts,
-                   progress=progress)
+    ready = ReadyPrompts(tokens, answers, fit=fit_set_of(fit, fit_tokens, min_count, model=model, tokens=tokens,
+                                                         meta=meta), records=prompts, meta=dict(meta or {}))
+    return run(PRUNE, cfg, LoadedModel(model, name=(meta or {}).get("model")), ready,
+               RunOptions(out=out_dir, progress=progress, cache=cache, min_count=min_count))
 
 
 def run_prune(model: Any, cfg: PruneConfig, ctx: RunContext) -> PruneResult:

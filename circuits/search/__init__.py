@@ -49,27 +49,7 @@ needs (a) every configuration of the waits above the selected one (all evaluated
 grid's.
 """
 
-from circuits.search.analysis import SEARCH, load_summary, run_search, search_af1, write_outputs
-from circuits.search.config import SearchConfig
-from circuits.search.evaluators import (
-    BatchedEvaluator,
-    Evaluator,
-    FastEvaluator,
-    NaiveEvaluator,
-    PerPrompt,
-    make_evaluator,
-    two_position_exact,
-)
-from circuits.search.results import ConfigResult, SearchResult
-from circuits.search.rule import (
-    NOT_EVALUATED,
-    Config,
-    configurations,
-    scan,
-    select,
-    smallest_transfers,
-)
-from circuits.validation import check_config
+from circuits.lazy import exports
 
 __all__ = [
     "BatchedEvaluator", "NOT_EVALUATED", "Config", "ConfigResult", "Evaluator",
@@ -78,3 +58,28 @@ __all__ = [
     "configurations", "load_summary", "scan",
     "search_af1", "select", "smallest_transfers", "two_position_exact", "write_outputs",
 ]
+
+__getattr__ = exports(__name__, {
+    "SEARCH": "circuits.search.analysis",
+    "load_summary": "circuits.search.analysis",
+    "run_search": "circuits.search.analysis",
+    "search_af1": "circuits.search.analysis",
+    "write_outputs": "circuits.search.analysis",
+    "SearchConfig": "circuits.search.config",
+    "BatchedEvaluator": "circuits.search.evaluators",
+    "Evaluator": "circuits.search.evaluators",
+    "FastEvaluator": "circuits.search.evaluators",
+    "NaiveEvaluator": "circuits.search.evaluators",
+    "PerPrompt": "circuits.search.evaluators",
+    "make_evaluator": "circuits.search.evaluators",
+    "two_position_exact": "circuits.search.evaluators",
+    "ConfigResult": "circuits.search.results",
+    "SearchResult": "circuits.search.results",
+    "NOT_EVALUATED": "circuits.search.rule",
+    "Config": "circuits.search.rule",
+    "configurations": "circuits.search.rule",
+    "scan": "circuits.search.rule",
+    "select": "circuits.search.rule",
+    "smallest_transfers": "circuits.search.rule",
+    "check_config": "circuits.validation",
+})

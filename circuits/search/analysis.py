@@ -16,8 +16,10 @@ import interventions as iv
 from circuits.analyses import Analysis, RunContext, configured
 from circuits.faithfulness import answer_width, summarize
 from circuits.logs import get_logger
+from circuits.models.spec import LoadedModel
 from circuits.prompts.fitset import FitSet, FitSpec, fit_set_of
-from circuits.runner import execute
+from circuits.prompts.ready import ReadyPrompts
+from circuits.runner import RunOptions, run
 from circuits.search.config import SearchConfig
 from circuits.search.evaluators import make_evaluator
 from circuits.search.results import ConfigResult, SearchResult, config_row
@@ -98,10 +100,10 @@ def search_af1(
     """
     config = configured(SearchConfig, config, threshold=threshold, grid=grid, ablation=ablation, method=method,
                         seed=seed, batch_size=batch_size, n_boot=n_boot, configs_per_pass=configs_per_pass)
-    result = execute(SEARCH, model, tokens, answers, config, out_dir=out_dir, cache=cache,
-                     fit=fit_set_of(fit, fit_tokens, min_count, model=model, tokens=tokens, meta=meta),
-                     min_count=min_count, meta=meta, prompts=prompts,
-                     progress=progress)
+    ready = ReadyPrompts(tokens, answers, fit=fit_set_of(fit, fit_tokens, min_count, model=model, tokens=tokens,
+                                                         meta=meta), records=prompts, meta=dict(meta or {}))
+    result = run(SEARCH, config, LoadedModel(model, name=(meta or {}).get("model")), ready,
+                 RunOptions(out=out_dir, progress=progress, cache=cache, min_count=min_count))
     result.out_dir = Path(out_dir) if out_dir is not None else None
     return result
 

@@ -3,9 +3,10 @@ validated before anything is loaded."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS, Ablation, Grid, SearchMethod
 
@@ -21,14 +22,21 @@ class SearchConfig:
     ``configs_per_pass``: configurations per forward pass where the backend runs several at once (nnsight).
     """
 
-    threshold: float = 0.9
-    grid: Grid = "auto"
-    ablation: Ablation = "cama"
-    method: SearchMethod = "fast"
+    threshold: float = field(default=0.9, metadata=flag(
+        "faithfulness a configuration needs, a fraction in [0, 1]"))
+    grid: Grid = field(default="auto", metadata=flag(
+        "full: every (wait, transfer) for the heatmap; auto: only what the selection needs (same selection)",
+        choices=GRIDS))
+    ablation: Ablation = field(default="cama", metadata=flag(
+        "ablation after the wait block: cama or the mean/zero baselines", choices=ABLATIONS))
+    method: SearchMethod = field(default="fast", metadata=flag(
+        "fast (exact shortcuts) or naive (one full forward per configuration)", choices=SEARCH_METHODS))
     seed: int = 0
     batch_size: int = 128
     n_boot: int = 1000
-    configs_per_pass: int = 8
+    configs_per_pass: int = field(default=8, metadata=flag(
+        "configurations of one wait evaluated in one forward pass where the backend allows it (nnsight: one request "
+        "each)"))
 
     def validate(self, info: Any = None) -> SearchConfig:
         """Raise :class:`ArgumentError` naming the first bad field (``info``: unused, every model fits)."""
@@ -55,8 +63,9 @@ class FixedConfig:
     """One configuration: ``wait`` (last waiting block, 0-indexed; -1 = no ablation), ``transfer``
     (number of transfer blocks), ``ablation``, bootstrap ``seed``/``n_boot`` and ``batch_size``."""
 
-    wait: int
-    transfer: int
+    wait: int = field(metadata=flag("fixed configuration: last waiting block (0-indexed; -1 = no ablation)",
+                                    type=int))
+    transfer: int = field(metadata=flag("fixed configuration: transfer blocks", type=int))
     ablation: Ablation = "cama"
     seed: int = 0
     batch_size: int = 128

@@ -240,13 +240,15 @@ class _State:
         task, seed) that needs means fits them, or reloads the cache its run directory holds; the others reuse
         it) and fill ``row`` from its result (:attr:`circuits.analyses.Analysis.summary_row`)."""
         from circuits import analyses
-        from circuits.runner import run_analysis
+        from circuits.models.spec import LoadedModel
+        from circuits.prompts.ready import ReadyPrompts
+        from circuits.runner import RunOptions, run
 
         analysis = analyses.get(cell.analysis)
-        cfg = self.config
-        result = run_analysis(analysis, self.model, self.prompts, self.cell_config(cell), out=folder,
-                              progress=progress, command=self.command, name=cell.model,
-                              spec=cfg.prompt_spec(cell.task, cell.seed), cache=self.means, on_means=self.keep_means)
+        ready = ReadyPrompts.of(self.prompts, self.config.prompt_spec(cell.task, cell.seed))
+        result = run(analysis, self.cell_config(cell), LoadedModel(self.model, name=cell.model), ready,
+                     RunOptions(out=folder, progress=progress, command=self.command, cache=self.means,
+                                on_means=self.keep_means))
         fill(row, analysis.summary_row(result), self.prompts, cell.analysis)
 
 

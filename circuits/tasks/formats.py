@@ -19,10 +19,11 @@ whose states depend on nothing that varies, and CAMA leaves them unchanged. ``ru
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
+from circuits.flags import flag
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -38,8 +39,10 @@ class PromptFormat:
     """How a task's prompt is presented (see the module docstring): ``shots`` solved examples (>= 0), joined
     and ended by ``separator``, and ``chat`` (the tokenizer's chat template)."""
 
-    shots: int = 0
-    chat: bool = False
+    shots: int = field(default=0, metadata=flag(
+        "solved examples of the task before each prompt (0: zero-shot, as the papers)"))
+    chat: bool = field(default=False, metadata=flag(
+        "wrap each prompt in the tokenizer's chat template (instruct models)"))
     separator: str = "\n"
     examples_seed: int = EXAMPLES_SEED
 

@@ -72,7 +72,7 @@ def pages(folder: Path) -> dict[str, Path]:
     from circuits import report
     from circuits.groundtruth.recovery import Recovery
     from circuits.groundtruth.report import write_outputs as write_groundtruth
-    from circuits.lens.interchange import InterchangeResult
+    from circuits.lens.interchange_check import InterchangeResult
     from circuits.lens.report import figures as lens_figures
     from circuits.prune.report import figures as prune_figures
     from circuits.sweep import SweepConfig

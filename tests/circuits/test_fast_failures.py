@@ -86,10 +86,10 @@ def test_wait_out_of_range_is_refused_before_loading(monkeypatch, tmp_path, caps
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("weights were loaded"))
     code = cli.main(["prune", "--model", "arith-gpt2", "--task", "add", "--wait", "5", "--transfer", "2",
                      "--out", str(tmp_path / "p")])
-    assert code == 2 and "wait=5 is out of range: valid -1..4 for a model of 6 blocks" in capsys.readouterr().err
+    assert code == 2 and "--wait 5 is out of range: valid -1..4 for a model of 6 blocks" in capsys.readouterr().err
     code = cli.main(["prune", "--model", "arith-gpt2", "--task", "add", "--wait", "2", "--transfer", "4",
                      "--out", str(tmp_path / "p")])
-    assert code == 2 and "transfer=4 is out of range for wait=2: valid 1..3" in capsys.readouterr().err
+    assert code == 2 and "--transfer 4 is out of range for --wait 2: valid 1..3" in capsys.readouterr().err
     code = cli.main(["sweep", "--models", "arith-gpt2", "--tasks", "add", "--wait", "5", "--transfer", "2",
                      "--out", str(tmp_path / "s")])
     assert code == 2 and "arith-gpt2 has 6 blocks: transfer=2 is out of range for wait=5" in capsys.readouterr().err

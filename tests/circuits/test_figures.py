@@ -204,7 +204,7 @@ def test_lens_rank_heatmap_height_is_capped():
 
 
 def test_interchange_drops_are_drawn_from_zero():
-    from circuits.lens.interchange import InterchangeResult
+    from circuits.lens.interchange_check import InterchangeResult
     from circuits.lens.report import interchange_figure
 
     clean = np.array([0.9, 0.8])

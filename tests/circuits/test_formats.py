@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from circuits import cli
-from circuits.commands.common import prompt_spec
+from circuits.commands.common import specs_of
 from circuits.errors import ArgumentError
 from circuits.sweep import SweepConfig
 from circuits.sweep.run import CellResult
@@ -142,11 +142,11 @@ def parsed(*flags: str) -> argparse.Namespace:
 
 
 def test_the_command_line_flags_make_the_format_and_run_json_records_it():
-    spec = prompt_spec(parsed("--shots", "2", "--chat", "--numbers", "multi"))
+    spec = specs_of(parsed("--shots", "2", "--chat", "--numbers", "multi")).prompts
     assert spec.format == PromptFormat(shots=2, chat=True) and spec.numbers == "multi"
     assert spec.meta() == {"task": "add", "source": "build", "numbers": "multi",
                            "format": {"shots": 2, "chat": True, "separator": "\n", "examples_seed": EXAMPLES_SEED}}
-    plain = prompt_spec(parsed())
+    plain = specs_of(parsed()).prompts
     assert plain.format.zero_shot and plain.meta() == {"task": "add", "source": "build"}
 
 

@@ -319,7 +319,7 @@ def test_errors_name_the_bad_value():
         prune_heads(model, tokens, answers, wait=-1, transfer=1, method="mean")
     with pytest.raises(ValueError, match="confirm_top=0 must be an integer >= 1"):
         prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, confirm_top=0)
-    with pytest.raises(ValueError, match="needs rank='attribution'"):
+    with pytest.raises(ValueError, match="needs rank=attribution"):
         prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, rank="none", confirm_top=2)
     with pytest.raises(ValueError, match="method='median' is not valid"):
         prune_heads(model, tokens, answers, wait=0, transfer=1, cache=cache, method="median")

@@ -223,10 +223,10 @@ def test_sweep_configs_take_task_files_relative_to_the_config(tmp_path):
     assert [str(c.folder()) for c in config.cells()] == ["arith-gpt2/add/cama-seed0", "arith-gpt2/mul/cama-seed0"]
     # af1 sweep --config reads the same tasks, from any working directory
     from circuits.cli import build_parser
-    from circuits.commands.sweep import config_of
+    from circuits.commands.sweep import spec
 
     args = build_parser().parse_args(["sweep", "--config", str(cfg), "--out", str(tmp_path / "o")])
-    assert config_of(args) == config
+    assert spec(args).config == config
     (tmp_path / "tasks" / "bad.toml").write_text(MUL.replace('"A*B"', '"A/B"'))
     cfg.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["tasks/bad.toml"]\n')
     with pytest.raises(ArgumentError, match=r"bad.toml: answer:"):
