@@ -7,8 +7,9 @@ are resolved lazily, so ``import circuits`` (and ``af1 --help``) does not import
 * analyses: :func:`search_af1` / :class:`SearchConfig`, :func:`necessity_sweep` / :class:`NecessityConfig`,
   :func:`prune_heads` / :class:`PruneConfig`, :func:`early_decode`, :func:`interchange`,
   :func:`faithfulness`, :func:`run_sweep` / :class:`SweepConfig`;
-* the runner: :func:`run_analysis` (from :class:`ModelSpec` and :class:`PromptSpec`), :func:`execute` (from
-  tensors), :class:`Analysis` (the contract, :mod:`analyses`), :class:`Run` (see ``docs/architecture.md``);
+* the runner: :func:`run` (``run(analysis, config, model, prompts, RunOptions(...))``: a :class:`ModelSpec` or a
+  :class:`LoadedModel`, a :class:`PromptSpec` or :class:`ReadyPrompts`), the earlier :func:`run_analysis` and
+  :func:`execute`, :class:`Analysis` (the contract, :mod:`analyses`), :class:`Run` (see ``docs/architecture.md``);
 * data and models: :mod:`tasks`, :mod:`zoo`, :func:`load_model`, :func:`prepare_prompts`;
 * errors: :class:`AF1Error` and its subclasses (``docs/reliability.md``).
 """
@@ -38,7 +39,8 @@ _EXPORTS: dict[str, str] = {
     "run_sweep": "circuits.sweep", "SweepConfig": "circuits.sweep",
     "execute": "circuits.runner", "Analysis": "circuits.analyses", "Run": "circuits.runner",
     "RunContext": "circuits.analyses", "run_analysis": "circuits.runner",
-    "ModelSpec": "circuits.models.spec", "PromptSpec": "circuits.prompts.spec",
+    "ModelSpec": "circuits.models.spec", "PromptSpec": "circuits.prompts.spec", "run": "circuits.runner",
+    "RunOptions": "circuits.options", "LoadedModel": "circuits.models.spec", "ReadyPrompts": "circuits.prompts.ready",
     "load_model": "circuits.models.loading", "prepare_prompts": "circuits.prompts.sampling",
     "Prompts": "circuits.prompts.sampling",
     "AF1Error": "circuits.errors", "ArgumentError": "circuits.errors", "CorruptRunError": "circuits.errors",

@@ -120,6 +120,31 @@ def test_a_registered_analysis_runs_through_execute_and_resumes(registered, zoo_
     assert json.loads((tmp_path / "specs" / files.IDENTITY).read_text())["task"] == "add"
 
 
+def test_the_command_line_is_the_one_entry_point_run(tmp_path, capsys):
+    """`af1 search` is `run(SEARCH, config, ModelSpec, PromptSpec, RunOptions)`: a directory written by `run` from
+    Python is the command's own (the command resumes every configuration and evaluates none), and the configs' own
+    fields carry the flags (the same SearchConfig either way)."""
+    from circuits import cli
+    from circuits.options import RunOptions
+    from circuits.runner import run
+    from circuits.search.analysis import SEARCH
+    from circuits.search.config import SearchConfig
+
+    out = tmp_path / "s"
+    config = SearchConfig(grid="full", ablation="zero", seed=2)  # --seed sets the prompts' and the bootstrap's
+    first = run(SEARCH, config, ModelSpec("arith-gpt2"), PromptSpec("add", n_prompts=15, seed=2),
+                RunOptions(out=out, progress=False))
+    capsys.readouterr()
+    argv = ["search", "--model", "arith-gpt2", "--task", "add", "--n-prompts", "15", "--seed", "2", "--grid", "full",
+            "--ablation", "zero", "--no-progress", "--out", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"resumed {len(first.results)} configuration(s)" in printed
+    from circuits.commands.search import spec
+
+    assert spec(cli.build_parser().parse_args(argv)).config == config
+
+
 def test_a_registered_analysis_runs_as_a_sweep_cell(registered, zoo_model, tmp_path):
     config = SweepConfig.from_mapping({"models": ["arith-gpt2"], "tasks": ["add"], "ablations": ["zero"],
                                        "mode": "fixed", "wait": 1, "transfer": 1, "n_prompts": 12,
