@@ -14,7 +14,7 @@ file (``--out``) is rewritten after every phase, so a run stopped from outside k
 4. ``prompts``: ``--prompts`` random prompts of the layout ``BOS A + B - C =`` (:data:`LAYOUT`) answered by
    the model's own top-1 token.
 5. ``batch``: ``--batch-size`` (``auto``: :func:`circuits.models.memory.auto_batch_size`) resolved as ``af1 search``
-   resolves it (:func:`circuits.commands.common.evaluate_batched`).
+   resolves it (the runner's :func:`circuits.models.memory.run_batched`).
 6. ``means``: the CAMA means (``MeanCache.fit``) at that batch.
 7. ``search``: the full-grid fast search (``search_af1(grid="full", method="fast")``), the batch halved on a
    device out-of-memory error as the commands do.
@@ -462,16 +462,14 @@ def self_answered(model: Any, n_prompts: int, seed: int) -> tuple[dict, tuple[to
 
 
 def resolve_batch(model: Any, tokens: torch.Tensor, batch_size: int | str, dtype: str) -> tuple[dict[str, Any], int]:
-    """Phase ``batch``: ``--batch-size`` as ``af1 search`` resolves it (``evaluate_batched``; ``auto``: the
+    """Phase ``batch``: ``--batch-size`` as ``af1 search`` resolves it (the runner's ``memory.run_batched``; ``auto``: the
     largest batch whose activations fit in the free device memory, :func:`circuits.models.memory.auto_batch_size`),
     with the free device memory it saw (bytes; ``None`` on the CPU)."""
     from circuits.models import memory
-    from circuits.commands.common import evaluate_batched
 
     devices = memory.model_devices(model)
     free = memory.free_cuda_bytes(devices) if any(is_cuda(d) for d in devices) else None
-    args = argparse.Namespace(batch_size=batch_size, dtype=dtype)
-    batch = evaluate_batched(args, model, tokens, lambda chosen: chosen)
+    batch = memory.run_batched(batch_size, model, tokens, dtype, lambda chosen: chosen)
     return {"requested": batch_size, "batch_size": batch, "free_bytes": free,
             "devices": [str(d) for d in devices]}, batch
 
@@ -520,7 +518,7 @@ def naive_figures(model: Any, tokens: torch.Tensor, answers: torch.Tensor, cache
 
 # --- the run -----------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from circuits.commands.common import batch_size_argument
+    from circuits.options import batch_size_argument
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the JSON file to write (rewritten after every phase)")
