@@ -28,6 +28,7 @@ from circuits.errors import ArgumentError
 from circuits.prompts.fitset import FitSet
 from circuits.store.records import RecordSchema
 from interventions.coverage import Coverage
+from interventions.types import JsonDict, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.store.runs import RunDir
@@ -59,7 +60,7 @@ class ResultStore(Protocol):
     ``records()`` returns the finished records (validated); ``append(record)`` persists one at once.
     """
 
-    def records(self) -> list[dict[str, Any]]: ...
+    def records(self) -> list[JsonDict]: ...
 
     def append(self, record: Mapping[str, Any]) -> None: ...
 
@@ -68,9 +69,9 @@ class MemoryStore:
     """A :class:`ResultStore` in memory (no output directory)."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[JsonDict] = []
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[JsonDict]:
         return list(self.rows)
 
     def append(self, record: Mapping[str, Any]) -> None:
@@ -85,7 +86,7 @@ class DirStore:
         numbered = run_dir.load_numbered_records()
         self.loaded = schema.validate(run_dir.results_path, numbered) if schema else [r for _, r in numbered]
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[JsonDict]:
         return list(self.loaded)
 
     def append(self, record: Mapping[str, Any]) -> None:
@@ -114,16 +115,16 @@ class RunContext:
     cache: iv.MeanCache | None
     store: ResultStore
     progress: bool
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonDict = field(default_factory=dict)
     prompts: Sequence[Mapping[str, Any]] | None = None
     fit: FitSet | None = None
     coverage: Coverage | None = None
-    means_identity: dict[str, Any] | None = None
-    tokenizer: Any = None
+    means_identity: JsonDict | None = None
+    tokenizer: Tokenizer | None = None
     spec: Any = None
     started: float = field(default_factory=time.time)
 
-    def means_summary(self) -> dict[str, Any] | None:
+    def means_summary(self) -> JsonDict | None:
         """What ``summary.json`` says of the means (``None`` without): the fit set (how it was drawn, its
         size and hash) and the fit counts behind the means the scored prompts read."""
         if self.cache is None or self.coverage is None:
@@ -142,7 +143,7 @@ class RunContext:
         return f"Means: {how}, none of them scored; {self.coverage.line()}."
 
     @property
-    def kept_prompts(self) -> list[dict[str, Any]] | None:
+    def kept_prompts(self) -> list[JsonDict] | None:
         """The caller's prompt records of the kept prompts (``None`` without records)."""
         if self.prompts is None:
             return None
@@ -163,11 +164,11 @@ def no_schema(config: Any, info: Any, n_prompts: int) -> RecordSchema | None:
     return None
 
 
-def no_prompt_records(ctx: RunContext) -> list[dict[str, Any]] | None:
+def no_prompt_records(ctx: RunContext) -> list[JsonDict] | None:
     return None
 
 
-def no_row(result: Any) -> dict[str, Any]:
+def no_row(result: Any) -> JsonDict:
     """The default :attr:`Analysis.summary_row`: nothing beyond the cell's prompts."""
     return {}
 
@@ -196,14 +197,14 @@ class Analysis(Generic[C, R]):
     name: str
     config_type: type[C]
     results_file: str | None
-    identity: Callable[[C, RunContext, Any], dict[str, Any]]
+    identity: Callable[[C, RunContext, Any], JsonDict]
     run: Callable[[Any, C, RunContext], R]
     write: Callable[[R, RunDir, RunContext], None]
     validate: Callable[[C, Any], None] = validate_config
     means: Callable[[C], str | None] = no_means
     schema: Callable[[C, Any, int], RecordSchema | None] = no_schema
-    prompt_records: Callable[[RunContext], list[dict[str, Any]] | None] = no_prompt_records
-    summary_row: Callable[[R], dict[str, Any]] = no_row
+    prompt_records: Callable[[RunContext], list[JsonDict] | None] = no_prompt_records
+    summary_row: Callable[[R], JsonDict] = no_row
     configure: Callable[[Mapping[str, Any]], C] | None = None
     base_correct_only: bool = True
     optional_identity: tuple[str, ...] = ()

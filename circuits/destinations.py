@@ -24,6 +24,7 @@ from circuits.store import files
 from circuits.store.atomic import clean_temporaries, refuse_links
 from circuits.store.lock import DirLock
 from circuits.store.runs import RunDir, read_json_object
+from interventions.types import JsonDict
 
 __all__ = ["LABELS", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
 
@@ -111,7 +112,7 @@ class Memory:
 
     run_dir: RunDir | None = None
 
-    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], dict[str, Any]]) -> None:
+    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], JsonDict]) -> None:
         """Nothing to check (the identity is not even built)."""
 
     def store(self, schema: Callable[[], Any]) -> ResultStore:
@@ -123,7 +124,7 @@ class Memory:
     def keep_prepared(self, prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> None:
         """Nothing to keep."""
 
-    def write_prompts(self, records: list[dict[str, Any]] | None) -> None:
+    def write_prompts(self, records: list[JsonDict] | None) -> None:
         """Nothing to write."""
 
     def write(self, analysis: Analysis[Any, Any], result: Any, ctx: RunContext) -> None:
@@ -138,7 +139,7 @@ class Directory(Memory):
         self.path = path
         self.results_file: str | None = None
 
-    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], dict[str, Any]]) -> None:
+    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], JsonDict]) -> None:
         """Refuse a directory of an earlier version's means, then check ``run.json`` against ``identity()`` (or
         write it)."""
         check_current(self.path)
@@ -158,7 +159,7 @@ class Directory(Memory):
         assert self.run_dir is not None
         keep_prepared(self.run_dir, prepared, keep)
 
-    def write_prompts(self, records: list[dict[str, Any]] | None) -> None:
+    def write_prompts(self, records: list[JsonDict] | None) -> None:
         if records is not None:
             assert self.run_dir is not None
             self.run_dir.write_jsonl(files.PROMPTS, records)

@@ -19,7 +19,7 @@ from jaxtyping import Bool, Float, Int
 import interventions as iv
 from circuits.errors import ArgumentError
 from circuits.validation import check_positive
-from interventions.types import InterventionError, Tokens
+from interventions.types import InterventionError, JsonDict, Model, Tokens
 from interventions.validation import check_answers, check_tokens
 
 
@@ -39,7 +39,7 @@ class FaithfulnessResult:
     mean_answer_prob: float
     mean_logit_diff: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return asdict(self)
 
 
@@ -104,7 +104,7 @@ def summarize(
 
 @torch.inference_mode()
 def last_logits(
-    model: Any, tokens: Tokens, interventions: Sequence[iv.Intervention] = (), *, batch_size: int = 128,
+    model: Model, tokens: Tokens, interventions: Sequence[iv.Intervention] = (), *, batch_size: int = 128,
     n_answer: int = 1,
 ) -> Float[torch.Tensor, "batch *k d_vocab"]:
     """Logits at the last position of every prompt (``[batch, d_vocab]``), under ``interventions``, in batches;
@@ -126,14 +126,14 @@ def answer_width(answers: Int[torch.Tensor, " batch *k"]) -> int:
     return 1 if answers.ndim == 1 else int(answers.shape[1])
 
 
-def answer_logits(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"],
+def answer_logits(model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"],
                   interventions: Sequence[iv.Intervention] = (), *,
                   batch_size: int = 128) -> Float[torch.Tensor, "batch *k d_vocab"]:
     """:func:`last_logits` at the positions that predict ``answers`` (``[batch]`` or ``[batch, k]``)."""
     return last_logits(model, tokens, interventions, batch_size=batch_size, n_answer=answer_width(answers))
 
 
-def base_correct(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], *,
+def base_correct(model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], *,
                  batch_size: int = 128) -> Bool[torch.Tensor, " batch"]:
     """Which prompts the unmodified model answers correctly (argmax at the last position; for ``[batch, k]``
     answers, every answer token the argmax of its position under teacher forcing)."""
@@ -142,7 +142,7 @@ def base_correct(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch 
 
 
 def faithfulness(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     interventions: Sequence[iv.Intervention],
@@ -173,7 +173,7 @@ def faithfulness(
 
 
 def prompt_faithfulness(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     interventions: Sequence[iv.Intervention],

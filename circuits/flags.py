@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from interventions.types import JsonDict
+
 __all__ = ["KEY", "Flag", "add_flags", "flag", "flag_fields", "values"]
 
 KEY = "flag"
@@ -107,11 +109,11 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, names: Iterable[str] |
 
 
 def values(cls: type, args: argparse.Namespace, names: Iterable[str] | None = None, *,
-           prefix: str = "") -> dict[str, Any]:
+           prefix: str = "") -> JsonDict:
     """The keyword arguments of ``cls`` that the flags of ``names`` (default: every field with a :class:`Flag`) hold
     in the parsed ``args`` (a ``--no-x`` switch of a field that defaults to ``True`` turns it off)."""
     fields = flag_fields(cls)
-    out: dict[str, Any] = {}
+    out: JsonDict = {}
     for name in (names if names is not None else fields):
         field, spec = fields[name]
         value = getattr(args, dest_of(flag_name(field, spec, prefix)))

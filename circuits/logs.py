@@ -16,6 +16,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from interventions.types import Model
+
 __all__ = ["LOGGER", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
 
 LOGGER = "circuits"
@@ -80,7 +82,7 @@ def quiet_stdout(name: str = "loading") -> Iterator[None]:
                 log.debug("%s", line.strip())
 
 
-def quiet_to(model: Any, device_or_dtype: Any) -> Any:
+def quiet_to(model: Model, device_or_dtype: Any) -> Any:
     """``model.to(device_or_dtype)`` without TransformerLens's "Moving model to device" line."""
     try:
         return model.to(device_or_dtype, print_details=False)

@@ -11,7 +11,7 @@ wrote (bound to the fit set by the fit prompts' digests) or fits a new one; :fun
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
@@ -23,6 +23,7 @@ from circuits.store import files
 from circuits.store.runs import RunDir, read_json_object
 from circuits.validation import check_positive
 from interventions.coverage import Coverage, entry_counts, row_digests
+from interventions.types import Model
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.analyses import RunContext
@@ -54,7 +55,7 @@ def check_current(path: Path) -> None:
         )
 
 
-def means_cache(model: Any, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir: RunDir | None, *, batch_size: int,
+def means_cache(model: Model, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir: RunDir | None, *, batch_size: int,
                 progress: bool) -> iv.MeanCache:
     """The means cache fitted on ``fit_tokens``, without writing anything: the one this run wrote to
     ``run_dir`` (checked against its recorded content hash and against the fit set it must have been
@@ -140,7 +141,7 @@ def plan_means(ctx: RunContext, *, conditional: bool, fit: FitSet | None, cache:
     ctx.means_identity["min_count"] = minimum
 
 
-def load_means(model: Any, ctx: RunContext, cache: iv.MeanCache | None, run_dir: RunDir | None, *,
+def load_means(model: Model, ctx: RunContext, cache: iv.MeanCache | None, run_dir: RunDir | None, *,
                batch_size: int, progress: bool) -> iv.MeanCache:
     """The cache :func:`plan_means` decided on: the caller's (which, with a fit set, must be fitted on it),
     else the one this run wrote to ``run_dir`` or a fresh fit on ``ctx.fit`` (:func:`means_cache`); checked

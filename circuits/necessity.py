@@ -31,7 +31,7 @@ from circuits.store import files
 from circuits.store.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
-from interventions.types import Tokens
+from interventions.types import DataFrame, Figure, JsonDict, Model, Tokens
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class BlockNecessity:
     mean_answer_prob: float
     mean_logit_diff: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return asdict(self)
 
 
@@ -73,22 +73,24 @@ class NecessityResult:
         if not (path / files.IDENTITY).is_file():
             raise FileNotFoundError(f"{path} holds no {files.IDENTITY}: not a run directory")
         identity = read_json_object(path / files.IDENTITY)
-        summary = read_json_object(path / files.NECESSITY_SUMMARY) if (path / files.NECESSITY_SUMMARY).is_file() else {}
+        summary_path = path / files.NECESSITY_SUMMARY
+        summary: JsonDict = read_json_object(summary_path) if summary_path.is_file() else {}
         names = BlockNecessity.__dataclass_fields__
         rows = summary.get("blocks") or sorted(read_jsonl(path / files.NECESSITY_RESULTS), key=lambda r: r["layer"])
-        values: list[dict[str, Any]] = [{k: float("nan") if rec.get(k) is None else rec[k] for k in names}
+        values: list[JsonDict] = [{k: float("nan") if rec.get(k) is None else rec[k] for k in names}
                                         for rec in rows]
         blocks = [BlockNecessity(**v) for v in values]
-        return cls(blocks=blocks, n_prompts=int(summary.get("n_prompts", identity.get("n_prompts", 0))),
+        counted: int = identity.get("n_prompts", 0)
+        return cls(blocks=blocks, n_prompts=int(summary.get("n_prompts", counted)),
                    seconds=float(summary.get("seconds", 0.0)), n_resumed=int(summary.get("n_resumed", 0)))
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame``: one row per block (the fields of :class:`BlockNecessity`)."""
         from circuits.store.frames import dataframe
 
         return dataframe([b.to_dict() for b in self.blocks], BlockNecessity.__dataclass_fields__)
 
-    def plot(self, title: str = "Necessity sweep") -> Any:
+    def plot(self, title: str = "Necessity sweep") -> Figure:
         """The report's bar chart: faithfulness per block with its 95% interval (a plotly figure)."""
         from circuits import report
 
@@ -132,7 +134,7 @@ class NecessityConfig:
 
 
 def necessity_sweep(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     *,
@@ -159,7 +161,7 @@ def necessity_sweep(
                ReadyPrompts(tokens, answers, meta=dict(meta or {})), RunOptions(out=out_dir, progress=progress))
 
 
-def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> NecessityResult:
+def run_necessity(model: Model, config: NecessityConfig, ctx: RunContext) -> NecessityResult:
     """The sweep itself (pure): one faithfulness per block not already in ``ctx.store``."""
     t0 = time.perf_counter()
     known = {int(rec["layer"]): BlockNecessity(**{k: rec[k] for k in BlockNecessity.__dataclass_fields__})
@@ -182,7 +184,7 @@ def run_necessity(model: Any, config: NecessityConfig, ctx: RunContext) -> Neces
                            n_resumed=n_resumed)
 
 
-def necessity_identity(config: NecessityConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def necessity_identity(config: NecessityConfig, ctx: RunContext, model: Model) -> JsonDict:
     """The run identity of a sweep (the keys of the first release, so that its directories resume)."""
     ad = iv.adapt(model)
     return {
@@ -223,7 +225,7 @@ def write_necessity_outputs(result: NecessityResult, run_dir: RunDir, ctx: RunCo
     report.write_page(run_dir.path / files.REPORT, title, result.figures(title), notes)
 
 
-def necessity_row(result: NecessityResult) -> dict[str, Any]:
+def necessity_row(result: NecessityResult) -> JsonDict:
     """A sweep row of a necessity sweep: the most necessary block (``wait`` = that block) and its faithfulness."""
     pick = min(result.blocks, key=lambda b: b.faithfulness)
     return {"wait": pick.layer, "faithfulness": pick.faithfulness, "ci_low": pick.ci_low, "ci_high": pick.ci_high}

@@ -18,6 +18,7 @@ from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.store import files
+from interventions.types import Figure
 
 PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("directory", "embed", "cdn")
@@ -113,7 +114,7 @@ def write_text(path: str | Path, text: str) -> Path:
     return atomic.write_text(path, text)
 
 
-def search_heatmap(result: Any, title: str = "AF1 search") -> Any:
+def search_heatmap(result: Any, title: str = "AF1 search") -> Figure:
     """Heatmap of faithfulness (rows: ``wait`` -1..n_layers-1, columns: ``transfer`` 0..n_layers);
     blank cells are configurations that do not exist or were not evaluated; the selection is boxed."""
     import plotly.graph_objects as go
@@ -172,7 +173,7 @@ def search_heatmap(result: Any, title: str = "AF1 search") -> Any:
     return fig
 
 
-def smallest_transfer_figure(result: Any) -> Any:
+def smallest_transfer_figure(result: Any) -> Figure:
     """Per wait: the smallest sufficient transfer (missing bar: none or not evaluated)."""
     import plotly.graph_objects as go
 
@@ -205,7 +206,7 @@ def search_report(result: Any, path: str | Path, title: str = "AF1 search", note
 
 
 def necessity_figure(layers: Sequence[int], faith: Sequence[float], ci: Sequence[tuple[float, float]] | None = None,
-                     title: str = "Necessity sweep") -> Any:
+                     title: str = "Necessity sweep") -> Figure:
     """Bar chart: faithfulness when the last token cannot read earlier tokens in one block."""
     import plotly.graph_objects as go
 

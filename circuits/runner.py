@@ -60,6 +60,7 @@ from circuits.prompts.fitset import FitSet
 from circuits.prompts.prepared import Prepared
 from circuits.prompts.ready import ReadyPrompts
 from circuits.prompts.spec import PromptSpec
+from interventions.types import JsonDict, Model
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
 __all__ = ["LABELS", "Directory", "Memory", "ModelSource", "PromptSource", "Run", "RunOptions", "check_inputs",
@@ -77,7 +78,7 @@ class ModelSource(Protocol):
     @property
     def dtype(self) -> str | None: ...
 
-    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any: ...
+    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Model: ...
 
 
 class PromptSource(Protocol):
@@ -89,7 +90,7 @@ class PromptSource(Protocol):
     def spec(self) -> PromptSpec | None:
         """The prompt spec the prompts come from (what a memory estimate counts), or ``None``."""
 
-    def ready(self, model: Any, *, name: str | None, means: str | None, out: str | Path | None, progress: bool,
+    def ready(self, model: Model, *, name: str | None, means: str | None, out: str | Path | None, progress: bool,
               batch_size: int) -> ReadyPrompts: ...
 
 
@@ -104,7 +105,7 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
         loaded = model.load(estimate=prompts.spec, batch_size=first, means=means is not None)
         ready = prompts.ready(loaded, name=model.label, means=means, out=options.out, progress=options.progress,
                               batch_size=first)
-        meta: dict[str, Any] = {**({"model": model.label} if model.label is not None else {}), **ready.meta,
+        meta: JsonDict = {**({"model": model.label} if model.label is not None else {}), **ready.meta,
                                 **({"command": list(options.command)} if options.command is not None else {})}
         result = memory.run_batched(requested, loaded, ready.tokens, model.dtype, lambda size: evaluate(
             analysis, loaded, ready, replace(config, batch_size=size), meta, options, held))  # type: ignore[type-var]
@@ -115,7 +116,7 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
     return result
 
 
-def evaluate(analysis: Analysis[Any, Any], model: Any, prompts: ReadyPrompts, config: AnalysisConfig,
+def evaluate(analysis: Analysis[Any, Any], model: Model, prompts: ReadyPrompts, config: AnalysisConfig,
              meta: Mapping[str, Any], options: RunOptions, held: Run | None) -> Any:
     """Step 3 of :func:`run` with one batch size: the scored prompts, the means, the destination, the store, the
     analysis and its outputs."""
@@ -144,7 +145,7 @@ def evaluate(analysis: Analysis[Any, Any], model: Any, prompts: ReadyPrompts, co
         return result
 
 
-def check_inputs(model: Any, tokens: Any,
+def check_inputs(model: Model, tokens: Any,
                  answers: Any) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, " batch *k"]]:
     """Tokens and answers checked as the analyses need them: a ``[batch, pos]`` id tensor of one layout
     with BOS at position 0 and no padding, and one answer token id per prompt."""
@@ -156,7 +157,7 @@ def check_inputs(model: Any, tokens: Any,
     return tokens, answers
 
 
-def info_of(model: Any) -> Any:
+def info_of(model: Model) -> Any:
     return iv.adapt(model).info
 
 
@@ -168,7 +169,7 @@ def known_keep(prepared: Any, tokens: Any) -> Bool[torch.Tensor, " n"] | None:
     return prepared.keep if torch.equal(tokens.cpu().long(), prepared.prompts.tokens.cpu().long()) else None
 
 
-def scored_context(analysis: Analysis[Any, Any], model: Any, tokens: Any, answers: Any, config: Any, *,
+def scored_context(analysis: Analysis[Any, Any], model: Model, tokens: Any, answers: Any, config: Any, *,
                    meta: Mapping[str, Any] | None,
                    prompts: Sequence[Mapping[str, Any]] | None, progress: bool,
                    keep: Bool[torch.Tensor, " n"] | None = None) -> RunContext:
@@ -201,7 +202,7 @@ def scored_context(analysis: Analysis[Any, Any], model: Any, tokens: Any, answer
 # --- the earlier entry points ---------------------------------------------------------------------------------
 def execute(
     analysis: Analysis[Any, Any],
-    model: Any,
+    model: Model,
     tokens: Any,
     answers: Any,
     config: Any,
@@ -233,7 +234,7 @@ def execute(
                           held=held))
 
 
-def run_analysis(analysis: Analysis[Any, Any], model: Any, prompts: Any, config: AnalysisConfig, *,
+def run_analysis(analysis: Analysis[Any, Any], model: Model, prompts: Any, config: AnalysisConfig, *,
                  out: str | Path | None = None, batch_size: int | str | None = None, progress: bool = True,
                  command: Sequence[str] | None = None, name: str | None = None, spec: Any = None,
                  cache: iv.MeanCache | None = None, on_means: Callable[[iv.MeanCache], None] | None = None,

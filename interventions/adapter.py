@@ -41,7 +41,7 @@ from .hooks import (
     resid_pre,
     z,
 )
-from .types import InterventionError
+from .types import InterventionError, Model
 from .validation import check_choice
 from .vocab import BACKENDS
 from .weights import weights_sha256
@@ -148,7 +148,7 @@ class ModelAdapter:
     backend = "generic"
     capabilities = Capabilities()
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Model):
         self.model = model
         self.hook_dict: dict[str, Any] = model.hook_dict  # a property on a bridge: read once
         cfg = model.cfg

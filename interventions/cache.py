@@ -39,7 +39,7 @@ from .cache_sums import Sums, accumulate, merge
 from .coverage import Coverage, row_digests, token_text
 from .entries import EntryIndexer, UncoveredEntryError
 from .registry import adapt
-from .types import CacheMismatchError, InterventionError, Tokens
+from .types import CacheMismatchError, InterventionError, Model, Tokenizer, Tokens
 from .validation import check_layout, check_positive, check_tokens, special_token_ids
 
 FORMAT_VERSION = cache_file.FORMAT_VERSION
@@ -87,7 +87,7 @@ class MeanCache:
     @classmethod
     def fit(
         cls,
-        model: Any,
+        model: Model,
         tokens: Tokens,
         *,
         batch_size: int = 64,
@@ -132,7 +132,7 @@ class MeanCache:
         return Sums(self.entry_pos, self.entry_tok, self.entry_count, self.cond_mean.to(**f64) * counts[None, :, None],
                     self.pos_mean.to(**f64) * self.n_prompts, self.z_mean.to(**f64) * self.n_prompts, self.n_prompts)
 
-    def extend(self, model: Any, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> MeanCache:
+    def extend(self, model: Model, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> MeanCache:
         """A new cache fitted on this cache's fit prompts plus ``tokens`` (``[batch, pos]``, the same layout,
         BOS at 0), on the model this cache was fitted on; this cache is left unchanged.
 
@@ -239,7 +239,7 @@ class MeanCache:
             )
         return torch.isin(row_digests(tokens), self.fit_rows)
 
-    def describe_entry(self, position: int, token: int, tokenizer: Any = None) -> str:
+    def describe_entry(self, position: int, token: int, tokenizer: Tokenizer | None = None) -> str:
         """``"'7' (id 10) at position 1"`` (the id alone without a tokenizer)."""
         return f"{token_text(tokenizer, token)} at position {position}"
 
@@ -249,7 +249,7 @@ class MeanCache:
             raise UncoveredEntryError([(pos, token)], None, 1, self.n_prompts)
         return int(hit[0])
 
-    def entry_index(self, tokens: Tokens, *, positions_from: int = 1, tokenizer: Any = None
+    def entry_index(self, tokens: Tokens, *, positions_from: int = 1, tokenizer: Tokenizer | None = None
                     ) -> Int[torch.Tensor, "batch pos"]:
         """Entry index of every ``(position, token)`` of ``tokens`` (``-1`` before ``positions_from``).
 
@@ -286,7 +286,7 @@ class MeanCache:
         return self._device_copies[key]
 
     # --- identity ----------------------------------------------------------------------------
-    def check_model(self, model: Any) -> None:
+    def check_model(self, model: Model | ModelAdapter) -> None:
         """Raise :class:`CacheMismatchError` if this cache was fitted on a different model."""
         ad = model if isinstance(model, ModelAdapter) else adapt(model)
         theirs = {**ad.info.signature(), "fingerprint": ad.fingerprint()}

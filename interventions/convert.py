@@ -17,6 +17,7 @@ from einops import rearrange
 
 from .backends.bridge import boot, is_bridge
 from .tokenization import make_word_tokenizer
+from .types import Model, Tokenizer
 
 ARCHES = ("gpt2", "neox", "gptj", "llama")
 """Architecture shapes :func:`bridge_from_hooked_state` converts (GPT-J-shaped models use the NeoX class)."""
@@ -286,7 +287,8 @@ def hooked_state_to_hf(cfg_dict: dict, state_dict: dict[str, torch.Tensor]):
     return arch, model.to(torch.float32).eval()
 
 
-def bridge_from_hooked_state(cfg_dict: dict, state_dict: dict[str, torch.Tensor], tokenizer: Any = None) -> Any:
+def bridge_from_hooked_state(cfg_dict: dict, state_dict: dict[str, torch.Tensor],
+                             tokenizer: Tokenizer | None = None) -> Any:
     """A ``TransformerBridge`` with the logits of a 3.x ``HookedTransformer`` (to ~1e-6 in float32).
 
     ``cfg_dict``: ``HookedTransformerConfig.to_dict()`` fields (its JSON form is fine).
@@ -310,7 +312,7 @@ def bridge_from_hooked_state(cfg_dict: dict, state_dict: dict[str, torch.Tensor]
     return bridge
 
 
-def bridge_from_hooked(model: Any, tokenizer: Any = None) -> Any:
+def bridge_from_hooked(model: Model, tokenizer: Tokenizer | None = None) -> Any:
     """The ``TransformerBridge`` twin of a live 3.x ``HookedTransformer`` (same weights and logits).
 
     Uses ``model.tokenizer`` unless ``tokenizer`` is given (see :func:`bridge_from_hooked_state`).

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from jaxtyping import Int
 
+from .types import Tokenizer
+
 __all__ = ["Coverage", "EntryCount", "entry_counts", "row_digests", "token_text"]
 
 
@@ -47,7 +49,7 @@ def entry_counts(fit_tokens: Int[torch.Tensor, "n_fit pos"], tokens: Int[torch.T
     return table[torch.arange(n_pos).expand_as(toks), toks]
 
 
-def token_text(tokenizer: Any, token: int) -> str:
+def token_text(tokenizer: Tokenizer | None, token: int) -> str:
     """``"'7' (id 10)"``: a token id with its text, for messages (the id alone without a tokenizer)."""
     if tokenizer is None:
         return f"token id {int(token)}"
@@ -66,7 +68,7 @@ class EntryCount:
     token: int
     count: int
 
-    def describe(self, tokenizer: Any = None) -> str:
+    def describe(self, tokenizer: Tokenizer | None = None) -> str:
         return f"{token_text(tokenizer, self.token)} at position {self.position}: {self.count}"
 
 
@@ -103,7 +105,7 @@ class Coverage:
         the cache is extended with fit prompts that hold them (``MeanCache.extend``)."""
         return tuple(e for e in self.entries if e.count == 0)
 
-    def rows(self, tokenizer: Any = None) -> list[dict[str, Any]]:
+    def rows(self, tokenizer: Tokenizer | None = None) -> list[dict[str, Any]]:
         """One dict per needed entry (``position``, ``token``, ``text`` (with ``tokenizer``, else ``None``),
         ``count``), fewest fit prompts first: ``pandas.DataFrame(coverage.rows(model.tokenizer))``."""
         return [{"position": e.position, "token": e.token, "count": e.count,
@@ -117,7 +119,7 @@ class Coverage:
     def median(self) -> float:
         return float(np.median([e.count for e in self.entries])) if self.entries else float(self.n_fit)
 
-    def summary(self, tokenizer: Any = None, limit: int = 20) -> dict[str, Any]:
+    def summary(self, tokenizer: Tokenizer | None = None, limit: int = 20) -> dict[str, Any]:
         """JSON-ready counts: ``n_entries``, ``min``, ``median``, ``min_count``, ``n_under`` and up to
         ``limit`` entries under the minimum (``under``: ``{"position", "token", "text", "count"}``)."""
         return {

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 
 from .hooks import HookFn, new_hook_level, pattern, resid_post, z
-from .types import InterventionError
+from .types import InterventionError, Model
 
 
 def self_only(pattern_: Float[torch.Tensor, "*batch q k"]) -> Float[torch.Tensor, "*batch q k"]:
@@ -135,7 +135,7 @@ def edit_problems(ad: Any) -> dict[str, str]:
     return problems
 
 
-def problem_message(model: Any, name: str, users: str, warned: list[str]) -> str:
+def problem_message(model: Model, name: str, users: str, warned: list[str]) -> str:
     """The one-paragraph error for edits at hook ``name`` that ``model`` ignores."""
     inner = getattr(model, "original_model", None)
     what = type(model).__name__ + (f" wrapping {type(inner).__name__}" if inner is not None else "")

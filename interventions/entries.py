@@ -8,13 +8,11 @@ A hook never holds a tokenizer (a remote request ships what its hooks hold).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from jaxtyping import Int
 
 from .coverage import token_text
-from .types import CacheMismatchError, Tokens
+from .types import CacheMismatchError, Tokenizer, Tokens
 
 __all__ = ["EntryIndexer", "UncoveredEntryError"]
 
@@ -32,7 +30,7 @@ class UncoveredEntryError(CacheMismatchError):
     naming the tokens as text."""
 
     def __init__(self, pairs: list[tuple[int, int]], first: tuple[int, int] | None, n_slots: int, n_fit: int,
-                 tokenizer: Any = None):
+                 tokenizer: Tokenizer | None = None):
         self.pairs, self.first, self.n_slots, self.n_fit = list(pairs), first, int(n_slots), int(n_fit)
         self.tokenizer = tokenizer
         super().__init__(self.message())
@@ -54,7 +52,7 @@ class UncoveredEntryError(CacheMismatchError):
         return (f"{head}. Fit a cache on prompts that cover them (MeanCache.fit), or add such fit prompts with "
                 f"cache = cache.extend(model, more_fit_tokens); cache.coverage(tokens).missing lists them")
 
-    def with_tokenizer(self, tokenizer: Any) -> UncoveredEntryError:
+    def with_tokenizer(self, tokenizer: Tokenizer | None) -> UncoveredEntryError:
         """This error naming the tokens as text with ``tokenizer`` (itself when ``tokenizer`` is ``None``)."""
         if tokenizer is None or self.tokenizer is not None:
             return self
@@ -70,7 +68,7 @@ class EntryIndexer:
         self.n_pos = int(table.shape[0])
         self.n_prompts = int(n_prompts)
 
-    def __call__(self, tokens: Tokens, *, positions_from: int = 1, tokenizer: Any = None
+    def __call__(self, tokens: Tokens, *, positions_from: int = 1, tokenizer: Tokenizer | None = None
                  ) -> Int[torch.Tensor, "batch pos"]:
         """Entry index of every ``(position, token)`` of ``tokens`` (``-1`` before ``positions_from``); raises
         :class:`CacheMismatchError` for another prompt length and :class:`UncoveredEntryError` for pairs never

@@ -15,7 +15,7 @@ from .cache import MeanCache
 from .entries import UncoveredEntryError
 from .readout import answer_positions, answer_readout
 from .registry import adapt
-from .types import InterventionError, InterventionNotAppliedError, Logits, Tokens
+from .types import InterventionError, InterventionNotAppliedError, Logits, Model, Tokens
 from .validation import check_choice, check_tokens
 
 
@@ -50,7 +50,7 @@ def tokens_as_text(ad: ModelAdapter) -> Iterator[None]:
 
 @contextmanager
 def apply(
-    model: Any,
+    model: Model,
     interventions: Intervention | Sequence[Intervention],
     *,
     tokens: Tokens | None = None,
@@ -123,7 +123,7 @@ def apply(
 
 
 def run(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     interventions: Intervention | Sequence[Intervention],
     **forward_kwargs: Any,
@@ -138,7 +138,7 @@ def run(
 
 
 def run_many(
-    model: Any,
+    model: Model,
     runs: Sequence[tuple[Tokens, Intervention | Sequence[Intervention]]],
     *,
     logits: str = "last",

@@ -17,6 +17,7 @@ from .adapter import ModelAdapter
 from .backends.bridge import BridgeAdapter, is_bridge
 from .backends.hooked import HookedAdapter, is_hooked_transformer
 from .backends.nnsight import NNsightAdapter, is_nnsight_model
+from .types import Model
 
 __all__ = ["adapt", "register_backend", "registered"]
 
@@ -36,7 +37,7 @@ def registered() -> list[type[ModelAdapter]]:
     return [cls for _, cls in REGISTERED]
 
 
-def adapt(model: Any) -> ModelAdapter:
+def adapt(model: Model) -> ModelAdapter:
     """The adapter for ``model`` (``model`` itself if it already is one); ``TypeError`` for an object no registered
     backend accepts."""
     if isinstance(model, ModelAdapter):

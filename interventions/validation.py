@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import InterventionError
+from .types import Model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -117,7 +118,7 @@ def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> I
     return answers.long()
 
 
-def special_token_ids(model: Any) -> tuple[int | None, int | None]:
+def special_token_ids(model: Model) -> tuple[int | None, int | None]:
     """``(bos_id, pad_id)`` of the model's tokenizer (``None`` where it has none or no tokenizer). A
     tokenizer without a BOS token (Qwen2) marks the start with its EOS token, which then counts as BOS."""
     tok = getattr(model, "tokenizer", None)

@@ -9,6 +9,7 @@ from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.vocab import MODEL_CLASSES
+from interventions.types import JsonDict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +90,7 @@ def check(spec: ZooSpecs) -> None:
         raise ArgumentError(f"-n {spec.n} is out of range: give an integer >= 1 (prompts per frozen set)")
 
 
-def train_model(spec: ZooSpecs) -> dict[str, Any]:
+def train_model(spec: ZooSpecs) -> JsonDict:
     """Run ``af1 zoo train``: a ground truth through :mod:`circuits.zoo.groundtruth` (the deprecated
     ``arith-gpt2-af1`` becomes its replacement, with a message), any other through
     :func:`circuits.zoo.train.train`; returns the card."""

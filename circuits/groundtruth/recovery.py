@@ -31,6 +31,7 @@ from typing import Any, cast
 from circuits.errors import ArgumentError, ModelLoadError
 from circuits.store import files
 from circuits.vocab import ABLATIONS, Ablation
+from interventions.types import JsonDict, Model
 
 __all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall",
            "curve_by_size", "cpr_cmd", "recover", "run_recovery"]
@@ -74,7 +75,7 @@ class Recovery:
         """Whether the surviving head set is exactly the planted one."""
         return self.found_heads is not None and sorted(self.found_heads) == sorted(self.planted_heads)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         d = asdict(self)
         d.update(config_recovered=self.config_recovered, heads_recovered=self.heads_recovered)
         return d
@@ -167,7 +168,7 @@ def cpr_cmd(curve: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return cpr, cmd
 
 
-def recover(model: Any, name: str, structure: Any, prompts: Any, ablation: Ablation, *, task: str,
+def recover(model: Model, name: str, structure: Any, prompts: Any, ablation: Ablation, *, task: str,
             threshold: float = 0.9, target: float = 0.9, out_dir: str | Path | None = None,
             progress: bool = False) -> Recovery:
     """Search (grid ``"full"``) and prune (exact greedy, zero ablation of heads) ``model`` with
@@ -244,7 +245,7 @@ def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("a
 
 
 def identity(models: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str], seed: int,
-             target: float) -> dict[str, Any]:
+             target: float) -> JsonDict:
     """The run identity of ``af1 groundtruth`` (``run.json``): what determines its runs. The threshold is not
     part of it: it only selects among the searches' stored results (every configuration is evaluated), so
     another one reselects without evaluating, and prunes anew only where the selection moved."""

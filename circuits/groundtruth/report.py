@@ -16,6 +16,7 @@ from circuits.errors import ArgumentError, CorruptRunError
 from circuits.report import write_page, write_text
 from circuits.store import files
 from circuits.store.atomic import safe_name
+from interventions.types import DataFrame, Figure, JsonDict
 
 __all__ = ["COLUMNS", "GroundTruthResult", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
 
@@ -33,7 +34,7 @@ def _config(c: tuple[int, int] | None) -> str:
     return "none" if c is None else f"({c[0]}, {c[1]})"
 
 
-def table_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
+def table_rows(rows: Sequence[Any]) -> list[JsonDict]:
     """One flat dict per :class:`circuits.groundtruth.Recovery` with the :data:`COLUMNS` (configurations
     as ``"(wait, transfer)"``, head sets as ``"L3H0 L3H1"``, fractions rounded to 4 digits)."""
     out = []
@@ -98,7 +99,7 @@ def curve_svg(rows: Sequence[Any], title: str, width: int = 480, height: int = 2
     return "\n".join(parts) + "\n"
 
 
-def _plotly_figure(rows: Sequence[Any], title: str) -> Any:
+def _plotly_figure(rows: Sequence[Any], title: str) -> Figure:
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -115,7 +116,7 @@ def _plotly_figure(rows: Sequence[Any], title: str) -> Any:
     return fig
 
 
-def recovery_from_dict(d: dict[str, Any]) -> Any:
+def recovery_from_dict(d: JsonDict) -> Any:
     """A :class:`~circuits.groundtruth.Recovery` from its ``summary.json`` row (lists back to tuples)."""
     from dataclasses import fields
 
@@ -135,7 +136,7 @@ class GroundTruthResult:
     and ablation), with :meth:`to_pandas`, the report's curves (:meth:`plot`) and each row's own search and
     pruning runs (:meth:`search`, :meth:`prune`)."""
 
-    def __init__(self, rows: Sequence[Any], out_dir: str | Path | None = None, meta: dict[str, Any] | None = None):
+    def __init__(self, rows: Sequence[Any], out_dir: str | Path | None = None, meta: JsonDict | None = None):
         self.rows = list(rows)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.meta = dict(meta or {})
@@ -152,7 +153,7 @@ class GroundTruthResult:
         return cls([recovery_from_dict(r) for r in doc["rows"]], out_dir,
                    {k: v for k, v in doc.items() if k != "rows"})
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame`` of the recovery table (:data:`COLUMNS`, as ``table.csv``)."""
         from circuits.store.frames import dataframe
 
@@ -164,7 +165,7 @@ class GroundTruthResult:
             out.setdefault((r.model, r.task), []).append(r)
         return out
 
-    def plot(self, model: str | None = None, task: str | None = None) -> Any:
+    def plot(self, model: str | None = None, task: str | None = None) -> Figure:
         """The report's faithfulness-over-circuit-size curves of ``model`` and ``task`` (default: the first)."""
         groups = self.groups()
         key = next((k for k in groups if (model is None or k[0] == model) and (task is None or k[1] == task)), None)
@@ -197,7 +198,7 @@ class GroundTruthResult:
         return PruneResult.load(self._run(model, task, ablation, which))
 
 
-def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: dict[str, Any] | None = None) -> dict[str, Path]:
+def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: JsonDict | None = None) -> dict[str, Path]:
     """Write ``table.csv``, ``table.md``, ``summary.json``, ``figures/<model>-<task>.svg`` and
     ``report.html`` to ``out_dir``; returns their paths by name."""
     out = Path(out_dir)

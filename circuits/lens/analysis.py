@@ -11,9 +11,10 @@ from circuits.analyses import Analysis, RunContext
 from circuits.lens.config import LensConfig
 from circuits.lens.result import LensResult
 from circuits.logs import get_logger
+from interventions.types import JsonDict, Model
 
 
-def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
+def interchange_sets(model: Model, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
     """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template (a name, task
     file or spec). A task of string slots or answers (a lookup) has none: the checks swap integer operands."""
     from circuits.lens.counterfactual import counterfactual_rows, counterfactual_set, parse_operands
@@ -42,7 +43,7 @@ def interchange_sets(model: Any, task: Any, prompts: list[str], answers: list[in
     return sets
 
 
-def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
+def lens_run(model: Model, config: LensConfig, ctx: RunContext) -> LensResult:
     """Early decoding of the kept prompts, and the interchange checks (pure): one :class:`LensResult`, its
     interchange checks in :attr:`~LensResult.interchanges` (run when ``config.interchange`` and the run's
     description names the task).
@@ -80,7 +81,7 @@ def lens_run(model: Any, config: LensConfig, ctx: RunContext) -> LensResult:
     return result
 
 
-def lens_identity(config: LensConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def lens_identity(config: LensConfig, ctx: RunContext, model: Model) -> JsonDict:
     """The run identity of ``af1 lens``."""
     import interventions as iv
     from circuits.store.runs import tokens_sha256
@@ -118,7 +119,7 @@ def write_lens(result: LensResult, run_dir: Any, ctx: RunContext) -> None:
     write_lens_outputs(run_dir.path, result, interchanges=result.interchanges, meta=meta, seed=seed)
 
 
-def lens_row(result: LensResult) -> dict[str, Any]:
+def lens_row(result: LensResult) -> JsonDict:
     """A sweep row of early decoding: the final answer probability (in the faithfulness column)."""
     return {"faithfulness": float(result.rows(n_boot=200)[-1]["answer_prob"])}
 

@@ -21,18 +21,19 @@ from jaxtyping import Float, Int
 
 import interventions as iv
 from interventions.adapter import ModelAdapter, attn_out, resid_mid, resid_post, resid_pre
+from interventions.types import Model
 
 __all__ = ["SUBLAYERS", "sublayers_of", "sublayer_hooks", "block_list", "capture_last", "lens_states"]
 
 SUBLAYERS = ("attn", "mlp")
 
 
-def sublayers_of(model: Any) -> tuple[str, ...]:
+def sublayers_of(model: Model) -> tuple[str, ...]:
     """Sub-layers decoded per block: ``("attn", "mlp")``, or ``("attn",)`` for attention-only models."""
     return ("attn",) if getattr(model.cfg, "attn_only", False) else SUBLAYERS
 
 
-def sublayer_hooks(model: Any, layer: int) -> dict[str, tuple[str, ...]]:
+def sublayer_hooks(model: Model, layer: int) -> dict[str, tuple[str, ...]]:
     """Hook names whose last-position sum is the state after each sub-layer of block ``layer``."""
     if getattr(model.cfg, "attn_only", False):
         return {"attn": (resid_post(layer),)}
@@ -68,7 +69,7 @@ def capture_last(ad: ModelAdapter, names: Sequence[str], forward: Callable[[], A
 
 @torch.inference_mode()
 def lens_states(
-    model: Any, tokens: Int[torch.Tensor, "batch pos"], layers: Sequence[int] | None = None
+    model: Model, tokens: Int[torch.Tensor, "batch pos"], layers: Sequence[int] | None = None
 ) -> dict[tuple[int, str], Float[torch.Tensor, "batch d_model"]]:
     """Residual states at the last position after every sub-layer of ``layers`` (default: all blocks).
 

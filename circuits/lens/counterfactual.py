@@ -21,6 +21,7 @@ from jaxtyping import Int
 from circuits.errors import ArgumentError, PromptError
 from circuits.tasks import catalogue as tasks
 from circuits.tasks.catalogue import TaskSpec
+from interventions.types import JsonDict, Model
 
 from .inputs import answer_token_id
 
@@ -91,7 +92,7 @@ def _operand_candidates(spec: TaskSpec, ops: list[int], index: int) -> list[tupl
 
 def counterfactual_rows(
     ds: Any, *, change: str = "operand", index: int = 0, seed: int = 0, spec: Any = None
-) -> list[dict[str, Any]]:
+) -> list[JsonDict]:
     """Counterfactual prompt texts for a task dataset (columns ``prompt``, ``answer``, ``operands``,
     ``task``), one per row that admits one.
 
@@ -157,7 +158,7 @@ class CounterfactualSet:
     label: str = ""
 
 
-def counterfactual_set(model: Any, pairs: Iterable[Mapping[str, Any]], *, label: str = "") -> CounterfactualSet:
+def counterfactual_set(model: Model, pairs: Iterable[Mapping[str, Any]], *, label: str = "") -> CounterfactualSet:
     """Tokenise counterfactual pairs (:func:`counterfactual_rows`) and keep only same-layout pairs:
     both prompts have the same token length, both answers are single tokens, and the pair belongs to the
     most common layout (ties: the shorter). ``n_dropped`` counts the rest. ``ValueError`` if no pair is

@@ -39,6 +39,7 @@ from jaxtyping import Float, Int
 import interventions as iv
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import DECODES
+from interventions.types import Model
 
 from .capture import block_list, lens_states, sublayers_of
 from .inputs import prompt_groups
@@ -50,7 +51,7 @@ __all__ = ["decode_states", "early_decode"]
 
 @torch.inference_mode()
 def decode_states(
-    model: Any, resid: Float[torch.Tensor, "batch d_model"], decode: str = "final_norm"
+    model: Model, resid: Float[torch.Tensor, "batch d_model"], decode: str = "final_norm"
 ) -> Float[torch.Tensor, "batch d_vocab"]:
     """Logits (float32) of residual states: ``unembed(ln_final(resid))`` or ``unembed(resid)`` (raw)."""
     check_choice("decode", decode, DECODES)
@@ -113,7 +114,7 @@ def _tracked_tokens(tokens: torch.Tensor, table: NumericTable) -> tuple[list[str
 
 
 def early_decode(
-    model: Any,
+    model: Model,
     dataset_or_tokens: Any,
     *,
     answers: Any = None,

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from circuits.lens.jsonable import json_ready
+from interventions.types import Figure, JsonDict
 
 __all__ = ["InterchangeFigureData", "LensFigureData", "MAX_HEATMAP_PROMPTS", "METRICS", "TITLES", "figures",
            "interchange_figure", "metric_figure", "rank_heatmap"]
@@ -39,7 +40,7 @@ class LensFigureData(Protocol):
 
     def flat(self, metric: str) -> np.ndarray: ...
 
-    def rows(self, *, n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]: ...
+    def rows(self, *, n_boot: int = 1000, seed: int = 0) -> list[JsonDict]: ...
 
 
 class InterchangeFigureData(Protocol):
@@ -48,7 +49,7 @@ class InterchangeFigureData(Protocol):
     label: str
     clean_prob: np.ndarray
 
-    def rows(self) -> list[dict[str, Any]]: ...
+    def rows(self) -> list[JsonDict]: ...
 
 
 TITLES = {
@@ -111,7 +112,7 @@ def _line_chart(result: LensFigureData, rows: Sequence[Mapping[str, Any]], title
 
 
 def metric_figure(result: LensFigureData, metric: str, *, rows: Sequence[Mapping[str, Any]] | None = None,
-                  n_boot: int = 1000, seed: int = 0) -> Any:
+                  n_boot: int = 1000, seed: int = 0) -> Figure:
     """The line chart of one metric over depth (mean over prompts, 95% bootstrap interval); the rank on a log
     axis (plotted as rank + 1), the fractions on [0, 1]."""
     rows = json_ready(result.rows(n_boot=n_boot, seed=seed)) if rows is None else rows
@@ -121,7 +122,7 @@ def metric_figure(result: LensFigureData, metric: str, *, rows: Sequence[Mapping
                        YLABELS[metric], shift=1.0 if rank else 0.0, log=rank, fraction=metric in FRACTIONS)
 
 
-def rank_heatmap(result: LensFigureData) -> Any:
+def rank_heatmap(result: LensFigureData) -> Figure:
     """The rank of the answer per sub-layer and prompt (log colour scale), the first
     :data:`MAX_HEATMAP_PROMPTS` prompts; labelled per prompt up to :data:`MAX_LABELLED_ROWS` of them."""
     import plotly.graph_objects as go
@@ -150,7 +151,7 @@ def rank_heatmap(result: LensFigureData) -> Any:
     return fig
 
 
-def interchange_figure(interchanges: Sequence[InterchangeFigureData]) -> Any:
+def interchange_figure(interchanges: Sequence[InterchangeFigureData]) -> Figure:
     """The drop of the answer probability when one block's last-position attention output is patched."""
     import plotly.graph_objects as go
 

@@ -16,6 +16,7 @@ from jaxtyping import Int
 
 from circuits.errors import ArgumentError, PromptError
 from circuits.tasks import catalogue as tasks
+from interventions.types import Model
 from interventions.validation import check_tokens
 
 from .numeric import NumericTable
@@ -39,7 +40,7 @@ class PromptGroup:
     indices: list[int]
 
 
-def answer_token_id(model: Any, answer: Any) -> int:
+def answer_token_id(model: Model, answer: Any) -> int:
     """The single token id of ``answer`` (text or integer) as it follows the prompt; ``ValueError``
     naming the answer and its pieces when it is several tokens."""
     toks = model.to_tokens(str(answer), prepend_bos=False)[0]
@@ -53,7 +54,7 @@ def answer_token_id(model: Any, answer: Any) -> int:
 
 
 def prompt_groups(
-    model: Any,
+    model: Model,
     dataset_or_tokens: Any,
     *,
     table: NumericTable,
@@ -96,7 +97,7 @@ def prompt_groups(
     return [PromptGroup(tokens, ids, list(prompts), vals, list(range(tokens.shape[0])))]
 
 
-def _answer_ids(model: Any, answers: Any, n: int) -> torch.Tensor:
+def _answer_ids(model: Model, answers: Any, n: int) -> torch.Tensor:
     if isinstance(answers, torch.Tensor):
         ids = answers.long().flatten().cpu()
     else:
@@ -119,7 +120,7 @@ def _stack_one_layout(items: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([t.flatten().long() for t in items])
 
 
-def _to_strings(model: Any, tokens: torch.Tensor) -> list[str]:
+def _to_strings(model: Model, tokens: torch.Tensor) -> list[str]:
     if getattr(model, "tokenizer", None) is None:
         return [" ".join(str(int(t)) for t in row[1:]) for row in tokens]
     return [model.to_string(row[1:]) for row in tokens]
@@ -131,7 +132,7 @@ def _is_dataset(obj: Any) -> bool:
     return isinstance(obj, (list, tuple)) and len(obj) > 0 and isinstance(obj[0], Mapping)
 
 
-def _dataset_groups(model: Any, ds: Any) -> list[PromptGroup]:
+def _dataset_groups(model: Model, ds: Any) -> list[PromptGroup]:
     """Group a dataset (columns ``prompt`` and ``answer``) by layout, largest layout first.
 
     A ``datasets.Dataset`` goes through :func:`circuits.tasks.to_layouts`; a list of dicts is grouped

@@ -20,6 +20,7 @@ from jaxtyping import Int
 import interventions as iv
 from circuits.errors import ArgumentError
 from interventions.adapter import attn_out
+from interventions.types import Figure, JsonDict, Model
 from interventions.validation import check_tokens
 
 from .capture import block_list, capture_last
@@ -52,7 +53,7 @@ class InterchangeResult:
         """``[n, n_layers]``: ``clean_prob - patched_prob`` per prompt and patched block."""
         return self.clean_prob[:, None] - self.patched_prob
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[JsonDict]:
         """One row per block: ``layer``, ``drop`` (mean), ``drop_std``, ``drop_ci_low/high`` (normal 95%),
         ``patched_prob``, ``answer_top1`` (share still top-1), ``counter_prob``, ``counter_top1``."""
         n = len(self.clean_prob)
@@ -74,14 +75,14 @@ class InterchangeResult:
             out.append(row)
         return out
 
-    def plot(self) -> Any:
+    def plot(self) -> Figure:
         """The report's bar chart of the mean drop per patched block, with its 95% interval (a plotly figure;
         ``af1 lens`` draws every interchange of a run into one)."""
         from circuits.lens.figures import interchange_figure
 
         return interchange_figure([self])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """JSON-ready ``{"label", "n", "rows"}`` (:meth:`rows`, NaN as None)."""
         return json_ready({"label": self.label, "n": int(len(self.clean_prob)), "rows": self.rows()})
 
@@ -95,7 +96,7 @@ def _token_ids(what: str, ids: Any, n: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def interchange(
-    model: Any,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     answers: Int[torch.Tensor, " batch"],
     counter_tokens: Int[torch.Tensor, "batch pos"],

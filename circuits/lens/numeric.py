@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError
+from interventions.types import Model
 
 __all__ = ["OPERATOR_TEXTS", "NumericTable", "numeric_table"]
 
@@ -66,7 +67,7 @@ def _check_ids(what: str, ids: Any, d_vocab: int) -> None:
 
 
 def numeric_table(
-    model: Any,
+    model: Model,
     *,
     numeric_values: Mapping[int, int] | None = None,
     token_strings: Sequence[str | None] | None = None,

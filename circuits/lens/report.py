@@ -23,6 +23,7 @@ import numpy as np
 from circuits.report import write_page, write_text
 from circuits.store import files
 from circuits.tasks.formats import describe_prompts
+from interventions.types import JsonDict
 
 from .figures import MAX_HEATMAP_PROMPTS, TITLES, figures, interchange_figure, metric_figure, rank_heatmap
 from .interchange_check import InterchangeResult
@@ -39,10 +40,10 @@ def lens_json(
     meta: Mapping[str, Any] | None = None,
     n_boot: int = 1000,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> JsonDict:
     """The ``lens.json`` document: ``meta`` keys first, then :meth:`LensResult.to_dict` (``prompts``,
     ``rows``, settings) and ``interchange`` (label -> :meth:`InterchangeResult.to_dict`)."""
-    doc: dict[str, Any] = dict(meta or {})
+    doc: JsonDict = dict(meta or {})
     doc["prompt_format"] = describe_prompts(doc)
     doc.update(result.to_dict(n_boot=n_boot, seed=seed))
     doc["interchange"] = {r.label or f"interchange{i}": r.to_dict() for i, r in enumerate(interchanges)}

@@ -16,6 +16,7 @@ from circuits.errors import ArgumentError
 from circuits.lens import figures as lens_figures
 from circuits.lens.figures import METRICS
 from circuits.lens.jsonable import json_number, json_ready
+from interventions.types import DataFrame, Figure, JsonDict
 
 __all__ = ["ARRAYS", "METRICS", "LensResult", "json_ready"]
 
@@ -103,7 +104,7 @@ class LensResult:
                    tracked=list(doc["tracked"]), interchanges=inter, **{k: arrays[k] for k in ARRAYS})
 
     # --- tables and figures ---------------------------------------------------------------------------
-    def to_pandas(self, *, per_prompt: bool = False, n_boot: int = 1000, seed: int = 0) -> Any:
+    def to_pandas(self, *, per_prompt: bool = False, n_boot: int = 1000, seed: int = 0) -> DataFrame:
         """A ``pandas.DataFrame``: one row per (block, sub-layer) of :meth:`rows`; ``per_prompt=True``: one row
         per (prompt, block, sub-layer) with the raw metrics instead."""
         from circuits.store.frames import dataframe
@@ -114,7 +115,7 @@ class LensResult:
         for p in range(self.n_prompts):
             for li, layer in enumerate(self.layers):
                 for si, sub in enumerate(self.sublayers):
-                    row: dict[str, Any] = {"index": p, "prompt": self.prompts[p], "layer": int(layer), "sublayer": sub}
+                    row: JsonDict = {"index": p, "prompt": self.prompts[p], "layer": int(layer), "sublayer": sub}
                     row.update({m: getattr(self, m)[p, li, si].item() for m in METRICS})
                     rows.append(row)
         return dataframe(rows)
@@ -124,7 +125,7 @@ class LensResult:
         tokens' visibility, the rank heatmap, the interchange drops)."""
         return lens_figures.figures(self, self.interchanges, n_boot=n_boot, seed=seed)
 
-    def plot(self, metric: str = "answer_prob", *, n_boot: int = 1000, seed: int = 0) -> Any:
+    def plot(self, metric: str = "answer_prob", *, n_boot: int = 1000, seed: int = 0) -> Figure:
         """The report's line chart of ``metric`` (one of :data:`METRICS`) over depth."""
         if metric not in METRICS:
             raise ArgumentError(f"metric={metric!r} is not one of {', '.join(METRICS)}")
@@ -143,7 +144,7 @@ class LensResult:
         arr = getattr(self, metric)
         return arr.reshape(arr.shape[0], -1, *arr.shape[3:])
 
-    def rows(self, *, n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+    def rows(self, *, n_boot: int = 1000, seed: int = 0) -> list[JsonDict]:
         """One summary row per (block, sub-layer), in forward order.
 
         Keys: ``layer``, ``sublayer``, ``label``, each metric of :data:`METRICS` (mean over prompts,
@@ -157,7 +158,7 @@ class LensResult:
         rows = []
         for li, layer in enumerate(self.layers):
             for si, sub in enumerate(self.sublayers):
-                row: dict[str, Any] = {"layer": int(layer), "sublayer": sub, "label": f"L{layer} {sub}", "n": n}
+                row: JsonDict = {"layer": int(layer), "sublayer": sub, "label": f"L{layer} {sub}", "n": n}
                 for m in METRICS:
                     v = getattr(self, m)[:, li, si].astype(np.float64)
                     row.update(_summary(m, v, idx))
@@ -170,7 +171,7 @@ class LensResult:
                 rows.append(row)
         return rows
 
-    def to_dict(self, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    def to_dict(self, *, n_boot: int = 1000, seed: int = 0) -> JsonDict:
         """JSON-ready summary: ``prompts`` (``[{"prompt", "answer"}]``, answer = integer value or None),
         ``answer_tokens`` (answer token ids, same order), ``rows`` (:meth:`rows`) and the settings."""
         prompts = [{"prompt": p, "answer": json_number(a)} for p, a in zip(self.prompts, self.answer_values)]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits.errors import ArgumentError
+from interventions.types import Model, Tokenizer
 
 __all__ = ["BackendLoader", "LoadRequest", "OffloadRefused", "get_loader", "loader_names", "register_loader",
            "remote_backends"]
@@ -94,7 +95,7 @@ def remote_backends() -> list[str]:
 
 
 # --- the shipped loaders ----------------------------------------------------------------------------------------
-def _hooked_pretrained(r: LoadRequest) -> Any:
+def _hooked_pretrained(r: LoadRequest) -> Model:
     device, n_devices = r.device, 1
     if r.device_map is not None:  # TransformerLens places blocks itself over n_devices GPUs
         import torch
@@ -121,7 +122,7 @@ def _hooked_pretrained(r: LoadRequest) -> Any:
     return HookedTransformer.from_pretrained(r.name, **kwargs)
 
 
-def _hooked_from_hf(hf_model: Any, tokenizer: Any, folder: Path, b_U: Any, device: str) -> Any:
+def _hooked_from_hf(hf_model: Any, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from circuits.errors import ModelLoadError
@@ -137,7 +138,7 @@ def _hooked_from_hf(hf_model: Any, tokenizer: Any, folder: Path, b_U: Any, devic
     return model
 
 
-def _bridge_pretrained(r: LoadRequest) -> Any:
+def _bridge_pretrained(r: LoadRequest) -> Model:
     from transformer_lens.model_bridge import TransformerBridge
 
 
@@ -157,7 +158,7 @@ def _bridge_pretrained(r: LoadRequest) -> Any:
     return model
 
 
-def _with_bias(hf_model: Any, b_U: Any) -> Any:
+def _with_bias(hf_model: Any, b_U: Any) -> Model:
     """A Hugging Face model of a former-format zoo folder with its unembedding bias on ``lm_head``."""
     if b_U is not None:
         from interventions.convert import with_unembed_bias
@@ -166,7 +167,7 @@ def _with_bias(hf_model: Any, b_U: Any) -> Any:
     return hf_model
 
 
-def _bridge_from_hf(hf_model: Any, tokenizer: Any, folder: Path, b_U: Any, device: str) -> Any:
+def _bridge_from_hf(hf_model: Any, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
     from interventions.backends.bridge import boot
 
     model = boot(_with_bias(hf_model, b_U), hf_model.config.model_type, tokenizer)
@@ -174,7 +175,7 @@ def _bridge_from_hf(hf_model: Any, tokenizer: Any, folder: Path, b_U: Any, devic
     return model
 
 
-def _nnsight_pretrained(r: LoadRequest) -> Any:
+def _nnsight_pretrained(r: LoadRequest) -> Model:
     from interventions.backends.nnsight import from_pretrained, require_nnsight
 
     require_nnsight()  # without the extra: "cannot load ...: ... pip install 'af1-circuits[nnsight]'"
@@ -182,7 +183,7 @@ def _nnsight_pretrained(r: LoadRequest) -> Any:
                            max_memory=r.max_memory)
 
 
-def _nnsight_from_hf(hf_model: Any, tokenizer: Any, folder: Path, b_U: Any, device: str) -> Any:
+def _nnsight_from_hf(hf_model: Any, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
     from interventions.backends.nnsight import wrap
 
     model = wrap(_with_bias(hf_model, b_U), tokenizer, folder.name)
@@ -199,7 +200,7 @@ register_loader(BackendLoader("nnsight", _nnsight_pretrained, _nnsight_from_hf, 
                               local_label="nnsight.TransformersModel", remote=True))
 
 
-def match_parameter_dtype(model: Any, dtype: Any) -> int:
+def match_parameter_dtype(model: Model, dtype: Any) -> int:
     """Cast the floating-point parameters of ``model`` that are not in ``dtype`` to it; returns how many.
 
     TransformerLens's compatibility mode adds some folded parameters in float32 (e.g. the output bias

@@ -22,6 +22,7 @@ from circuits.models import placement
 from circuits.models.loaders import LoadRequest, get_loader, remote_backends
 from circuits.validation import check_choice
 from circuits.vocab import DTYPES
+from interventions.types import Model
 
 __all__ = ["load_model", "model_name", "zoo_names"]
 
@@ -36,7 +37,7 @@ def zoo_names() -> list[str]:
 
 def load_model(name: str, device: str = "cpu", backend: str | None = None, dtype: str | None = None,
                device_map: str | None = None, max_memory: str | dict | None = None,
-               remote: bool | str = False) -> Any:
+               remote: bool | str = False) -> Model:
     """The model called ``name`` on ``device``, in eval mode, on ``backend``, with weights in ``dtype``.
 
     ``backend``: ``"hooked"`` (``HookedTransformer``, TransformerLens 3.x), ``"bridge"``
@@ -167,6 +168,6 @@ def load_fix(err: BaseException, source: Any, local: bool, device_map: str | Non
     return "pretrained models need their weights in the local Hugging Face cache or network access"
 
 
-def model_name(model: Any, default: str = "model") -> str:
+def model_name(model: Model, default: str = "model") -> str:
     """A printable name of ``model`` (its config's ``model_name``)."""
     return str(getattr(getattr(model, "cfg", None), "model_name", None) or default)

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from interventions.types import Model
+
 __all__ = ["is_model_folder", "load_hooked"]
 
 
@@ -28,7 +30,7 @@ def is_model_folder(source: str | os.PathLike) -> bool:
 
 
 def load_hooked(folder: str | os.PathLike, name: str, device: str = "cpu", dtype: Any = None,
-                n_devices: int = 1) -> Any:
+                n_devices: int = 1) -> Model:
     """The ``HookedTransformer`` of the GPT-2 or Llama checkpoint in ``folder``, named ``name``, in eval mode:
     weights read and processed in float32, then cast to ``dtype`` (a torch dtype, ``None``: float32), on
     ``device`` (spread over ``n_devices`` GPUs when more than one). Raises

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from circuits.errors import ArgumentError
+from interventions.types import Model
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per parameter / activation of each ``--dtype`` (``None``: float32)."""
@@ -82,7 +83,7 @@ def shape_of_hf_config(config: Any) -> ModelShape:
     )
 
 
-def shape_of_model(model: Any) -> ModelShape:
+def shape_of_model(model: Model) -> ModelShape:
     """The :class:`ModelShape` of a loaded TransformerLens model (``HookedTransformer`` or
     ``TransformerBridge``), from its ``cfg`` and its parameters."""
     cfg = model.cfg
@@ -199,7 +200,7 @@ def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
     return estimate_memory(shape, dtype, n_pos=n_pos, n_prompts=n_prompts, batch_size=batch_size)
 
 
-def model_devices(model: Any) -> list[torch.device]:
+def model_devices(model: Model) -> list[torch.device]:
     """The devices holding ``model``'s parameters (several when a device map spread it), CUDA ones first."""
     found = {p.device for p in model.parameters()}
     return sorted(found, key=lambda d: (d.type != "cuda", str(d)))
@@ -286,7 +287,7 @@ def halve_on_oom(evaluate: Callable[[int], T], batch_size: int, *, enabled: bool
             log(f"out of device memory: retrying with --batch-size {batch_size} (finished results are kept)")
 
 
-def run_batched(batch_size: int | str, model: Any, tokens: Any, dtype: str | None, evaluate: Callable[[int], T]) -> T:
+def run_batched(batch_size: int | str, model: Model, tokens: Any, dtype: str | None, evaluate: Callable[[int], T]) -> T:
     """``evaluate(batch_size)``; with ``batch_size="auto"`` the largest batch of ``tokens`` (``[n_prompts,
     n_pos]``) that fits on the devices of ``model`` with weights in ``dtype`` (:func:`auto_batch_size`, with
     the means cache reserved), halved and retried on a device out-of-memory error (:func:`halve_on_oom`; the

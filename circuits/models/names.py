@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
 
 from circuits.models.hub import cache_folder, hf_cache_dir, in_hf_cache, offline
+from interventions.types import JsonDict
 
 __all__ = ["cached_config", "check_model_name", "close_names", "n_layers_of"]
 
@@ -27,7 +27,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 """``config.json`` keys of the number of blocks (Llama/most, GPT-2, TransformerLens, GPT-NeoX style)."""
 
 
-def cached_config(name: str) -> dict[str, Any] | None:
+def cached_config(name: str) -> JsonDict | None:
     """The ``config.json`` of ``name``: a zoo model's, a local folder's or a cached snapshot's (``None``: none
     found here; nothing is downloaded)."""
     from circuits.zoo import ALIASES, MODELS_DIR

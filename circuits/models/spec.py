@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from circuits.flags import flag
 from circuits.vocab import BACKENDS, DTYPES
+from interventions.types import Model
 
 if TYPE_CHECKING:
     from circuits.prompts.spec import PromptSpec
@@ -46,7 +47,7 @@ class ModelSpec:
         "with --backend nnsight: run every forward pass on NDIF (the API key is read from the NDIF_API_KEY "
         "environment variable); see docs/remote.md"))
 
-    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any:
+    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Model:
         """The model, in eval mode. A pretrained model that runs here first prints the memory it will need
         (and, with ``means``, the cost of fitting its means) for the prompts of ``estimate`` in batches of
         ``batch_size``."""
@@ -72,7 +73,7 @@ class LoadedModel:
     """A model already loaded (the Python API's), as the runner asks every model source: ``load()`` returns it;
     ``name`` names it in the run's description (``None``: unnamed); ``dtype``: ``None`` (as loaded)."""
 
-    model: Any
+    model: Model
     name: str | None = None
     dtype: str | None = None
 
@@ -80,6 +81,6 @@ class LoadedModel:
     def label(self) -> str | None:
         return self.name
 
-    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Any:
+    def load(self, *, estimate: PromptSpec | None = None, batch_size: int = 128, means: bool = True) -> Model:
         """The model itself."""
         return self.model

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from circuits.errors import ArgumentError, PromptError
+from interventions.types import Model
 
 __all__ = ["PROMPT_SUFFIXES", "prompts_label", "prepare_dataset_prompts", "read_prompts"]
 
@@ -117,7 +118,7 @@ def _checked(cols: dict[str, list[Any]], where: str, line: Any) -> dict[str, lis
     return cols
 
 
-def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int = 0, *, means: str | None = None,
+def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int = 0, *, means: str | None = None,
                             fit: Any = None, prepend_bos: bool | None = None, numbers: str = "single",
                             fmt: Any = None, max_checked: int | None = None, batch_size: int = 128) -> Any:
     """``n_prompts`` rows of ``source`` that ``model`` answers correctly, in one layout, as
@@ -198,7 +199,7 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
         numbers=numbers, layout=lay.key, fmt=fmt)
 
 
-def slot_layouts(layouts: list[Any], ds: Any, model: Any, where: str) -> list[Any]:
+def slot_layouts(layouts: list[Any], ds: Any, model: Model, where: str) -> list[Any]:
     """``layouts`` (of ``ds``'s rows) split so that every slot column's value (a column besides :data:`NOT_SLOTS`)
     sits at the same token positions in all rows of one layout, largest first; ``layouts`` itself without slot
     columns. A value is found in its prompt as text (an integer as a whole number); one that does not occur is a
@@ -244,7 +245,7 @@ def slot_layouts(layouts: list[Any], ds: Any, model: Any, where: str) -> list[An
     return sorted(out, key=lambda x: (-len(x), x.n_pos))
 
 
-def _chat(ds: Any, model: Any) -> Any:
+def _chat(ds: Any, model: Model) -> Any:
     """``ds`` with each prompt in the tokenizer's chat template (the user's message, the assistant's turn open)."""
     from circuits.tasks.tokens import tokenizer_of
 

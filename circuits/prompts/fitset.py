@@ -33,6 +33,7 @@ from jaxtyping import Bool, Int
 from circuits.errors import ArgumentError
 from circuits.prompts.fitspec import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from interventions.coverage import row_digests
+from interventions.types import JsonDict, Model
 
 __all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSet", "FitSpec", "draw_fit_set", "fit_passes", "fit_set_of",
            "pick_covered", "split_whole"]
@@ -79,14 +80,14 @@ class FitSet:
             return self
         return FitSet(self.tokens[keep], self.spec, self.task, False, self.n_drawn)
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonDict:
         """What the run identity records of the fit set: how it was drawn, its size and content hash."""
         return {**self.spec.identity(), "task": self.task, "whole": self.whole, "n_fit": len(self),
                 "sha256": self.sha256}
 
 
 def fit_set_of(fit: FitSet | FitSpec | None, fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
-               min_count: int | None = None, *, model: Any = None,
+               min_count: int | None = None, *, model: Model | None = None,
                tokens: Int[torch.Tensor, "batch pos"] | None = None, meta: Any = None) -> FitSet | None:
     """The API's spellings of a fit set as one: a :class:`FitSet` itself; a :class:`FitSpec`, drawn now for
     the task named in ``meta["task"]`` (:func:`draw_fit_set` on ``model`` with the scored ``tokens``); else
@@ -112,7 +113,7 @@ def fit_passes(n_fit: int, batch_size: int) -> int:
     return -(-int(n_fit) // max(1, int(batch_size)))
 
 
-def draw_fit_set(model: Any, task: str, scored: Int[torch.Tensor, "batch pos"], spec: FitSpec = FitSpec(), *,
+def draw_fit_set(model: Model, task: str, scored: Int[torch.Tensor, "batch pos"], spec: FitSpec = FitSpec(), *,
                  prepend_bos: bool | None = None, batch_size: int = 128, numbers: str = "single",
                  layout: Any = None, fmt: Any = None) -> FitSet:
     """The fit set of ``task`` for the scored prompts ``scored`` (``[batch, pos]``, one layout): see the

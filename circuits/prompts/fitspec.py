@@ -9,6 +9,7 @@ from typing import Any
 from circuits.errors import ArgumentError
 from circuits.flags import flag
 from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE, POPULATIONS
+from interventions.types import JsonDict
 
 __all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSpec"]
 
@@ -45,6 +46,6 @@ class FitSpec:
                                 f"{', '.join(POPULATIONS)} (--fit-population)")
         return self
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonDict:
         return {"size": int(self.size), "min_count": int(self.min_count), "seed": int(self.seed),
                 "population": self.population}

@@ -35,6 +35,7 @@ from jaxtyping import Bool
 from circuits.errors import CorruptRunError
 from circuits.store import files
 from circuits.tasks.tokens import answer_value
+from interventions.types import JsonDict, Model
 
 __all__ = ["FORMAT", "Prepared", "dataset_key", "keep_prepared", "load", "prepare", "prepared_of", "spec_key",
            "task_key"]
@@ -58,7 +59,7 @@ class Prepared:
     when reloaded; ``None``: not known yet) and ``source`` (the file they were reloaded from, ``None``: prepared
     by this run)."""
 
-    key: dict[str, Any]
+    key: JsonDict
     prompts: Any
     keep: torch.Tensor | None = None
     source: Path | None = None
@@ -71,7 +72,7 @@ def prepared_of(prompts: Any) -> Prepared | None:
     return found if isinstance(found, Prepared) else None
 
 
-def spec_key(model: Any, spec: Any, means: str | None) -> dict[str, Any]:
+def spec_key(model: Model, spec: Any, means: str | None) -> JsonDict:
     """What the prepared prompts of ``spec`` on ``model`` with ``means`` are a function of (see the module
     docstring), as a JSON object."""
     import interventions as iv
@@ -94,14 +95,14 @@ def spec_key(model: Any, spec: Any, means: str | None) -> dict[str, Any]:
     })
 
 
-def task_key(task: Any, source: str) -> dict[str, Any]:
+def task_key(task: Any, source: str) -> JsonDict:
     """What the prompts of ``task`` (a catalogue name, a task file or a :class:`~circuits.tasks.TaskSpec`) are
     a function of: its name, its definition, the SHA-256 of its task file (a file changed under the same path
     gives another key) and, for ``source="frozen"``, of its frozen set."""
     from circuits.store.runs import file_sha256
     from circuits.tasks import catalogue as tasks
 
-    out: dict[str, Any] = {"name": tasks.task_label(task)}
+    out: JsonDict = {"name": tasks.task_label(task)}
     if not tasks.known_task(task):  # a caller's own prompt loader may name tasks the catalogue does not hold
         return out
     spec = tasks.get_task(task)
@@ -114,7 +115,7 @@ def task_key(task: Any, source: str) -> dict[str, Any]:
     return out
 
 
-def dataset_key(source: Any) -> dict[str, Any]:
+def dataset_key(source: Any) -> JsonDict:
     """What prompts drawn from the prompt dataset ``source`` are a function of: its name and the SHA-256 of its
     content (the file's bytes; a ``datasets.Dataset``'s rows), so that a file changed under the same path
     gives another key."""
@@ -128,7 +129,7 @@ def dataset_key(source: Any) -> dict[str, Any]:
     return {"name": prompts_label(source), "sha256": hashlib.sha256(rows).hexdigest()}
 
 
-def prepare(spec: Any, model: Any, *, means: str | None, out: str | Path | Sequence[Path] | None,
+def prepare(spec: Any, model: Model, *, means: str | None, out: str | Path | Sequence[Path] | None,
             progress: bool = True, batch_size: int = 128) -> Any:
     """``spec.prepare(model, ...)`` (:meth:`circuits.prompts.spec.PromptSpec.prepare`), or the prompts a run wrote to
     ``out`` (a run directory, or several: the cells of a sweep that share these prompts) under the same key
@@ -205,7 +206,7 @@ def keep_prepared(run_dir: Any, prepared: Prepared, keep: Bool[torch.Tensor, " n
     run_dir.record_artifact(files.PREPARED)
 
 
-def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Any:
+def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: JsonDict) -> Any:
     """The :class:`~circuits.prompts.Prompts` of a file, after checking that its parts hold together."""
     from circuits.prompts.fitset import FitSet, FitSpec
     from circuits.prompts.sampling import Prompts
@@ -225,7 +226,7 @@ def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     if any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in values):
         raise bad("answer_values must be integers or strings (the answers of a task of text answers)")
     raw_counts = meta.get("counts")
-    counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
+    counts: JsonDict = raw_counts if isinstance(raw_counts, dict) else {}
     spec = meta["key"]["spec"]
     fit = None
     if meta.get("fit") is not None:

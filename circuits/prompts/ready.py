@@ -16,6 +16,7 @@ from jaxtyping import Int
 
 from circuits.prompts.fitset import FitSet
 from circuits.prompts.prepared import Prepared, prepared_of
+from interventions.types import Model
 
 if TYPE_CHECKING:
     from circuits.prompts.sampling import Prompts
@@ -53,7 +54,7 @@ class ReadyPrompts:
         return cls(tokens=prompts.tokens, answers=prompts.answers, fit=prompts.fit, records=prompts.records(),
                    meta=meta, spec=spec, prepared=prepared_of(prompts))
 
-    def ready(self, model: Any, *, name: str | None, means: str | None, out: str | Path | None, progress: bool,
+    def ready(self, model: Model, *, name: str | None, means: str | None, out: str | Path | None, progress: bool,
               batch_size: int) -> ReadyPrompts:
         """Themselves: they are ready (the runner asks every prompt source the same way)."""
         return self

@@ -24,6 +24,7 @@ from circuits.tasks.checks import check_slot_tokens
 from circuits.tasks.tokens import answer_value, check_prepend_bos
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.models.loading.SOURCES
+from interventions.types import JsonDict, Model
 
 MAX_CHECKED = 20_000
 """Default budget of :func:`prepare_prompts`: prompts whose correctness is checked (forward passes)."""
@@ -69,7 +70,7 @@ class Prompts:
     seed: int = 0
     n_layouts: int = 1
     n_dropped_multi_token: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonDict = field(default_factory=dict)
     n_drawn: int = 0
     n_wrong: int = 0
     prepend_bos: bool = True
@@ -97,7 +98,7 @@ class Prompts:
             answer_texts=None if self.answer_texts is None else [self.answer_texts[i] for i in pick],
         )
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[JsonDict]:
         """One ``{"prompt", "answer", "answer_token"}`` dict per prompt (for ``prompts.jsonl``), plus
         ``"answer_text"`` (the answer as written after the prompt, e.g. ``" 112"``) when known."""
         out = [
@@ -109,7 +110,7 @@ class Prompts:
                 rec["answer_text"] = text
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonDict:
         """The sampling counts as a JSON-ready dict (for ``run.json`` / logs)."""
         return {"n_prompts": len(self), "base_accuracy": self.base_accuracy, "n_drawn": self.n_drawn,
                 "n_dropped_multi_token": self.n_dropped_multi_token, "n_checked": self.n_checked,
@@ -117,7 +118,7 @@ class Prompts:
                 "prepend_bos": self.prepend_bos, "stop": self.stop, "n_dropped_fit": self.n_dropped_fit}
 
 
-def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "CAMA and the fast search") -> None:
+def check_bos(model: Model, tokens: Int[torch.Tensor, "batch pos"], what: str = "CAMA and the fast search") -> None:
     """Raise :class:`~circuits.errors.PromptError` unless position 0 of every prompt holds the model's BOS token.
 
     CAMA and the fast AF1 search treat position 0 as a fixed BOS whose state is the same in every
@@ -132,7 +133,7 @@ def check_bos(model: Any, tokens: Int[torch.Tensor, "batch pos"], what: str = "C
                          f"not prepend it by default: use --prepend-bos (prepare_prompts(..., prepend_bos=True))")
 
 
-def filter_numbers(ds: Any, model: Any, numbers: str = "single") -> tuple[Any, int]:
+def filter_numbers(ds: Any, model: Model, numbers: str = "single") -> tuple[Any, int]:
     """``(kept rows, dropped)``: rows whose numbers are single tokens (``numbers="single"``,
     :func:`circuits.tasks.filter_single_token`) or may span several (``"multi"``,
     :func:`circuits.tasks.digits.filter_multi_token`)."""
@@ -155,7 +156,7 @@ def _frozen_window(ds: Any, start: int, n: int) -> Any:
     return ds.select(range(start, stop)) if hasattr(ds, "select") else ds[start:stop]
 
 
-def _merge(pieces: list[Any]) -> dict[str, Any]:
+def _merge(pieces: list[Any]) -> JsonDict:
     """Concatenate layout pieces of one token length (from successive rounds)."""
     texts = [getattr(p, "answer_texts", None) for p in pieces]
     return {
@@ -168,7 +169,7 @@ def _merge(pieces: list[Any]) -> dict[str, Any]:
 
 
 def prepare_prompts(
-    model: Any,
+    model: Model,
     task: str,
     n_prompts: int,
     seed: int = 0,
@@ -345,7 +346,7 @@ def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len
     )
 
 
-def self_answer_prompts(model: Any, tokens: Int[torch.Tensor, "batch pos"], task: str = "self") -> Prompts:
+def self_answer_prompts(model: Model, tokens: Int[torch.Tensor, "batch pos"], task: str = "self") -> Prompts:
     """Prompts whose answers are the model's own argmax at the last position (base accuracy 1).
 
     For models without a task (e.g. randomly initialised ones): every prompt counts as answered

@@ -27,6 +27,7 @@ from circuits.logs import get_logger
 from circuits.prompts.fitspec import FitSpec
 from circuits.tasks.formats import PromptFormat
 from circuits.vocab import NUMBERS, SOURCES
+from interventions.types import JsonDict, Model
 
 if TYPE_CHECKING:
     from circuits.prompts.fitset import FitSet
@@ -104,7 +105,7 @@ class PromptSpec:
         self.format.validate()
         return self
 
-    def prepare(self, model: Any, *, means: str | None = None, progress: bool = True,
+    def prepare(self, model: Model, *, means: str | None = None, progress: bool = True,
                 batch_size: int = 128) -> Any:
         """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional
         means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
@@ -122,7 +123,7 @@ class PromptSpec:
                                            prepend_bos=self.prepend_bos, numbers=self.numbers, fmt=self.format,
                                            max_checked=self.max_checked, batch_size=batch_size)
 
-        options: dict[str, Any] = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source,
+        options: JsonDict = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source,
                                    "numbers": self.numbers, "fmt": self.format}
         if self.max_checked is not None:
             options["max_checked"] = self.max_checked
@@ -161,7 +162,7 @@ class PromptSpec:
         last = int(keep.nonzero().flatten()[self.n_prompts - 1]) + 1
         return replace(drawn.subset(keep, self.n_prompts), fit=fit, n_dropped_fit=int((~keep[:last]).sum()))
 
-    def ready(self, model: Any, *, name: str | None, means: str | None, out: str | Path | None = None,
+    def ready(self, model: Model, *, name: str | None, means: str | None, out: str | Path | None = None,
               progress: bool = True, batch_size: int = 128) -> ReadyPrompts:
         """These prompts, ready for the runner: :meth:`prepare`d with the fit set of ``means``, or reloaded from the
         run directory ``out`` when an earlier run prepared them there under the same key
@@ -187,10 +188,10 @@ class PromptSpec:
         get_logger("runner").info("\n".join(lines))
         return ReadyPrompts.of(prompts, self)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> JsonDict:
         """The prompts' part of a run's description (``run.json`` / ``summary.json``): the task, the source, and
         how numbers are tokenised and prompts formatted where that is not the papers' default."""
-        out: dict[str, Any] = {"task": self.label, "source": "prompts" if self.prompts is not None else self.source}
+        out: JsonDict = {"task": self.label, "source": "prompts" if self.prompts is not None else self.source}
         if self.numbers != "single":
             out["numbers"] = self.numbers
         if not self.format.zero_shot:

@@ -32,12 +32,12 @@ from circuits.vocab import HEAD_METHODS
 from interventions import adapter as hooks
 from interventions.readout import answer_positions
 from interventions.registry import adapt
-from interventions.types import Head, InterventionError, Tokens
+from interventions.types import Head, InterventionError, Model, Tokens
 from interventions.validation import check_answers
 
 
 @contextmanager
-def frozen_parameters(model: Any) -> Iterator[None]:
+def frozen_parameters(model: Model) -> Iterator[None]:
     """Set ``requires_grad=False`` on every parameter of ``model`` for the ``with`` block, then restore."""
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]
@@ -51,7 +51,7 @@ def frozen_parameters(model: Any) -> Iterator[None]:
 
 
 def head_attribution_per_prompt(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     heads: Sequence[Head],
@@ -118,7 +118,7 @@ def head_attribution_per_prompt(
 
 
 def head_attribution(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     heads: Sequence[Head],

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, HEAD_METHODS, RANKS, Ablation, HeadMethod, Rank
+from interventions.types import JsonDict
 
 NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """``meta`` keys that describe a run without changing its results (not part of its identity)."""
@@ -64,7 +64,7 @@ class PruneConfig:
         check_positive("n_boot", self.n_boot)
         return self
 
-    def subgraph_fields(self) -> dict[str, Any]:
+    def subgraph_fields(self) -> JsonDict:
         """The fields that name the pruned subgraph and the pruning method (shared by the run identity and
         the summary)."""
         return {"wait": self.wait, "transfer": self.transfer, "ablation": self.ablation, "method": self.method,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from interventions.types import Head
+from interventions.types import Head, JsonDict
 
 __all__ = ["CURVE_FIELDS", "CurvePoint"]
 
@@ -40,9 +40,9 @@ class CurvePoint:
     passes: int
     attribution_passes: int
     seconds: float
-    candidates: list[dict[str, Any]] = field(default_factory=list)
+    candidates: list[JsonDict] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         out = asdict(self)
         out["removed"] = list(self.removed) if self.removed is not None else None
         out["heads_kept"] = [list(h) for h in self.heads_kept]

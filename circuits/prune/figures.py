@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from circuits.prune.config import PruneConfig
 from circuits.prune.curve import CurvePoint
-from interventions.types import Head
+from interventions.types import Figure, Head
 
 __all__ = ["PruneFigureData", "attention_figure", "curve_figure", "figures", "kept_heads_figure"]
 
@@ -39,7 +39,7 @@ MAX_LABELLED_HEADS = 24
 """The attention map writes each cell's value while it has at most this many cells and heads."""
 
 
-def curve_figure(result: PruneFigureData) -> Any:
+def curve_figure(result: PruneFigureData) -> Figure:
     import plotly.graph_objects as go
 
     kept = [p.n_heads_kept for p in result.curve]
@@ -84,7 +84,7 @@ def curve_figure(result: PruneFigureData) -> Any:
     return fig
 
 
-def kept_heads_figure(result: PruneFigureData) -> Any:
+def kept_heads_figure(result: PruneFigureData) -> Figure:
     import plotly.graph_objects as go
 
     layers = sorted({layer for layer, _ in result.transfer_heads})
@@ -126,7 +126,7 @@ def kept_heads_figure(result: PruneFigureData) -> Any:
     return fig
 
 
-def attention_figure(result: PruneFigureData) -> Any:
+def attention_figure(result: PruneFigureData) -> Figure:
     import plotly.graph_objects as go
 
     heads = sorted(result.attention)

@@ -28,7 +28,7 @@ from circuits.store.records import Field, RecordSchema, faithfulness_fields
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
 from interventions.registry import adapt
-from interventions.types import Head, Tokens
+from interventions.types import Head, JsonDict, Model, Tokens
 
 
 def criterion(head: Head, faith: float, diff: float) -> tuple:
@@ -37,7 +37,7 @@ def criterion(head: Head, faith: float, diff: float) -> tuple:
 
 
 def prune_heads(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     *,
@@ -90,7 +90,7 @@ def prune_heads(
                RunOptions(out=out_dir, progress=progress, cache=cache, min_count=min_count))
 
 
-def run_prune(model: Any, cfg: PruneConfig, ctx: RunContext) -> PruneResult:
+def run_prune(model: Model, cfg: PruneConfig, ctx: RunContext) -> PruneResult:
     """The greedy loop itself (pure): replay the steps in ``ctx.store``, then remove one head per step
     until none is left, appending each step to the store."""
     t_start = time.perf_counter()
@@ -174,7 +174,7 @@ def run_prune(model: Any, cfg: PruneConfig, ctx: RunContext) -> PruneResult:
     return result
 
 
-def prune_identity(cfg: PruneConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def prune_identity(cfg: PruneConfig, ctx: RunContext, model: Model) -> JsonDict:
     """The run identity of a pruning run (the keys of the first release, so that its directories resume)."""
     ad = adapt(model)
     return {
@@ -202,7 +202,7 @@ def prune_schema(cfg: PruneConfig, info: Any, n_prompts: int) -> RecordSchema:
     )
 
 
-def prompt_records(ctx: RunContext) -> list[dict[str, Any]]:
+def prompt_records(ctx: RunContext) -> list[JsonDict]:
     """One ``prompts.jsonl`` record per base-correct prompt: ``index`` (among the given prompts), the
     caller's record (if any), token ids and answer token id."""
     return [
@@ -233,7 +233,7 @@ def check_row(point: CurvePoint, index: int, all_heads: list[Head]) -> CurvePoin
 
 
 def finish(
-    model: Any,
+    model: Model,
     tok: Int[torch.Tensor, "batch pos"],
     ans: Int[torch.Tensor, " batch *k"],
     cfg: PruneConfig,
@@ -283,7 +283,7 @@ def prune_means(cfg: PruneConfig) -> Means | None:
     return means_kind(cfg.ablation, cfg.method)
 
 
-def prune_row(result: PruneResult) -> dict[str, Any]:
+def prune_row(result: PruneResult) -> JsonDict:
     """A sweep row of a pruning run: its subgraph and the faithfulness of the smallest head set that keeps
     the target (none: empty)."""
     return {"wait": result.config.wait, "transfer": result.config.transfer,

@@ -11,7 +11,7 @@ from jaxtyping import Float
 import interventions as iv
 from interventions import adapter as hooks
 from interventions.registry import adapt
-from interventions.types import Head, Tokens
+from interventions.types import Head, Model, Tokens
 from interventions.validation import check_tokens
 
 
@@ -32,7 +32,7 @@ def pruned_subgraph(
 
 @torch.inference_mode()
 def head_attention(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     heads: Sequence[Head],
     interventions: Sequence[iv.Intervention] = (),
@@ -64,7 +64,7 @@ def head_attention(
     return {(layer, head): (sums[layer][head] / n).float() for layer, head in heads}
 
 
-def key_labels(model: Any, tokens: Tokens) -> list[str]:
+def key_labels(model: Model, tokens: Tokens) -> list[str]:
     """A label per key position: the token's text where every prompt holds the same token there
     (``#id`` without a tokenizer), else ``pos {i}`` (a varying position such as an operand)."""
     labels = []

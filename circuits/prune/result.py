@@ -17,7 +17,7 @@ from circuits.prune.config import PruneConfig
 from circuits.prune.curve import CURVE_FIELDS, CurvePoint
 from circuits.store.runs import dist_version
 from circuits.tasks.formats import describe_prompts
-from interventions.types import Head
+from interventions.types import DataFrame, Figure, Head, JsonDict
 
 
 @dataclass
@@ -87,7 +87,7 @@ class PruneResult:
             key_labels=list(attention.get("key_labels") or []),
         )
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame`` of the curve: one row per step (:data:`CURVE_FIELDS` but the candidates)."""
         from circuits.store.frames import dataframe
 
@@ -110,7 +110,7 @@ class PruneResult:
             raise ArgumentError("no kept head: no attention to show")
         return prune_figures.attention_figure(self)
 
-    def plot(self) -> Any:
+    def plot(self) -> Figure:
         """:meth:`plot_curve` (shows inline in a notebook)."""
         return self.plot_curve()
 
@@ -142,7 +142,7 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> dict[str, Any]:
+def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> JsonDict:
     """The JSON object written to ``summary.json``."""
     cfg = result.config
     smallest = result.curve[result.smallest_step] if result.smallest_step is not None else None

@@ -29,13 +29,13 @@ from circuits.store import files
 from circuits.store.outcomes import PromptOutcomes
 from circuits.store.runs import RunDir, dist_version
 from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
-from interventions.types import Tokens
+from interventions.types import JsonDict, Model, Tokens
 
 """Keys of ``meta`` that describe a run rather than determine its results."""
 
 
 def search_af1(
-    model: Any,
+    model: Model,
     tokens: Tokens,
     answers: Int[torch.Tensor, " batch"],
     *,
@@ -108,7 +108,7 @@ def search_af1(
     return result
 
 
-def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResult:
+def run_search(model: Model, config: SearchConfig, ctx: RunContext) -> SearchResult:
     """The search itself (pure): evaluate what ``config.grid`` needs on ``ctx``'s base-correct prompts,
     skipping configurations already in ``ctx.store`` and appending each new one to it, then apply the
     selection rule."""
@@ -153,7 +153,7 @@ def run_search(model: Any, config: SearchConfig, ctx: RunContext) -> SearchResul
     faith = {c: r.faithfulness for c, r in results.items()}
     chosen = select(faith, config.threshold)
     selected = results[chosen] if chosen is not None else None
-    specs: list[dict[str, Any]] = []
+    specs: list[JsonDict] = []
     if selected is not None:
         specs = [x.to_dict() for x in iv.af1_subgraph(n_layers, selected.wait, selected.transfer, ctx.cache,
                                                       config.ablation, n_last=answer_width(ctx.answers))]
@@ -182,7 +182,7 @@ def scored_texts(ctx: RunContext) -> list[str]:
     return [str(r["prompt"]) for r in search_prompt_records(ctx)]
 
 
-def search_prompt_records(ctx: RunContext) -> list[dict[str, Any]]:
+def search_prompt_records(ctx: RunContext) -> list[JsonDict]:
     """``prompts.jsonl``: the caller's records of the kept prompts, or their token ids and answer ids."""
     kept = ctx.kept_prompts
     if kept is not None:
@@ -204,7 +204,7 @@ def search_means(config: SearchConfig) -> Means | None:
     return means_kind(config.ablation)
 
 
-def search_row(result: SearchResult) -> dict[str, Any]:
+def search_row(result: SearchResult) -> JsonDict:
     """A sweep row of a search: the selected configuration (or, when none reaches the threshold, the most
     faithful one, with ``selected`` false) and the best faithfulness per wait."""
     best: dict[str, float] = {}
@@ -295,7 +295,7 @@ def write_outputs(
     report.search_report(result, out_dir / files.REPORT, title=title, notes=notes)
 
 
-def load_summary(out_dir: str | Path) -> dict[str, Any]:
+def load_summary(out_dir: str | Path) -> JsonDict:
     """``summary.json`` of a finished search directory."""
     import json
 

@@ -9,6 +9,7 @@ from typing import Any
 from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS, Ablation, Grid, SearchMethod
+from interventions.types import JsonDict
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class SearchConfig:
         check_positive("configs_per_pass", self.configs_per_pass)
         return self
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonDict:
         """The fields that determine the per-configuration results. The threshold only changes the
         selection, which is recomputed from the stored results, so it is not one of them (nor are grid,
         method, batch size and configurations per pass); directories of earlier releases, whose
@@ -81,6 +82,6 @@ class FixedConfig:
             check_config(info.n_layers, self.wait, self.transfer)
         return self
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonDict:
         return {"wait": int(self.wait), "transfer": int(self.transfer), "ablation": self.ablation,
                 "seed": int(self.seed), "n_boot": int(self.n_boot)}

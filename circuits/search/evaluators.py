@@ -21,7 +21,7 @@ from circuits.errors import ArgumentError, PromptError
 from circuits.faithfulness import answer_width, last_token_metrics
 from circuits.validation import check_choice
 from interventions.readout import answer_positions, readout_metrics
-from interventions.types import Tokens
+from interventions.types import Model, Tokens
 
 PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer prob, logit diff
 
@@ -29,7 +29,7 @@ PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer p
 class Evaluator:
     """Per-prompt metrics of configurations, one wait at a time with increasing transfers."""
 
-    def __init__(self, model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, ablation: str,
+    def __init__(self, model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, ablation: str,
                  batch_size: int):
         self.model = model
         self.tokens = tokens
@@ -119,7 +119,7 @@ class BatchedEvaluator(NaiveEvaluator):
         raise NotImplementedError("BatchedEvaluator reads only the answer readout: use evaluate(wait, transfer)")
 
 
-def make_evaluator(model: Any, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, *, ablation: str,
+def make_evaluator(model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, *, ablation: str,
                    batch_size: int, method: str, configs_per_pass: int) -> Evaluator:
     """The evaluator for ``method`` on this model, chosen by the adapter's capabilities: ``"fast"`` is
     :class:`FastEvaluator` where the adapter skips blocks (``skips_blocks``), otherwise, like

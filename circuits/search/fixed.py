@@ -4,8 +4,6 @@ analysis of its own with one record in ``results.jsonl``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from circuits.analyses import Analysis, RunContext
 from circuits.faithfulness import summarize
 from circuits.search.config import FixedConfig
@@ -16,9 +14,10 @@ from circuits.store import files
 from circuits.store.outcomes import PromptOutcomes
 from circuits.store.runs import RunDir
 from circuits.vocab import Means, means_kind
+from interventions.types import JsonDict, Model
 
 
-def run_fixed(model: Any, config: FixedConfig, ctx: RunContext) -> ConfigResult:
+def run_fixed(model: Model, config: FixedConfig, ctx: RunContext) -> ConfigResult:
     """The configuration's :class:`ConfigResult` (read from ``ctx.store`` when already computed)."""
     for rec in ctx.store.records():
         return ConfigResult.from_dict(rec)
@@ -31,7 +30,7 @@ def run_fixed(model: Any, config: FixedConfig, ctx: RunContext) -> ConfigResult:
     return result
 
 
-def fixed_identity(config: FixedConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def fixed_identity(config: FixedConfig, ctx: RunContext, model: Model) -> JsonDict:
     """The search's identity fields for these prompts, plus the configuration (``analysis: "fixed"``)."""
     return {**search_identity(config, ctx, model), "analysis": "fixed"}
 

@@ -14,6 +14,7 @@ from circuits.errors import CorruptRunError
 from circuits.faithfulness import FaithfulnessResult
 from circuits.search.rule import Config, select, smallest_transfers
 from circuits.store.outcomes import PromptOutcomes
+from interventions.types import DataFrame, Figure, JsonDict
 
 RECORD_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "n", "n_faithful", "mean_answer_prob",
                  "mean_logit_diff", "ablation")
@@ -42,7 +43,7 @@ class ConfigResult:
     def config(self) -> Config:
         return (self.wait, self.transfer)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """The ``results.jsonl`` line: :data:`RECORD_FIELDS` plus the per-prompt outcomes when known."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "outcomes"}
         if self.outcomes is not None:
@@ -72,7 +73,7 @@ class ConfigResult:
         return cls(wait=wait, transfer=transfer, ablation=ablation, outcomes=outcomes, **r.to_dict())
 
 
-def config_row(result: ConfigResult | None) -> dict[str, Any]:
+def config_row(result: ConfigResult | None) -> JsonDict:
     """A sweep row of one configuration (:attr:`circuits.analyses.Analysis.summary_row`): its ``wait``,
     ``transfer``, ``faithfulness`` and 95% interval (nothing for ``None``)."""
     if result is None:
@@ -117,7 +118,7 @@ class SearchResult:
     base_accuracy: float
     n_prompts: int
     out_dir: Path | None = None
-    interventions: list[dict[str, Any]] = field(default_factory=list)
+    interventions: list[JsonDict] = field(default_factory=list)
     prompts: list[str] | None = None
 
     # --- reopening ---------------------------------------------------------------------------------
@@ -135,14 +136,16 @@ class SearchResult:
         if not ident_path.is_file():
             raise FileNotFoundError(f"{path} holds no {files.IDENTITY}: not a run directory")
         identity = read_json_object(ident_path)
-        summary = read_json_object(path / files.SUMMARY) if (path / files.SUMMARY).is_file() else {}
+        summary: JsonDict = read_json_object(path / files.SUMMARY) if (path / files.SUMMARY).is_file() else {}
         results = [ConfigResult.from_dict(r) for r in checked_records(path / files.SEARCH_RESULTS, identity, summary)]
         prompts = [str(p.get("prompt")) for p in read_jsonl(path / files.PROMPTS)] or None
         if prompts is not None:
             results = [replace(r, outcomes=replace(r.outcomes, prompts=prompts))
                        if r.outcomes is not None and r.outcomes.n == len(prompts) else r for r in results]
         n_layers = int(summary.get("n_layers") or identity["model_signature"]["n_layers"])
-        stored = float(summary.get("threshold", identity.get("threshold", 0.9)))
+        fallback: float = identity.get("threshold", 0.9)
+        stored = float(summary.get("threshold", fallback))
+        counted: int = summary.get("n_prompts", 0)
         base = cls(
             n_layers=n_layers, threshold=stored,
             ablation=str(summary.get("ablation") or identity.get("ablation", "cama")),
@@ -151,7 +154,7 @@ class SearchResult:
             n_evaluated=int(summary.get("n_evaluated_this_run", 0)), n_resumed=int(summary.get("n_resumed", 0)),
             passes=int(summary.get("passes", 0)), seconds=float(summary.get("seconds", 0.0)),
             base_accuracy=float(summary.get("base_accuracy", float("nan"))),
-            n_prompts=int(identity.get("n_prompts", summary.get("n_prompts", 0))), out_dir=path,
+            n_prompts=int(identity.get("n_prompts", counted)), out_dir=path,
             interventions=list(summary.get("interventions") or []), prompts=prompts,
         )
         reselected = base.with_threshold(stored)
@@ -191,7 +194,7 @@ class SearchResult:
             out = replace(out, prompts=list(self.prompts))
         return out
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame``: one row per evaluated configuration (:data:`RECORD_FIELDS`), plus
         ``selected`` (the configuration the rule picks at this threshold)."""
         from circuits.store.frames import dataframe
@@ -200,7 +203,7 @@ class SearchResult:
         rows = [{**{k: getattr(r, k) for k in RECORD_FIELDS}, "selected": r.config == chosen} for r in self.results]
         return dataframe(rows, (*RECORD_FIELDS, "selected"))
 
-    def plot_heatmap(self, title: str = "AF1 search") -> Any:
+    def plot_heatmap(self, title: str = "AF1 search") -> Figure:
         """The report's faithfulness heatmap over ``wait`` x ``transfer`` (a plotly figure)."""
         from circuits import report
 
@@ -212,7 +215,7 @@ class SearchResult:
 
         return report.smallest_transfer_figure(self)
 
-    def plot(self, title: str = "AF1 search") -> Any:
+    def plot(self, title: str = "AF1 search") -> Figure:
         """:meth:`plot_heatmap` (shows inline in a notebook)."""
         return self.plot_heatmap(title)
 
@@ -267,7 +270,7 @@ class SearchResult:
         )
 
 
-def checked_records(path: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def checked_records(path: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> list[JsonDict]:
     """The records of a search's ``results.jsonl``, checked as a resumed run checks them (types, ranges, totals
     that agree with the per-prompt outcomes; :func:`circuits.search.schema.record_schema`): a malformed or
     forged line is a :class:`~circuits.errors.CorruptRunError` naming the file, the line and the field."""

@@ -17,6 +17,7 @@ from circuits.store.outcomes import decode_mask
 from circuits.store.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import tokens_sha256
 from circuits.vocab import means_kind
+from interventions.types import JsonDict, Model
 
 __all__ = ["NOT_IDENTITY", "record_schema", "search_identity", "search_schema"]
 
@@ -24,7 +25,7 @@ NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """Keys of a run's description that do not determine its records."""
 
 
-def search_identity(config: SearchConfig | FixedConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def search_identity(config: SearchConfig | FixedConfig, ctx: RunContext, model: Model) -> JsonDict:
     """The run identity of a search (the keys of the first release, so that its directories resume)."""
     ad = iv.adapt(model)
     return {
@@ -51,7 +52,7 @@ def record_schema(n_layers: int, n_prompts: int, ablation: str | None, *, seed: 
     and ``n_boot``, a confidence interval equal to the one those outcomes give."""
     n = n_layers
 
-    def check(rec: dict[str, Any]) -> tuple[str, str] | None:
+    def check(rec: JsonDict) -> tuple[str, str] | None:
         limit = n - 1 - rec["wait"]
         if rec["transfer"] > limit:
             return "transfer", f"= {rec['transfer']} exceeds {limit} for wait={rec['wait']}"

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from circuits.errors import CorruptRunError
+from interventions.types import DataFrame, JsonDict
 
 __all__ = ["FIELDS", "PromptOutcomes", "decode_mask", "encode_mask", "record_problem"]
 
@@ -152,9 +153,9 @@ class PromptOutcomes:
         return cls(decode_mask(record["prompt_faithful"], n), floats("prompt_answer_prob"),
                    floats("prompt_logit_diff"), list(prompts) if prompts is not None and len(prompts) == n else None)
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> JsonDict:
         """The keys of :data:`FIELDS` for a results record."""
-        out: dict[str, Any] = {"prompt_faithful": encode_mask(self.faithful)}
+        out: JsonDict = {"prompt_faithful": encode_mask(self.faithful)}
         if self.answer_prob is not None:
             out["prompt_answer_prob"] = [round(float(v), DIGITS) for v in self.answer_prob]
         if self.logit_diff is not None:
@@ -174,11 +175,11 @@ class PromptOutcomes:
         """Indices of the prompts whose answer the intervention changes (not faithful)."""
         return [int(i) for i in np.flatnonzero(~self.faithful)]
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[JsonDict]:
         """One dict per prompt: ``index``, ``prompt`` (when known), ``faithful``, ``answer_prob``, ``logit_diff``."""
         out = []
         for i in range(self.n):
-            row: dict[str, Any] = {"index": int(self.index[i]) if self.index is not None else i}
+            row: JsonDict = {"index": int(self.index[i]) if self.index is not None else i}
             if self.prompts is not None:
                 row["prompt"] = self.prompts[i]
             row["faithful"] = bool(self.faithful[i])
@@ -187,7 +188,7 @@ class PromptOutcomes:
             out.append(row)
         return out
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame`` of :meth:`rows` (one row per prompt)."""
         from circuits.store.frames import dataframe
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from circuits.errors import CorruptRunError
 from circuits.store.outcomes import record_problem
+from interventions.types import JsonDict
 
 FIX = "the file was not written by this command: move it away or use a new --out directory"
 
@@ -38,7 +39,7 @@ class Field:
     required: bool = True
     nullable: bool = False
 
-    def problem(self, record: dict[str, Any]) -> str | None:
+    def problem(self, record: JsonDict) -> str | None:
         """What is wrong with this field of ``record`` (``None`` if nothing)."""
         if self.name not in record:
             return None if not self.required else "is missing"
@@ -75,9 +76,9 @@ class RecordSchema:
 
     fields: tuple[Field, ...]
     key: tuple[str, ...] = ()
-    check: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
+    check: Callable[[JsonDict], tuple[str, str] | None] | None = None
 
-    def validate(self, path: str | Path, numbered: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    def validate(self, path: str | Path, numbered: Iterable[tuple[int, JsonDict]]) -> list[JsonDict]:
         """The records of ``numbered`` (``(line, record)`` pairs) if every one is valid, else raise
         :class:`~circuits.errors.CorruptRunError` for the first bad field or repeated key."""
         seen: dict[tuple, int] = {}
@@ -106,7 +107,7 @@ class RecordSchema:
         return out
 
 
-def consistency_problem(record: dict[str, Any]) -> tuple[str, str] | None:
+def consistency_problem(record: JsonDict) -> tuple[str, str] | None:
     """A ``(field, problem)`` pair for a faithfulness record whose numbers do not agree (``None`` if they do,
     or if the record has no faithfulness): ``faithfulness`` must be ``n_faithful / n``, its bootstrap
     interval must hold it, and neither end may lie further from it than a bootstrap of ``n`` prompts can

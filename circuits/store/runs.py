@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 from circuits.errors import CorruptRunError, RunMismatchError, one_line
 from circuits.store import files
+from interventions.types import JsonDict
 
 RUN_KEY = files.IDENTITY
 """The entry of ``artifacts.json`` holding the SHA-256 of the run identity the artifacts belong to."""
@@ -154,7 +155,7 @@ def read_jsonl(path: str | Path, *, repair: bool = False, with_lines: bool = Fal
     return records
 
 
-def read_json_object(path: str | Path) -> dict[str, Any]:
+def read_json_object(path: str | Path) -> JsonDict:
     """The JSON object in ``path``; :class:`~circuits.errors.CorruptRunError` if it is not valid JSON
     or not an object (``[]``, a number, nesting too deep to parse)."""
     path = Path(path)
@@ -230,11 +231,11 @@ class RunDir:
             write_json(ident_path, self.identity)
         return self
 
-    def load_records(self) -> list[dict[str, Any]]:
+    def load_records(self) -> list[JsonDict]:
         """Finished result records (a partial last line is cut off the file)."""
         return read_jsonl(self.results_path, repair=True)
 
-    def load_numbered_records(self) -> list[tuple[int, dict[str, Any]]]:
+    def load_numbered_records(self) -> list[tuple[int, JsonDict]]:
         """:meth:`load_records` as ``(line number, record)`` pairs, for messages that name the line."""
         return read_jsonl(self.results_path, repair=True, with_lines=True)
 
@@ -324,7 +325,7 @@ def comparable(old: Mapping[str, Any], new: Mapping[str, Any], optional: Iterabl
     return a, b
 
 
-def without_keys(identity: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+def without_keys(identity: Mapping[str, Any], keys: Iterable[str]) -> JsonDict:
     """``identity`` without ``keys`` (at the top level and in a nested ``meta`` object)."""
     keys = frozenset(keys)
     out = {k: v for k, v in identity.items() if k not in keys}

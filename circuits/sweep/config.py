@@ -41,6 +41,7 @@ from circuits.prompts.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
 from circuits.validation import check_choice
 from circuits.vocab import ABLATIONS
+from interventions.types import JsonDict
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding", "digits")
@@ -74,7 +75,7 @@ def slug(name: str) -> str:
     return name.replace("/", "__")
 
 
-def config_tasks(sweep: dict[str, Any], path: Path) -> dict[str, Any]:
+def config_tasks(sweep: JsonDict, path: Path) -> JsonDict:
     """The ``[sweep]`` table of the config file ``path`` with its task files relative to the file's folder
     (``tasks = ["mul.toml"]`` beside the config) made paths from here; other tasks as they are."""
     if isinstance(sweep.get("tasks"), list):
@@ -123,7 +124,7 @@ class SweepConfig:
     numbers: str = "single"
     shots: int = 0
     chat: bool = False
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    extra: JsonDict = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> SweepConfig:
@@ -233,7 +234,7 @@ class SweepConfig:
         flags = tuple(name for name, on in (("necessity", self.necessity), ("lens", self.lens)) if on)
         return tuple(dict.fromkeys(flags + tuple(self.analyses)))
 
-    def settings(self, cell: Cell) -> dict[str, Any]:
+    def settings(self, cell: Cell) -> JsonDict:
         """What the sweep sets of a cell's config (:meth:`circuits.analyses.Analysis.config_for`): its seed, the
         batch size, the threshold and grid of a search, the configuration of a fixed cell and the ablation of
         an ablation cell."""
@@ -266,7 +267,7 @@ class SweepConfig:
                     for name in self.extra_analyses():
                         yield Cell(model, task, name, seed, name)
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonDict:
         """What determines the sweep's cells (everything but the device, the device map, the batch size and the
         threshold: the threshold only selects among a cell's stored results, so another one into a finished
         sweep reselects every cell and evaluates nothing with the full grid)."""

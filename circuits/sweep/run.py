@@ -14,6 +14,7 @@ from circuits.errors import ArgumentError
 from circuits.logs import get_logger
 from circuits.store import files
 from circuits.sweep.config import Cell, SweepConfig
+from interventions.types import DataFrame, Figure, JsonDict, Model
 
 
 @dataclass
@@ -45,7 +46,7 @@ class CellResult:
     path: str = ""
     selected: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return asdict(self)
 
 
@@ -73,14 +74,14 @@ class SweepResult:
             raise FileNotFoundError(f"{path} holds no {files.SUMMARY}: not a finished sweep")
         summary = read_json_object(path / files.SUMMARY)
         names = {f.name for f in dataclasses.fields(SweepConfig)} - {"extra"}
-        raw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
+        raw: JsonDict = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
                                if k in names}
         config = SweepConfig(**raw)
         known = {f.name for f in dataclasses.fields(CellResult)}
         cells = [CellResult(**{k: v for k, v in c.items() if k in known}) for c in summary.get("cells", [])]
         return cls(config=config, cells=cells, seconds=float(summary.get("seconds", 0.0)), out_dir=path)
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame``: one row per cell (the columns of ``table.csv``)."""
         from circuits.store.frames import dataframe
         from circuits.sweep.table import COLUMNS, prompt_format
@@ -88,7 +89,7 @@ class SweepResult:
         return dataframe([{**c.to_dict(), "prompt_format": prompt_format(self.config, c.task)} for c in self.cells],
                          COLUMNS)
 
-    def plot(self, model: str | None = None, ablation: str | None = None) -> Any:
+    def plot(self, model: str | None = None, ablation: str | None = None) -> Figure:
         """The report's heatmap of ``model`` (default: the first) and ``ablation`` (default: the first)."""
         from circuits.sweep.table import heatmap
 
@@ -171,7 +172,7 @@ class _State:
         self.command = command
         self.folders = folders or {}
         self.model_name: str | None = None
-        self.model: Any = None
+        self.model: Model | None = None
         self.model_error: str | None = None
         self.key: tuple | None = None
         self.prompts: Any = None
@@ -204,6 +205,7 @@ class _State:
         from circuits import analyses
         from circuits.prompts import prepared
 
+        assert self.model is not None, "prepare() follows a successful load()"
         group = [c for c in self.folders if (c.model, c.task, c.seed) == key]
         needs = any(analyses.get(c.analysis).needs_means(self.cell_config(c)) for c in group)
         return prepared.prepare(spec, self.model, means="cama" if needs else None, out=[self.folders[c] for c in group],
@@ -244,6 +246,7 @@ class _State:
         from circuits.prompts.ready import ReadyPrompts
         from circuits.runner import RunOptions, run
 
+        assert self.model is not None, "a cell runs after a successful load()"
         analysis = analyses.get(cell.analysis)
         ready = ReadyPrompts.of(self.prompts, self.config.prompt_spec(cell.task, cell.seed))
         result = run(analysis, self.cell_config(cell), LoadedModel(self.model, name=cell.model), ready,
@@ -256,7 +259,7 @@ ROW_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "selected
 """The :class:`CellResult` fields an analysis's ``summary_row`` may set."""
 
 
-def fill(row: CellResult, values: dict[str, Any], prompts: Any, analysis: str = "") -> None:
+def fill(row: CellResult, values: JsonDict, prompts: Any, analysis: str = "") -> None:
     """Copy a cell's ``summary_row`` (``values``) and its prompts' base accuracy and count into ``row``."""
     unknown = sorted(set(values) - set(ROW_FIELDS))
     if unknown:

@@ -13,6 +13,7 @@ import numpy as np
 
 from circuits.store import files
 from circuits.sweep.config import SweepConfig
+from interventions.types import Figure
 
 COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_prompts", "selected", "wait",
            "transfer", "faithfulness", "ci_low", "ci_high", "error", "path", "prompt_format")
@@ -119,7 +120,7 @@ def heatmap_height(n_tasks: int) -> int:
     return int(min(MAX_HEIGHT, max(320, 200 + row * n_tasks)))
 
 
-def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str | None = None) -> Any:
+def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str | None = None) -> Figure:
     """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds, of one
     ``ablation``: never averaged across ablations) or tasks x ablations (fixed: the configuration's
     faithfulness averaged over seeds). Its height follows the number of tasks."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from circuits.errors import ArgumentError
+from interventions.types import Model, Tokenizer
 
 __all__ = ["check_slot_tokens", "slot_token_counts"]
 
@@ -33,7 +34,7 @@ def _sample(spec: Any, slot: int, index: int) -> tuple[str, tuple[int, int]]:
     return text, (len(head), len(head) + len(str(spec.value(slot, index))))
 
 
-def slot_token_counts(spec: Any, tokenizer: Any) -> dict[str, dict[str, int]]:
+def slot_token_counts(spec: Any, tokenizer: Model | Tokenizer) -> dict[str, dict[str, int]]:
     """Per string slot, the number of tokens each value takes in the prompt (every other slot at its first
     value); :class:`~circuits.errors.ArgumentError` for a value sharing a token with the template's text."""
     from circuits.tasks.tokens import encode_texts, tokenizer_of
@@ -61,7 +62,7 @@ def slot_token_counts(spec: Any, tokenizer: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def check_slot_tokens(spec: Any, tokenizer: Any) -> None:
+def check_slot_tokens(spec: Any, tokenizer: Model | Tokenizer) -> None:
     """Raise :class:`~circuits.errors.ArgumentError` (naming the task file and the slot) when the string slots of
     ``spec`` cannot line up across a layout (see the module docstring); nothing for integer-only tasks."""
     if not spec.slot_values:

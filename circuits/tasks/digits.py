@@ -22,9 +22,10 @@ With ``numbers="multi"`` a task's operands and answers may span several tokens. 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from circuits.tasks.tokens import answer_forms, answer_texts_of, encode_texts, tokenizer_of
+from interventions.types import Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -52,7 +53,7 @@ def number_roles(prompt: str, offsets: list[tuple[int, int]]) -> tuple[int, ...]
     return tuple(roles)
 
 
-def filter_multi_token(ds: Dataset, model_or_tokenizer: Any) -> tuple[Dataset, int]:
+def filter_multi_token(ds: Dataset, model_or_tokenizer: Model | Tokenizer) -> tuple[Dataset, int]:
     """The rows whose numbers can be written as several tokens (see the module docstring), with the columns
     ``answer_text`` (the answer as written after the prompt), ``answer_ids`` (its tokens) and ``layout`` (a
     key: token length, answer length and roles). Returns ``(kept, n_dropped)``."""

@@ -48,6 +48,7 @@ import numpy as np
 
 from circuits.errors import ArgumentError
 from circuits.tasks.operand_space import NO_MAX, NO_MIN
+from interventions.types import JsonDict
 
 __all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "TaskFileError", "catalogue_fields", "evaluate", "expression_slots",
            "legacy_catalogue", "read_mapping", "spec_fields", "toml_module"]
@@ -70,7 +71,7 @@ class TaskFileError(ArgumentError):
     """A task file is unreadable or invalid; the message names the file and the field."""
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
+def read_mapping(path: str | Path) -> JsonDict:
     """The top-level table of a ``.toml`` or ``.json`` file (one-line :class:`TaskFileError` otherwise)."""
     path = Path(path)
     try:
@@ -155,7 +156,7 @@ def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ validation
-def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None) -> dict[str, Any]:
+def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None) -> JsonDict:
     """The :class:`~circuits.tasks.TaskSpec` fields of a task file's table ``raw``; ``where`` names the file in
     errors and ``base`` is the folder relative paths (``frozen``) start from. One-line :class:`TaskFileError`
     naming ``where`` and the field on the first problem."""
@@ -191,7 +192,7 @@ def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None)
     if unused:
         raise fail(f"slots.{unused[0]}", "is not used in the template")
     answer = _answer(raw["answer"], names, values, fail)
-    fields: dict[str, Any] = {"name": name, "template": template, "operand_names": tuple(names),
+    fields: JsonDict = {"name": name, "template": template, "operand_names": tuple(names),
                               "operand_ranges": tuple(ranges),
                               "slot_values": tuple(values) if any(v is not None for v in values) else (), **answer}
     lookup = "lookup" in answer
@@ -270,7 +271,7 @@ def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]
     return names, values, ranges
 
 
-def _answer(raw: Any, names: list[str], values: list[Any], fail: Callable[[str, str], TaskFileError]) -> dict[str, Any]:
+def _answer(raw: Any, names: list[str], values: list[Any], fail: Callable[[str, str], TaskFileError]) -> JsonDict:
     """``{"expression": ...}`` or ``{"expression": "", "lookup": (slot, table)}``."""
     if isinstance(raw, str):
         try:
@@ -307,7 +308,7 @@ def _answer(raw: Any, names: list[str], values: list[Any], fail: Callable[[str, 
 
 
 # ------------------------------------------------------------------------------------------ catalogues
-def catalogue_fields(folder: str | Path) -> dict[str, dict[str, Any]]:
+def catalogue_fields(folder: str | Path) -> dict[str, JsonDict]:
     """The task fields of a catalogue folder, by name in catalogue order: ``catalogue.toml`` (``tasks = [...]``,
     ``frozen_seed``, ``frozen_n``) and one ``<name>.toml`` per name; frozen sets in ``../frozen/<name>.jsonl``."""
     folder = Path(folder)
@@ -330,7 +331,7 @@ def catalogue_fields(folder: str | Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def legacy_catalogue(path: str | Path) -> dict[str, dict[str, Any]]:
+def legacy_catalogue(path: str | Path) -> dict[str, JsonDict]:
     """The task fields of a catalogue in the earlier one-file format (``tasks.json``: ``{"tasks": [...]}`` with
     ``name``, ``template``, ``expression``, ``operand_names``, ``operand_ranges``, ``answer_min``, ``answer_max``,
     ``default_n``, ``group``, ``style``, ``card``); one-line :class:`~circuits.errors.ArgumentError` if malformed."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
+from interventions.types import JsonDict, Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -60,7 +61,7 @@ class PromptFormat:
         """Whether this is the papers' format: the template alone, no chat template."""
         return self.shots == 0 and not self.chat
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonDict:
         return {"shots": self.shots, "chat": self.chat, "separator": self.separator,
                 "examples_seed": self.examples_seed}
 
@@ -68,7 +69,7 @@ class PromptFormat:
         """``"zero-shot"``, ``"2-shot"``, ``"2-shot, chat template"``."""
         return ("zero-shot" if self.shots == 0 else f"{self.shots}-shot") + (", chat template" if self.chat else "")
 
-    def examples(self, task: Any) -> list[dict[str, Any]]:
+    def examples(self, task: Any) -> list[JsonDict]:
         """The solved examples: ``{"prompt", "answer", "answer_text", "operands"}`` rows of ``task`` (a name, task
         file or spec); ``prompt`` without the task's own ``prefix``, ``answer_text`` as written after it."""
         from circuits.tasks import catalogue as tasks
@@ -93,7 +94,7 @@ class PromptFormat:
         """BOS for prompts of this format: none with the chat template (it brings its own start token)."""
         return False if self.chat and prepend_bos is None else prepend_bos
 
-    def apply(self, ds: Dataset, task: str, model_or_tokenizer: Any) -> Dataset:
+    def apply(self, ds: Dataset, task: str, model_or_tokenizer: Model | Tokenizer) -> Dataset:
         """``ds`` (rows of :func:`circuits.tasks.build_task`) in this format, without the rows whose operands
         are those of a solved example; the zero-shot format returns ``ds`` itself."""
         if self.zero_shot:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, PromptError
+from interventions.types import Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -38,13 +39,13 @@ __all__ = ["Layout", "answer_form", "answer_forms", "answer_value", "answer_toke
 _NUMBER = re.compile(r"\d+")
 
 
-def tokenizer_of(model_or_tokenizer: Any) -> Any:
+def tokenizer_of(model_or_tokenizer: Model | Tokenizer) -> Any:
     """The Hugging Face tokenizer of a model (its ``.tokenizer``), or the argument itself."""
     tok = getattr(model_or_tokenizer, "tokenizer", None)
     return tok if tok is not None else model_or_tokenizer
 
 
-def encode_texts(tok: Any, texts: Sequence[str], offsets: bool = False) -> Any:
+def encode_texts(tok: Tokenizer, texts: Sequence[str], offsets: bool = False) -> Any:
     """``tok(texts, add_special_tokens=False)`` as ``{"input_ids": [...], "offset_mapping": [...]}`` (offsets
     only with ``offsets``), through the Rust tokenizer's ``encode_batch`` where the tokenizer has one (the same
     ids, without a Python call per text). A backend left padding or truncating by an earlier call (the
@@ -61,14 +62,15 @@ def encode_texts(tok: Any, texts: Sequence[str], offsets: bool = False) -> Any:
     return out
 
 
-def _pieces(tok: Any, text: str, span: tuple[int, int]) -> tuple[list[int], list[str]]:
+def _pieces(tok: Tokenizer, text: str, span: tuple[int, int]) -> tuple[list[int], list[str]]:
     """Ids and token strings of the tokens of ``text`` that overlap the character ``span``."""
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = [i for i, (s, e) in zip(enc["input_ids"], enc["offset_mapping"]) if s < span[1] and e > span[0]]
-    return ids, tok.convert_ids_to_tokens(ids)
+    pieces = tok.convert_ids_to_tokens(ids)
+    return ids, [pieces] if isinstance(pieces, str) else pieces
 
 
-def number_tokens(model_or_tokenizer: Any, value: int, after_space: bool = False) -> list[str]:
+def number_tokens(model_or_tokenizer: Model | Tokenizer, value: int, after_space: bool = False) -> list[str]:
     """The tokens that carry the digits of ``value`` in running text: after a word and a space
     (``after_space``, e.g. ``"is 112"``) or after an operator (``"=112"``). A space that is its own
     token is not counted; one folded into the number is (``['Ġ112']``)."""
@@ -81,7 +83,7 @@ def number_tokens(model_or_tokenizer: Any, value: int, after_space: bool = False
 
 
 def single_token_ranges(
-    model_or_tokenizer: Any, lo: int = 0, hi: int = 999, after_space: bool = False
+    model_or_tokenizer: Model | Tokenizer, lo: int = 0, hi: int = 999, after_space: bool = False
 ) -> list[tuple[int, int]]:
     """Inclusive ``(lo, hi)`` ranges of the integers in ``[lo, hi]`` that are one token for this
     tokenizer (see :func:`number_tokens`; ``after_space`` as there), in increasing order.
@@ -123,7 +125,7 @@ def answer_texts_of(rows: Any) -> list[Any]:
     return list(rows["answer_text"] if "answer_text" in columns else rows["answer"])
 
 
-def answer_form(model_or_tokenizer: Any, prompt: str, answer: int | str) -> tuple[str, str, list[int]]:
+def answer_form(model_or_tokenizer: Model | Tokenizer, prompt: str, answer: int | str) -> tuple[str, str, list[int]]:
     """``(prompt, answer_text, answer_ids)``: the answer as the tokenizer writes it after the prompt.
 
     ``answer_ids`` are the tokens that ``tokenizer(prompt + str(answer))`` adds to ``tokenizer(prompt)``
@@ -135,7 +137,7 @@ def answer_form(model_or_tokenizer: Any, prompt: str, answer: int | str) -> tupl
 
 
 def answer_forms(
-    model_or_tokenizer: Any, prompts: Sequence[str], answers: Sequence[int | str],
+    model_or_tokenizer: Model | Tokenizer, prompts: Sequence[str], answers: Sequence[int | str],
     base: Sequence[list[int]] | None = None
 ) -> list[tuple[str, str, list[int]]]:
     """:func:`answer_form` of many prompts with batched tokenizer calls; ``base``: the prompts' token ids
@@ -169,7 +171,7 @@ def answer_forms(
 
 
 def filter_single_token(
-    ds: Dataset, model_or_tokenizer: Any, strict: bool = False, verbose: bool = True
+    ds: Dataset, model_or_tokenizer: Model | Tokenizer, strict: bool = False, verbose: bool = True
 ) -> tuple[Dataset, int]:
     """Keep the rows whose numbers (every operand in the prompt, and the answer as it follows the
     prompt, see :func:`answer_form`) are each a single token, not ``<unk>``. A string answer (a lookup column,
@@ -244,7 +246,7 @@ def filter_single_token(
     return Dataset.from_dict(cols), dropped
 
 
-def answer_token_ids(model: Any, answers: Sequence[Any]) -> Int[torch.Tensor, " n"]:
+def answer_token_ids(model: Model, answers: Sequence[Any]) -> Int[torch.Tensor, " n"]:
     """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
 
     An integer answer is looked up as ``str(answer)``, falling back to the space-prefixed form
@@ -267,7 +269,7 @@ def answer_token_ids(model: Any, answers: Sequence[Any]) -> Int[torch.Tensor, " 
     return torch.tensor([x[0] for x in ids], dtype=torch.long)
 
 
-def resolve_bos(model: Any, prepend_bos: bool | None = None) -> int | None:
+def resolve_bos(model: Model, prepend_bos: bool | None = None) -> int | None:
     """The token id to put at position 0, or ``None`` for no BOS.
 
     ``prepend_bos=None``: the model's default (``model.cfg.default_prepend_bos``, True when the model
@@ -330,7 +332,7 @@ class Layout:
         return int(self.tokens.shape[0])
 
 
-def to_layouts(model: Any, ds: Dataset, prepend_bos: bool | None = None) -> list[Layout]:
+def to_layouts(model: Model, ds: Dataset, prepend_bos: bool | None = None) -> list[Layout]:
     """Tokenise ``ds["prompt"]`` with the model and group rows by token length.
 
     BOS per :func:`resolve_bos` (``None``: the model's default). Answer ids come from the
@@ -386,7 +388,7 @@ def to_layouts(model: Any, ds: Dataset, prepend_bos: bool | None = None) -> list
 
 
 def filter_correct(
-    model: Any, ds: Dataset, batch_size: int = 256, prepend_bos: bool | None = None
+    model: Model, ds: Dataset, batch_size: int = 256, prepend_bos: bool | None = None
 ) -> tuple[Dataset, float]:
     """Keep the rows the model answers correctly: argmax of the float32 logits at the last position
     equals the answer token. Rows are grouped by layout (token length, BOS per ``prepend_bos`` as in

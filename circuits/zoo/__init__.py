@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ModelLoadError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from transformer_lens import HookedTransformer
+from interventions.types import Model
 
 __all__ = ["available", "load", "load_dir", "card", "model_dir", "path", "resolve", "DEFAULT_MODEL", "MODELS_DIR",
            "ALIASES"]
@@ -80,7 +77,7 @@ def card(name: str) -> dict:
     return json.loads((model_dir(name) / "card.json").read_text())
 
 
-def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = None) -> HookedTransformer:
+def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = None) -> Model:
     """Load zoo model ``name`` as a :class:`HookedTransformer` in eval mode on ``device``.
 
     ``backend="bridge"`` returns the same model as a TransformerLens ``TransformerBridge`` (equal
@@ -95,7 +92,7 @@ def load(name: str = DEFAULT_MODEL, device: str = "cpu", backend: str | None = N
     return load_dir(model_dir(name), device=device, backend=backend)
 
 
-def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None) -> Any:
+def load_dir(folder: str | Path, device: str = "cpu", backend: str | None = None) -> Model:
     """:func:`load` for a model folder anywhere (a Hugging Face checkpoint as written by
     :mod:`circuits.zoo.export`), e.g. the ``--out`` folder of ``af1 zoo train``.
 

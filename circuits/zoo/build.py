@@ -9,8 +9,6 @@ Without this head start the number embeddings are learnt far more slowly than a 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from circuits.errors import ModelLoadError
@@ -18,12 +16,13 @@ from circuits.validation import check_choice
 from circuits.vocab import MODEL_CLASSES
 from circuits.zoo.hf import is_hf
 from circuits.zoo.tokenizer import MAX_NUMBER
+from interventions.types import Model
 
 __all__ = ["require_hooked", "new_model", "init_from_folder", "number_features", "digit_features",
            "init_number_features", "load_weights"]
 
 
-def require_hooked(what: str, model: Any = None, hint: str = "") -> None:
+def require_hooked(what: str, model: Model | None = None, hint: str = "") -> None:
     """:class:`~circuits.errors.EnvironmentMismatchError` (a ``RuntimeError``) saying what to do unless
     ``HookedTransformer`` exists (TransformerLens 3.x) and ``model`` (if given) is one; ``hint`` names a
     further way out (e.g. another model class)."""

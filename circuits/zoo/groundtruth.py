@@ -67,13 +67,14 @@ from circuits.zoo.gt_recipes import (
 )
 from circuits.zoo.recipes import ORIGINAL_TASKS
 from circuits.zoo.structure import ScoreHooks, Structure, forbidden_mass
+from interventions.types import Model
 
 __all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "MARGIN_PHASES", "PENALTY_PHASES", "STRONG_PENALTY_PHASES",
            "BASE_HINTS", "BEST_FILE", "train_config", "penalty_weight", "head_dropout_hooks", "phase_list", "train",
            "continued", "run_phase", "readout_phase", "measure"]
 
 
-def _new(cfg: GroundTruthConfig, tcfg) -> Any:
+def _new(cfg: GroundTruthConfig, tcfg) -> Model:
     """The model training starts from: ``cfg.base`` (a zoo name or a model folder) without any attention
     hooks, or a fresh number-feature-initialised model of ``tcfg``."""
     from circuits import zoo
@@ -196,7 +197,7 @@ def continued(cfg: GroundTruthConfig, folder: Path) -> tuple[Any, list[dict]]:
     return model, states
 
 
-def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
+def run_phase(model: Model, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
     """Run one phase (a :class:`GroundTruthConfig` without ``phases``) on ``model`` in place, or load it
     from ``ckpt_dir`` when it finished before; returns its state (step, wall time, history, mask state)."""
     import torch
@@ -283,7 +284,7 @@ def run_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, 
     return state
 
 
-def readout_phase(model: Any, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
+def readout_phase(model: Model, cfg: GroundTruthConfig, ckpt_dir: Path, resume: bool, log=print) -> dict:
     """A phase with ``cfg.readout`` > 0: the unembedding ``W_U`` alone refitted to the answers of ``cfg.readout``
     training prompts per task (:func:`circuits.zoo.refit.fit_answers`, with the phase's ``answer_balance``,
     ``task_weights`` and ``seed``); no optimiser step, no mask, no penalty: attention, and so the structure,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import Structure
+from interventions.types import JsonDict
 
 __all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "MARGIN_PHASES", "PENALTY_PHASES", "STRONG_PENALTY_PHASES",
            "BASE_HINTS", "train_config", "phase_list"]
@@ -78,7 +78,7 @@ def _gt(name: str, wait: int, transfer: int, heads: list[list[int]], windows: li
     return GroundTruthConfig(name=name, structure=s.to_dict(), **kw)
 
 
-PENALTY_PHASES: tuple[dict[str, Any], ...] = (
+PENALTY_PHASES: tuple[JsonDict, ...] = (
     {"lr": 2e-4, "warmup": 20, "steps": 6000, "pen_weight": 1.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
      "max_wall_s": 1800, "seed": 5},
     {"lr": 1e-4, "warmup": 20, "steps": 4000, "pen_weight": 5.0, "pen_start": 0, "pen_ramp": 1, "pen_when": 0.0,
@@ -96,7 +96,7 @@ from 1.2 to 1.0 in 1000 steps); the rows of the other positions were clean alrea
 
 _MARGIN = {"steps": 5000, "batch_size": 256, "warmup": 100, "eval_n": 1000, "keep_best": True,
            "max_wall_s": 3300}
-MARGIN_PHASES: dict[str, dict[str, Any]] = {
+MARGIN_PHASES: dict[str, JsonDict] = {
     "arith-gpt2-gt-w2t2": {**PENALTY_PHASES[2], **_MARGIN, "lr": 2e-5, "seed": 21, "task_weights": {"add_add": 4.0}},
     "arith-gpt2-gt-w3t1": {**STRONG_PENALTY_PHASES[2], **_MARGIN, "lr": 2e-5, "steps": 6000, "pen_weight": 200.0,
                            "seed": 23, "task_weights": {"add_add": 4.0, "add": 2.0, "sub_add": 2.0},
@@ -167,7 +167,7 @@ def train_config(cfg: GroundTruthConfig):
     """The :class:`~circuits.zoo.recipes.TrainConfig` recorded for (and used by) ``cfg``: the architecture
     and data of ``cfg.arch_of`` with ``cfg``'s optimisation (one phase)."""
     base = get_config(cfg.arch_of)
-    arch: dict[str, Any] = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
+    arch: JsonDict = {k: v for k, v in (("n_layers", cfg.n_layers), ("d_mlp", cfg.d_mlp)) if v is not None}
     s = Structure.from_dict(cfg.structure)
     desc = cfg.description or (
         f"{'Llama-like (grouped-query attention)' if base.arch == 'llama' else 'GPT-2-like'} ground truth "

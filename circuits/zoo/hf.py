@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits.errors import ArgumentError, ModelLoadError
+from interventions.types import Model
 
 __all__ = ["WEIGHTS", "BIAS", "META", "ARCHITECTURES", "is_hf", "hf_config", "hf_from_hooked", "hf_state_from_hooked",
            "hooked_config", "hooked_state", "load_hf", "read_meta", "save_hf"]
@@ -35,7 +36,7 @@ ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 """Zoo architecture -> Hugging Face model class named in ``config.json``."""
 
 
-def is_hf(model: Any) -> bool:
+def is_hf(model: Model) -> bool:
     """Whether ``model`` is a Hugging Face ``PreTrainedModel`` (not a HookedTransformer or a bridge)."""
     from transformers import PreTrainedModel
 

@@ -10,9 +10,8 @@ earlier key; the other rows still attend only to BOS and themselves), e.g.
 
 from __future__ import annotations
 
-from typing import Any
-
 from circuits.errors import ArgumentError
+from interventions.types import Model
 
 __all__ = ["check_spec", "planted_peeks", "attach_planted_mask"]
 
@@ -40,7 +39,7 @@ def planted_peeks(spec: dict) -> list:
     return out
 
 
-def attach_planted_mask(model: Any, spec: dict) -> Any:
+def attach_planted_mask(model: Model, spec: dict) -> Model:
     """Attach the planted attention mask ``spec`` to ``model`` as permanent ``hook_pattern`` hooks (attention
     mask hooks on a backend with the ``attention_masks`` capability; they
     survive ``model.reset_hooks()`` and ``iv.apply``), so a plain forward pass obeys it. Forbidden

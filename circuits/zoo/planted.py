@@ -31,7 +31,6 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from circuits.logs import get_logger
 from circuits.zoo import MODELS_DIR, trainer
@@ -40,6 +39,7 @@ from circuits.zoo.build import require_hooked
 from circuits.zoo.data import accuracy, build_splits, task_batch
 from circuits.zoo.mask import attach_planted_mask, check_spec, planted_peeks
 from circuits.zoo.recipes import PLANTED, PlantedConfig, planted_train_config
+from interventions.types import Model
 
 __all__ = ["NAME", "PlantedConfig", "CONFIG", "planted_peeks", "attach_planted_mask", "check_spec",
            "train_config", "train", "export"]
@@ -82,7 +82,7 @@ def train(cfg: PlantedConfig = CONFIG, out_dir: str | Path | None = None, ckpt_d
     return export(model, cfg, tcfg, out_dir, state, check=check)
 
 
-def export(model: Any, cfg: PlantedConfig, tcfg, out_dir: Path, state: dict,
+def export(model: Model, cfg: PlantedConfig, tcfg, out_dir: Path, state: dict,
            check: Callable[[Path], dict] | None = None) -> dict:
     """Write the model with :func:`circuits.zoo.export.export` (one phase: ``state``), then record the
     planted mask in its ``zoo.json`` and card. ``check(out_dir)``, if given, is run on the written model and

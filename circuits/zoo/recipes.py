@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from circuits.errors import ArgumentError
+from interventions.types import JsonDict
 
 __all__ = ["ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "phase_configs",
            "get_config", "PlantedConfig", "PLANTED", "planted_train_config"]
@@ -91,9 +91,9 @@ class TrainConfig:
     phases: list[Phase] = field(default_factory=list)
     phase: int = 1
 
-    def model_config(self, d_vocab: int) -> dict[str, Any]:
+    def model_config(self, d_vocab: int) -> JsonDict:
         """Keyword arguments of :class:`transformer_lens.HookedTransformerConfig` for this model."""
-        cfg: dict[str, Any] = dict(
+        cfg: JsonDict = dict(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_head=self.d_head,
             d_mlp=self.d_mlp, n_ctx=self.n_ctx, d_vocab=d_vocab, d_vocab_out=d_vocab,
             default_prepend_bos=True, seed=self.seed, model_name=self.name,

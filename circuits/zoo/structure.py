@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
+from interventions.types import JsonDict, Model
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +88,7 @@ class Structure:
         """The designated heads as ``(block, head)`` pairs."""
         return {(b, h) for b, hs in zip(self.blocks, self.heads) for h in hs}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """JSON form: ``{"wait": w, "transfer": t, "heads": {"<block>": [heads]}, "windows": {"<block>":
         [windows]}}``."""
         assert self.windows is not None  # filled in by __post_init__
@@ -96,7 +97,7 @@ class Structure:
                 "windows": {str(b): list(ws) for b, ws in zip(self.blocks, self.windows)}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Structure:
+    def from_dict(cls, d: JsonDict) -> Structure:
         """Inverse of :meth:`to_dict`."""
         w, t = int(d["wait"]), int(d["transfer"])
         blocks = [str(b) for b in range(w + 1, w + 1 + t)]
@@ -137,7 +138,7 @@ class ScoreHooks:
     mask, for annealing into the hard one). A forbidden key whose score is ``margin`` below the
     allowed keys' log-sum-exp gets at most ``exp(-margin)`` of the row's attention."""
 
-    def __init__(self, model: Any, structure: Structure, margin: float = 10.0, hard: bool = True, bias: float = 0.0):
+    def __init__(self, model: Model, structure: Structure, margin: float = 10.0, hard: bool = True, bias: float = 0.0):
         structure.check(model.cfg.n_layers, model.cfg.n_heads)
         self.model, self.structure, self.margin, self.hard, self.bias = model, structure, margin, hard, bias
         self.penalty: torch.Tensor | None = None
@@ -177,7 +178,7 @@ class ScoreHooks:
         self.penalty = None
 
 
-def forbidden_mass(model: Any, structure: Structure, tokens: Int[torch.Tensor, "batch pos"],
+def forbidden_mass(model: Model, structure: Structure, tokens: Int[torch.Tensor, "batch pos"],
                    batch_size: int = 512) -> dict:
     """Attention that forbidden keys receive in a plain forward pass of ``model`` (a ``HookedTransformer``,
     no hooks added) on ``tokens`` ``[batch, pos]`` (one layout). Returns ``max_key`` (largest pattern entry

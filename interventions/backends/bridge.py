@@ -38,6 +38,7 @@ from ..edits import without_user_hooks
 from ..errors import InterventionError
 from ..hooks import resid_post
 from ..tokenization import prepare_tokenizer
+from ..types import Model, Tokenizer
 
 
 class StopForward(Exception):
@@ -185,7 +186,7 @@ def native_start_at_layer() -> bool:
     return transformer_lens_major() >= 4
 
 
-def is_bridge(model: Any) -> bool:
+def is_bridge(model: Model) -> bool:
     """Whether ``model`` is a ``TransformerBridge`` (never imports TransformerLens itself)."""
     if "transformer_lens.model_bridge" not in sys.modules:
         return False  # no bridge can exist before its module was imported
@@ -198,7 +199,7 @@ def is_bridge(model: Any) -> bool:
 
 
 
-def boot(hf_model: Any, arch: str, tokenizer: Any) -> Any:
+def boot(hf_model: Any, arch: str, tokenizer: Tokenizer) -> Any:
     """Wrap the Hugging Face causal LM ``hf_model`` as a ``TransformerBridge``, offline.
 
     ``arch`` only labels the model (``local/<arch>``: TransformerLens aliases such as ``gpt2`` would

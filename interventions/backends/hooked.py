@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
 
 from ..adapter import Capabilities, ModelAdapter, check_block_range
 from ..errors import InterventionError
+from ..types import Model
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 class HookedAdapter(ModelAdapter):
     """Access to a TransformerLens ``HookedTransformer`` (3.x): every :class:`Capabilities`."""
 
     backend = "hooked"
+    model: HookedTransformer
     capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=True)
 
     def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
@@ -104,7 +109,7 @@ class HookedAdapter(ModelAdapter):
         return fn
 
 
-def is_hooked_transformer(model: Any) -> bool:
+def is_hooked_transformer(model: Model) -> bool:
     """Whether ``model`` is a ``HookedTransformer`` (False on TransformerLens 4.x, which removed it)."""
     try:
         from transformer_lens import HookedTransformer

@@ -31,7 +31,7 @@ from jaxtyping import Float, Int
 from ..adapter import Capabilities, HookFn, ModelAdapter
 from ..edits import edit_problems
 from ..hooks import PER_HEAD_MASK, resid_post, resid_pre
-from ..types import InterventionError
+from ..types import InterventionError, Model
 from .nnsight_model import NNsightModel, from_pretrained, require_nnsight, wrap
 from .nnsight_trace import Invoke
 
@@ -42,6 +42,7 @@ class NNsightAdapter(ModelAdapter):
     """Access to an :class:`~.nnsight_model.NNsightModel` (see the module docstring)."""
 
     backend = "nnsight"
+    model: NNsightModel
     capabilities = Capabilities(skips_blocks=False, positions=False, frozen_bos_kv=False, configs_per_pass=True,
                                 attention_masks=True)
 
@@ -138,7 +139,7 @@ class NNsightAdapter(ModelAdapter):
         return [res["logits"] for res in out]
 
 
-def is_nnsight_model(model: Any) -> bool:
+def is_nnsight_model(model: Model) -> bool:
     """Whether ``model`` is an :class:`~.nnsight_model.NNsightModel`."""
     return isinstance(model, NNsightModel)
 

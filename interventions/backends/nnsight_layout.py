@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ..errors import InterventionError
+from ..types import Tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -111,7 +112,7 @@ class NNsightConfig:
     original_architecture: str = ""
 
 
-def config_of(hf_config: Any, name: str, tokenizer: Any) -> NNsightConfig:
+def config_of(hf_config: Any, name: str, tokenizer: Tokenizer) -> NNsightConfig:
     """:class:`NNsightConfig` from a Hugging Face config (``hf_config``), the model's ``name`` and tokenizer."""
     c = text_config(hf_config)
     n_heads = int(c.num_attention_heads)

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ..hooks import HookFn
-from ..types import InterventionError
+from ..types import InterventionError, Model, Tokenizer
 from .nnsight_layout import config_of, layout_of
 from .nnsight_trace import POINT_KINDS, Invoke, run_trace
 
@@ -128,7 +128,7 @@ class NNsightModel(torch.nn.Module):
     API key from the ``NDIF_API_KEY`` environment variable) or ``"local"`` (nnsight's serverless dry run).
     """
 
-    def __init__(self, lm: Any, name: str, tokenizer: Any, remote: bool | str = False):
+    def __init__(self, lm: Model, name: str, tokenizer: Tokenizer, remote: bool | str = False):
         super().__init__()
         self.hf = lm._module  # the wrapped Hugging Face module: nnsight 0.8 has no public accessor
         object.__setattr__(self, "lm", lm)
@@ -186,13 +186,13 @@ class NNsightModel(torch.nn.Module):
         """Decoded text of ``tokens`` (one string per row of a ``[batch, pos]`` tensor)."""
         t = torch.as_tensor(tokens)
         if t.ndim == 2:
-            return [self.tokenizer.decode(row.tolist()) for row in t]
+            return [str(self.tokenizer.decode(row.tolist())) for row in t]
         return self.tokenizer.decode(t.tolist())
 
     def to_str_tokens(self, text: str | Int[torch.Tensor, "*one pos"], prepend_bos: bool | None = None) -> list[str]:
         """The text of each token of ``text`` (a string, or token ids of one prompt)."""
         ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).flatten()
-        return [self.tokenizer.decode([int(t)]) for t in ids]
+        return [str(self.tokenizer.decode([int(t)])) for t in ids]
 
     # --- running ----------------------------------------------------------------------------
     def forward(self, tokens: Int[torch.Tensor, "batch pos"], **_: Any) -> Float[torch.Tensor, "batch pos d_vocab"]:
@@ -253,7 +253,7 @@ def use_environment_key() -> None:
     require_nnsight().CONFIG.API.APIKEY = os.environ["NDIF_API_KEY"]
 
 
-def wrap(hf_model: Any, tokenizer: Any, name: str, remote: bool | str = False) -> NNsightModel:
+def wrap(hf_model: Any, tokenizer: Tokenizer, name: str, remote: bool | str = False) -> NNsightModel:
     """Wrap the Hugging Face causal LM ``hf_model`` (with ``tokenizer``) in nnsight as an
     :class:`NNsightModel` called ``name``, in eval mode."""
     nnsight = require_nnsight()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import einops
 import torch
@@ -37,6 +37,9 @@ import torch
 from ..errors import InterventionError
 from ..readout import answer_positions, answer_readout
 from .nnsight_layout import Layout
+
+if TYPE_CHECKING:
+    from nnsight import LanguageModel
 
 LOGITS = ("all", "last", "answer", "none")
 POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
@@ -193,7 +196,7 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
             block.output = with_first(output, new)
 
 
-def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> dict[str, Any]:
+def visit(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> dict[str, Any]:
     """Everything one invoke does inside the trace; returns its saved results (see :func:`run_trace`)."""
     out: dict[str, Any] = {}
     visited: list[str] = []
@@ -212,7 +215,7 @@ def visit(lm: Any, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> 
     return out
 
 
-def run_trace(lm: Any, layout: Layout, n_layers: int, n_heads: int, invokes: list[Invoke],
+def run_trace(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, invokes: list[Invoke],
               trace_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """Run ``invokes`` in one nnsight trace of ``lm`` (``trace_kwargs`` go to ``lm.trace``, e.g.
     ``remote=True``). Per invoke: ``{hook name: activation}`` for its reads, ``"logits"`` unless
