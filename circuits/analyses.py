@@ -27,6 +27,7 @@ import interventions as iv
 from circuits.errors import ArgumentError
 from circuits.prompts.fitset import FitSet
 from circuits.store.records import RecordSchema
+from interventions.adapter import ModelInfo
 from interventions.coverage import Coverage
 from interventions.types import JsonDict, Tokenizer
 
@@ -150,7 +151,7 @@ class RunContext:
         return [dict(p) for p, k in zip(self.prompts, self.keep.tolist()) if k]
 
 
-def validate_config(config: AnalysisConfig, info: Any) -> None:
+def validate_config(config: AnalysisConfig, info: ModelInfo | None) -> None:
     """The default :attr:`Analysis.validate`: ``config.validate(info)``."""
     config.validate(info)
 
@@ -160,7 +161,7 @@ def no_means(config: Any) -> str | None:
     return None
 
 
-def no_schema(config: Any, info: Any, n_prompts: int) -> RecordSchema | None:
+def no_schema(config: Any, info: ModelInfo, n_prompts: int) -> RecordSchema | None:
     return None
 
 

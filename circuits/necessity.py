@@ -31,6 +31,7 @@ from circuits.store import files
 from circuits.store.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
+from interventions.adapter import ModelInfo
 from interventions.types import DataFrame, Figure, JsonDict, Model, Tokens
 
 
@@ -119,7 +120,7 @@ class NecessityConfig:
     batch_size: int = 128
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> NecessityConfig:
+    def validate(self, info: ModelInfo | None = None) -> NecessityConfig:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field."""
         check_int("seed", self.seed, -(2**63))
         check_positive("batch_size", self.batch_size)
@@ -198,7 +199,7 @@ def necessity_identity(config: NecessityConfig, ctx: RunContext, model: Model) -
     }
 
 
-def necessity_schema(config: NecessityConfig, info: Any, n_prompts: int) -> RecordSchema:
+def necessity_schema(config: NecessityConfig, info: ModelInfo, n_prompts: int) -> RecordSchema:
     """The schema of a ``necessity.jsonl`` line (a block of this model, ``n`` = the run's prompts)."""
     return RecordSchema(fields=(layer_field("layer", info.n_layers), *faithfulness_fields(n_prompts)), key=("layer",))
 

@@ -19,6 +19,7 @@ from . import adapter as hooks
 from .adapter import ModelInfo
 from .base import ForwardContext, HookBody, Intervention, to_tuple
 from .cache import MeanCache
+from .hooks import HookPointLike
 from .types import InterventionError
 from .validation import check_int
 
@@ -81,7 +82,7 @@ class CAMA(Intervention):
         # The hook holds this block's means and the entry lookup only (what a remote request carries).
         index, table = self.cache.indexer(), on_device(self.cache.layer("cond_mean", self.layer))
 
-        def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        def body(resid: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             idx = index(ctx.require_tokens("CAMA"))
             out = resid.clone()
             out[:, 1:] = table(resid)[idx[:, 1:].to(resid.device)]
@@ -116,7 +117,7 @@ class MeanAblation(Intervention):
         fit_pos, positions = self.cache.n_pos, self.positions
         table = on_device(self.cache.layer("pos_mean", self.layer))
 
-        def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        def body(resid: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             n_pos = resid.shape[1]
             if n_pos != fit_pos:
                 raise InterventionError(
@@ -150,7 +151,7 @@ class ZeroAblation(Intervention):
     def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
         positions = self.positions
 
-        def body(resid: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        def body(resid: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             sel = _positions(positions, resid.shape[1], "ZeroAblation")
             out = resid.clone()
             out[:, sel] = 0.0

@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from .edits import edit_kind, edit_problems, refusing_edits
 from .hooks import (
     HookFn,
+    HookPointLike,
     attn_mask,
     attn_out,
     counting,
@@ -239,7 +240,7 @@ class ModelAdapter:
         seen: dict[str, torch.Tensor] = {}
 
         def keep(name: str, total: bool) -> HookFn:
-            def store(act: torch.Tensor, hook: Any = None) -> None:
+            def store(act: torch.Tensor, hook: HookPointLike | None = None) -> None:
                 seen[name] = act.detach().double().sum(0) if total else act.detach()
 
             return store

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from .hooks import HookFn, new_hook_level, pattern, resid_post, z
+from .hooks import HookFn, HookPointLike, new_hook_level, pattern, resid_post, z
 from .types import InterventionError, Model
 
 
@@ -53,7 +53,7 @@ def edit_kind(name: str) -> str | None:
 def refusing_edits(fn: HookFn, reason: str) -> HookFn:
     """``fn`` wrapped so that returning an edit raises :class:`InterventionError` (``reason``)."""
 
-    def hook(act: torch.Tensor, hook: Any = None) -> Any:
+    def hook(act: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor | None:
         out = fn(act, hook)
         if out is not None and out is not act:
             raise InterventionError(reason)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -13,6 +12,7 @@ from .ablation import on_device
 from .adapter import ModelInfo
 from .base import ForwardContext, HookBody, Intervention, to_tuple
 from .cache import MeanCache
+from .hooks import HookPointLike
 from .types import Head, InterventionError
 from .validation import check_choice
 from .vocab import HEAD_METHODS, HeadMethod
@@ -63,7 +63,7 @@ class HeadAblation(Intervention):
             fit_pos = cache.n_pos if cache is not None else 0
             table = on_device(cache.layer("z_mean", layer)) if cache is not None and self.method == "mean" else None
 
-            def body(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            def body(z: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
                 out = z.clone()
                 if table is None:
                     out[:, :, heads] = 0.0

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import torch
 
-HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
+
+class HookPointLike(Protocol):
+    """The hook point a hook function is called with: TransformerLens' ``HookPoint`` or the nnsight model's
+    emulation of it. Hooks here read at most its ``name``."""
+
+    @property
+    def name(self) -> str | None:
+        """The hook point's name (``blocks.3.hook_resid_post``)."""
+        ...
+
+
+HookFn = Callable[[torch.Tensor, "HookPointLike | None"], "torch.Tensor | None"]
 """A forward hook ``fn(activation, hook)``: returns ``None`` (observe) or the replacement activation."""
 
 
@@ -76,7 +87,7 @@ def counting(fn: HookFn, on_fire: Callable[[], None] | None) -> HookFn:
     if on_fire is None:
         return fn
 
-    def hook(act: torch.Tensor, hook: Any = None) -> Any:
+    def hook(act: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor | None:
         on_fire()
         return fn(act, hook)
 

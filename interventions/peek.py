@@ -21,7 +21,7 @@ from jaxtyping import Bool
 from . import adapter as hooks
 from .adapter import ModelInfo
 from .base import OMIT_DEFAULT, ForwardContext, HookBody, Intervention, to_tuple
-from .hooks import PER_HEAD_MASK
+from .hooks import PER_HEAD_MASK, HookPointLike
 from .types import InterventionError
 from .validation import check_choice
 
@@ -130,7 +130,7 @@ class Peek(Intervention):
         n_heads = info.n_heads
 
         def make(heads: tuple[int, ...] | None) -> HookBody:
-            def body(mask: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            def body(mask: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
                 allowed = allowed_keys(mask.shape[-1], mode, queries, keep_bos, mask.device, n_last)
                 if heads is None:
                     return mask & allowed
@@ -147,7 +147,7 @@ class Peek(Intervention):
         if self.mode == "full":
             # The causal row is already what softmax produced: nothing to change, but the hook is kept
             # so that apply() can verify the block really ran.
-            def identity(pattern: torch.Tensor, hook: Any = None) -> None:
+            def identity(pattern: torch.Tensor, hook: HookPointLike | None = None) -> None:
                 return None
 
             return [(hooks.pattern(layer), identity) for layer in self.layers]
@@ -158,7 +158,7 @@ class Peek(Intervention):
         masks: dict[tuple[int, torch.device, bool], torch.Tensor] = {}
 
         def make(heads: tuple[int, ...] | None) -> HookBody:
-            def body(pattern: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            def body(pattern: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
                 n_q, n_k = pattern.shape[-2:]
                 key = (n_q, pattern.device, torch.is_inference_mode_enabled())
                 if key not in masks:

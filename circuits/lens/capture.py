@@ -21,6 +21,7 @@ from jaxtyping import Float, Int
 
 import interventions as iv
 from interventions.adapter import ModelAdapter, attn_out, resid_mid, resid_post, resid_pre
+from interventions.hooks import HookPointLike
 from interventions.types import Model
 
 __all__ = ["SUBLAYERS", "sublayers_of", "sublayer_hooks", "block_list", "capture_last", "lens_states"]
@@ -57,7 +58,7 @@ def capture_last(ad: ModelAdapter, names: Sequence[str], forward: Callable[[], A
     store: dict[str, torch.Tensor] = {}
 
     def grabber(name: str) -> Any:
-        def grab(act: torch.Tensor, hook: Any = None) -> None:
+        def grab(act: torch.Tensor, hook: HookPointLike | None = None) -> None:
             store[name] = act[:, -1].detach().clone()
 
         return grab

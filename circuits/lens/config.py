@@ -4,11 +4,11 @@ are declared on its fields)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from circuits.flags import flag
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import DECODES
+from interventions.adapter import ModelInfo
 
 __all__ = ["LensConfig"]
 
@@ -28,7 +28,7 @@ class LensConfig:
     batch_size: int = 64
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> LensConfig:
+    def validate(self, info: ModelInfo | None = None) -> LensConfig:
         check_choice("decode", self.decode, DECODES)
         check_positive("top_k", self.top_k)
         check_positive("batch_size", self.batch_size)

@@ -20,6 +20,7 @@ from jaxtyping import Int
 import interventions as iv
 from circuits.errors import ArgumentError
 from interventions.adapter import attn_out
+from interventions.hooks import HookPointLike
 from interventions.types import Figure, JsonDict, Model
 from interventions.validation import check_tokens
 
@@ -144,7 +145,7 @@ def interchange(
         for n in names:
             src = store[n]
 
-            def patch(act: torch.Tensor, hook: Any = None, src: torch.Tensor = src) -> torch.Tensor:
+            def patch(act: torch.Tensor, hook: HookPointLike | None = None, src: torch.Tensor = src) -> torch.Tensor:
                 act = act.clone()
                 act[:, -1] = src.to(act.dtype)
                 return act

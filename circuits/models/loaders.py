@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import PreTrainedModel
+
 from circuits.errors import ArgumentError
 from interventions.types import Model, Tokenizer
 
@@ -122,7 +124,7 @@ def _hooked_pretrained(r: LoadRequest) -> Model:
     return HookedTransformer.from_pretrained(r.name, **kwargs)
 
 
-def _hooked_from_hf(hf_model: Any, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
+def _hooked_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from circuits.errors import ModelLoadError
@@ -158,7 +160,7 @@ def _bridge_pretrained(r: LoadRequest) -> Model:
     return model
 
 
-def _with_bias(hf_model: Any, b_U: Any) -> Model:
+def _with_bias(hf_model: PreTrainedModel, b_U: Any) -> PreTrainedModel:
     """A Hugging Face model of a former-format zoo folder with its unembedding bias on ``lm_head``."""
     if b_U is not None:
         from interventions.convert import with_unembed_bias
@@ -167,7 +169,7 @@ def _with_bias(hf_model: Any, b_U: Any) -> Model:
     return hf_model
 
 
-def _bridge_from_hf(hf_model: Any, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
+def _bridge_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
     from interventions.backends.bridge import boot
 
     model = boot(_with_bias(hf_model, b_U), hf_model.config.model_type, tokenizer)
@@ -183,7 +185,7 @@ def _nnsight_pretrained(r: LoadRequest) -> Model:
                            max_memory=r.max_memory)
 
 
-def _nnsight_from_hf(hf_model: Any, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
+def _nnsight_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
     from interventions.backends.nnsight import wrap
 
     model = wrap(_with_bias(hf_model, b_U), tokenizer, folder.name)

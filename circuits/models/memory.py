@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from transformers import PretrainedConfig
 
 from circuits.errors import ArgumentError
 from interventions.types import Model
@@ -57,7 +58,7 @@ class ModelShape:
     n_params: int | None = None
 
 
-def shape_of_hf_config(config: Any) -> ModelShape:
+def shape_of_hf_config(config: PretrainedConfig) -> ModelShape:
     """The :class:`ModelShape` of a Hugging Face ``PretrainedConfig`` (GPT-2, GPT-NeoX, GPT-J, Llama,
     Qwen2, Gemma naming), with the exact parameter count of the model it describes
     (:func:`count_parameters`)."""
@@ -93,7 +94,7 @@ def shape_of_model(model: Model) -> ModelShape:
                       d_vocab=int(cfg.d_vocab), n_params=n_params)
 
 
-def count_parameters(config: Any) -> int:
+def count_parameters(config: PretrainedConfig) -> int:
     """Parameters of the causal language model a Hugging Face config describes, counted on the ``meta``
     device (no memory is allocated; tied input and output embeddings count once)."""
     from transformers import AutoModelForCausalLM

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import cast
 
 import torch
 from jaxtyping import Float, Int
@@ -30,6 +30,7 @@ from circuits.faithfulness import last_token_metrics
 from circuits.validation import check_choice
 from circuits.vocab import HEAD_METHODS
 from interventions import adapter as hooks
+from interventions.hooks import HookPointLike
 from interventions.readout import answer_positions
 from interventions.registry import adapt
 from interventions.types import Head, InterventionError, Model, Tokens
@@ -88,7 +89,7 @@ def head_attribution_per_prompt(
             leaves: dict[int, torch.Tensor] = {}
 
             def make(layer: int, leaves: dict[int, torch.Tensor], z_seen: dict[int, torch.Tensor]):
-                def fn(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
+                def fn(z: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
                     # z after every earlier hook of this point (e.g. a HeadAblation of removed heads).
                     leaf = torch.zeros_like(z, requires_grad=True)
                     leaves[layer] = leaf

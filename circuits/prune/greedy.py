@@ -27,6 +27,7 @@ from circuits.store import files
 from circuits.store.records import Field, RecordSchema, faithfulness_fields
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
+from interventions.adapter import ModelInfo
 from interventions.registry import adapt
 from interventions.types import Head, JsonDict, Model, Tokens
 
@@ -190,7 +191,7 @@ def prune_identity(cfg: PruneConfig, ctx: RunContext, model: Model) -> JsonDict:
     }
 
 
-def prune_schema(cfg: PruneConfig, info: Any, n_prompts: int) -> RecordSchema:
+def prune_schema(cfg: PruneConfig, info: ModelInfo, n_prompts: int) -> RecordSchema:
     """The schema of a ``curve.jsonl`` line (the path itself is checked by :func:`check_row`)."""
     n_heads = cfg.transfer * info.n_heads
     return RecordSchema(
@@ -273,7 +274,7 @@ def finish(
     )
 
 
-def prune_validate(cfg: PruneConfig, info: Any) -> None:
+def prune_validate(cfg: PruneConfig, info: ModelInfo) -> None:
     """:meth:`PruneConfig.validate` against the model's number of blocks."""
     cfg.validate(info.n_layers)
 

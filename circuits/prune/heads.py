@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import torch
 from jaxtyping import Float
 
 import interventions as iv
 from interventions import adapter as hooks
+from interventions.hooks import HookPointLike
 from interventions.registry import adapt
 from interventions.types import Head, Model, Tokens
 from interventions.validation import check_tokens
@@ -50,7 +51,7 @@ def head_attention(
     sums = {layer: torch.zeros(ad.info.n_heads, tokens.shape[1], dtype=torch.float64) for layer in layers}
 
     def make(layer: int):
-        def fn(pattern: torch.Tensor, hook: Any = None) -> None:
+        def fn(pattern: torch.Tensor, hook: HookPointLike | None = None) -> None:
             sums[layer] += pattern[:, :, -1].detach().double().sum(0).cpu()
 
         return fn

@@ -4,11 +4,11 @@ validated before anything is loaded."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS, Ablation, Grid, SearchMethod
+from interventions.adapter import ModelInfo
 from interventions.types import JsonDict
 
 
@@ -39,7 +39,7 @@ class SearchConfig:
         "configurations of one wait evaluated in one forward pass where the backend allows it (nnsight: one request "
         "each)"))
 
-    def validate(self, info: Any = None) -> SearchConfig:
+    def validate(self, info: ModelInfo | None = None) -> SearchConfig:
         """Raise :class:`ArgumentError` naming the first bad field (``info``: unused, every model fits)."""
         check_fraction("threshold", self.threshold)
         check_choice("grid", self.grid, GRIDS)
@@ -72,7 +72,7 @@ class FixedConfig:
     batch_size: int = 128
     n_boot: int = 1000
 
-    def validate(self, info: Any = None) -> FixedConfig:
+    def validate(self, info: ModelInfo | None = None) -> FixedConfig:
         check_choice("ablation", self.ablation, ABLATIONS)
         check_positive("batch_size", self.batch_size)
         check_positive("n_boot", self.n_boot)

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 import interventions as iv
@@ -17,6 +15,7 @@ from circuits.store.outcomes import decode_mask
 from circuits.store.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import tokens_sha256
 from circuits.vocab import means_kind
+from interventions.adapter import ModelInfo
 from interventions.types import JsonDict, Model
 
 __all__ = ["NOT_IDENTITY", "record_schema", "search_identity", "search_schema"]
@@ -39,7 +38,7 @@ def search_identity(config: SearchConfig | FixedConfig, ctx: RunContext, model: 
     }
 
 
-def search_schema(config: SearchConfig | FixedConfig, info: Any, n_prompts: int) -> RecordSchema:
+def search_schema(config: SearchConfig | FixedConfig, info: ModelInfo, n_prompts: int) -> RecordSchema:
     """The schema of a ``results.jsonl`` line of this run (ranges of this model and prompt count)."""
     return record_schema(info.n_layers, n_prompts, config.ablation, seed=config.seed, n_boot=config.n_boot)
 

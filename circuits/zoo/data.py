@@ -12,12 +12,13 @@ function of its seed whether or not it was interrupted.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from circuits.errors import ArgumentError
 from circuits.tasks import catalogue as _tasks
+from circuits.zoo.recipes import TrainConfig
 from circuits.zoo.tokenizer import MAX_NUMBER
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class TaskData:
         self._by_answer: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # answer_balanced's index
 
 
-def build_splits(cfg: Any, tokenizer) -> tuple[list[TaskData], list[TaskData]]:
+def build_splits(cfg: TrainConfig, tokenizer) -> tuple[list[TaskData], list[TaskData]]:
     """Training and validation :class:`TaskData` per task of ``cfg`` (a
     :class:`~circuits.zoo.recipes.TrainConfig`; frozen tuples excluded, ``cfg.eval_n`` validation rows
     per task drawn with ``cfg.seed``)."""
@@ -134,7 +135,7 @@ def build_splits(cfg: Any, tokenizer) -> tuple[list[TaskData], list[TaskData]]:
     return train, val
 
 
-def sample_batch(train: list[TaskData], step: int, cfg: Any, pad_id: int):
+def sample_batch(train: list[TaskData], step: int, cfg: TrainConfig, pad_id: int):
     """Batch of step ``step`` (0-indexed within the phase): tasks uniform (or in proportion to
     ``cfg.task_weights``), tuples uniform within a task, drawn from ``default_rng([seed, step])`` in phase 1
     and ``default_rng([seed, phase, step])`` later.
@@ -159,7 +160,7 @@ def sample_batch(train: list[TaskData], step: int, cfg: Any, pad_id: int):
     return toks, last, ans
 
 
-def task_batch(train: list[TaskData], step: int, cfg: Any):
+def task_batch(train: list[TaskData], step: int, cfg: TrainConfig):
     """Batch of step ``step`` with ONE task (``train[step % len(train)]``, tasks in turn), so every row has
     the same length and no padding: ``cfg.batch_size`` rows drawn from ``default_rng([seed, step])``.
     Returns (tokens [B, L], ``None`` (the answer is read at the last position), answer ids [B])."""
@@ -183,7 +184,7 @@ def answer_balanced(data: TaskData, rng: np.random.Generator, k: int) -> np.ndar
     return order[starts[u] + (rng.random(k) * counts[u]).astype(np.int64)]
 
 
-def layout_batches(train: list[TaskData], step: int, cfg: Any,
+def layout_batches(train: list[TaskData], step: int, cfg: TrainConfig,
                    answer_balance: float = 0.0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Batch of step ``step`` with every task in it, split by prompt length so that no row is padded:
     ``cfg.batch_size`` rows, each of a task drawn uniformly (or in proportion to ``cfg.task_weights``, task

@@ -28,11 +28,10 @@ of a ground-truth recipe, :func:`circuits.zoo.groundtruth.readout_phase`), on th
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from circuits.zoo.data import TaskData, build_splits
+from circuits.zoo.recipes import TrainConfig
 
 __all__ = ["FIT_PER_TASK", "FOLD_TOL", "MAX_ITER", "final_features", "fit_answers", "refit_unembed"]
 
@@ -109,7 +108,7 @@ def _minimise(W0, loss, max_iter: int, **tolerances):
     return W.detach(), evaluations
 
 
-def refit_unembed(model, cfg: Any, per_task: int = FIT_PER_TASK, seed: int = 0, ce_weight: float = 0.0,
+def refit_unembed(model, cfg: TrainConfig, per_task: int = FIT_PER_TASK, seed: int = 0, ce_weight: float = 0.0,
                   max_iter: int = MAX_ITER) -> dict:
     """Remove the unembedding bias of ``model`` (a ``HookedTransformer``), refitting ``W_U`` on the
     training prompts of recipe ``cfg`` (a :class:`~circuits.zoo.recipes.TrainConfig`: its tasks, splits and

@@ -23,10 +23,11 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from circuits.zoo.build import load_weights
 from circuits.zoo.hf import is_hf
+from circuits.zoo.recipes import TrainConfig
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +37,7 @@ __all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_
            "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
 
 
-def lr_at(step: int, cfg: Any) -> float:
+def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup for ``cfg.warmup`` steps, then cosine decay to ``min_lr_frac * lr`` at ``cfg.steps``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -44,7 +45,7 @@ def lr_at(step: int, cfg: Any) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def make_optimizer(model, cfg: Any) -> torch.optim.AdamW:
+def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with ``cfg.lr``/``cfg.betas``; ``cfg.weight_decay`` on every matrix except the token and
     position embeddings (``embed``/``pos_embed`` of a HookedTransformer, ``nn.Embedding`` modules of a
     Hugging Face model), no decay on vectors."""
@@ -58,7 +59,8 @@ def make_optimizer(model, cfg: Any) -> torch.optim.AdamW:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in named if decayed(n, p)], "weight_decay": cfg.weight_decay},
               {"params": [p for n, p in named if not decayed(n, p)], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    beta1, beta2 = cfg.betas
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(beta1, beta2))
 
 
 def save_optimizer(opt, model, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -129,12 +131,12 @@ def held(*folders: Path) -> Iterator[None]:
         yield
 
 
-def phase_done(state: dict, cfg: Any) -> bool:
+def phase_done(state: dict, cfg: TrainConfig) -> bool:
     """Whether a run in ``state`` has finished: all ``cfg.steps`` steps, or stopped early on accuracy."""
     return state["step"] >= cfg.steps or bool(state.get("stopped_early"))
 
 
-def start(model, opt, cfg: Any, ckpt_dir: Path, resume: bool, d_vocab: int,
+def start(model, opt, cfg: TrainConfig, ckpt_dir: Path, resume: bool, d_vocab: int,
           init: Callable[[], None] | None = None) -> dict:
     """The state a run starts from. With ``resume`` and a checkpoint in ``ckpt_dir``: its weights into
     ``model``, its optimiser state into ``opt`` (unless the run is finished, :func:`phase_done`) and its
@@ -193,7 +195,7 @@ def optimizer_step(model, opt, tokens, answers, grad_clip: float, last=None) -> 
     return loss
 
 
-def loop(model, opt, cfg: Any, state: dict, batch: Callable[[int], tuple], evaluate: Callable[[], dict],
+def loop(model, opt, cfg: TrainConfig, state: dict, batch: Callable[[int], tuple], evaluate: Callable[[], dict],
          ckpt_dir: Path, label: str, progress: bool = True) -> dict:
     """Train ``model`` in place from ``state["step"]`` to ``cfg.steps`` and return the final state.
 

@@ -36,7 +36,7 @@ from jaxtyping import Float, Int
 from ..adapter import Capabilities, ModelAdapter
 from ..edits import without_user_hooks
 from ..errors import InterventionError
-from ..hooks import resid_post
+from ..hooks import HookPointLike, resid_post
 from ..tokenization import prepare_tokenizer
 from ..types import Model, Tokenizer
 
@@ -160,7 +160,7 @@ class BridgeAdapter(ModelAdapter):
         """``forward()`` ended at hook point ``exit_name``, whose activation (after every hook already
         there) is returned."""
 
-        def stop(act: torch.Tensor, hook: Any = None) -> None:
+        def stop(act: torch.Tensor, hook: HookPointLike | None = None) -> None:
             raise StopForward(act)
 
         try:

@@ -19,6 +19,7 @@ from jaxtyping import Float, Int
 
 from ..adapter import Capabilities, ModelAdapter, check_block_range
 from ..errors import InterventionError
+from ..hooks import HookPointLike
 from ..types import Model
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class HookedAdapter(ModelAdapter):
         cos, sin = attn.rotary_cos[shifts], attn.rotary_sin[shifts]  # [m, rotary_dim]
         m = len(shifts)
 
-        def fn(x: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        def fn(x: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             out = x.clone()
             part = x[:, -m:, :, :rd]
             c, s = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]  # [m, 1, rotary_dim]

@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 
 from ..adapter import Capabilities, HookFn, ModelAdapter
 from ..edits import edit_problems
-from ..hooks import PER_HEAD_MASK, resid_post, resid_pre
+from ..hooks import PER_HEAD_MASK, HookPointLike, resid_post, resid_pre
 from ..types import InterventionError, Model
 from .nnsight_model import NNsightModel, from_pretrained, require_nnsight, wrap
 from .nnsight_trace import Invoke
@@ -114,7 +114,7 @@ class NNsightAdapter(ModelAdapter):
         n = self.info.n_layers
         tokens = torch.zeros(resid.shape[:2], dtype=torch.long)
         entry = resid_pre(start) if start < n else resid_post(n - 1)
-        def enter(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        def enter(act: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             return resid.to(act.dtype)
 
         hooks: dict[str, list[HookFn]] = {entry: [enter]}
