@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -29,7 +29,7 @@ from circuits.prompts.fitset import FitSet
 from circuits.store.records import RecordSchema
 from interventions.adapter import ModelInfo
 from interventions.coverage import Coverage
-from interventions.types import JsonDict, Tokenizer
+from interventions.types import JsonDict, JsonMapping, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.store.runs import RunDir
@@ -63,7 +63,7 @@ class ResultStore(Protocol):
 
     def records(self) -> list[JsonDict]: ...
 
-    def append(self, record: Mapping[str, Any]) -> None: ...
+    def append(self, record: JsonMapping) -> None: ...
 
 
 class MemoryStore:
@@ -75,7 +75,7 @@ class MemoryStore:
     def records(self) -> list[JsonDict]:
         return list(self.rows)
 
-    def append(self, record: Mapping[str, Any]) -> None:
+    def append(self, record: JsonMapping) -> None:
         self.rows.append(dict(record))
 
 
@@ -90,7 +90,7 @@ class DirStore:
     def records(self) -> list[JsonDict]:
         return list(self.loaded)
 
-    def append(self, record: Mapping[str, Any]) -> None:
+    def append(self, record: JsonMapping) -> None:
         self.run_dir.append(record)
 
 
@@ -117,7 +117,7 @@ class RunContext:
     store: ResultStore
     progress: bool
     meta: JsonDict = field(default_factory=dict)
-    prompts: Sequence[Mapping[str, Any]] | None = None
+    prompts: Sequence[JsonMapping] | None = None
     fit: FitSet | None = None
     coverage: Coverage | None = None
     means_identity: JsonDict | None = None
@@ -206,7 +206,7 @@ class Analysis(Generic[C, R]):
     schema: Callable[[C, Any, int], RecordSchema | None] = no_schema
     prompt_records: Callable[[RunContext], list[JsonDict] | None] = no_prompt_records
     summary_row: Callable[[R], JsonDict] = no_row
-    configure: Callable[[Mapping[str, Any]], C] | None = None
+    configure: Callable[[JsonMapping], C] | None = None
     base_correct_only: bool = True
     optional_identity: tuple[str, ...] = ()
 
@@ -218,7 +218,7 @@ class Analysis(Generic[C, R]):
         """Whether the means are conditional (CAMA: per ``(position, token)``) rather than per position."""
         return self.means(config) == "cama"
 
-    def config_for(self, settings: Mapping[str, Any]) -> C:
+    def config_for(self, settings: JsonMapping) -> C:
         """The config of a sweep cell: :attr:`configure`, or the fields of :attr:`config_type` that ``settings``
         names (validated by the runner against the model, :attr:`validate`)."""
         if self.configure is not None:

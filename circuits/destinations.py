@@ -8,7 +8,7 @@ with :class:`Run` too.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from circuits.store import files
 from circuits.store.atomic import clean_temporaries, refuse_links
 from circuits.store.lock import DirLock
 from circuits.store.runs import RunDir, read_json_object
-from interventions.types import JsonDict
+from interventions.types import JsonDict, JsonMapping
 
 __all__ = ["LABELS", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
 
@@ -33,7 +33,7 @@ LABELS = ("model", "task", "source", "numbers", "format")
 prompts' hash already determine the results, so they are compared only when both identities hold them."""
 
 
-def command_of(identity: Mapping[str, Any]) -> str:
+def command_of(identity: JsonMapping) -> str:
     """Which command wrote a ``run.json`` (identities of the first releases carry no ``analysis`` key:
     prune's has ``command: "prune"``, the search's neither)."""
     if isinstance(identity.get("analysis"), str):

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from interventions.types import JsonDict
+from interventions.types import JsonDict, JsonMapping
 
 __all__ = ["KEY", "Flag", "add_flags", "flag", "flag_fields", "values"]
 
@@ -74,7 +74,7 @@ def default_of(field: dataclasses.Field[Any]) -> Any:
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type, names: Iterable[str] | None = None, *, prefix: str = "",
-              defaults: Mapping[str, Any] | None = None, required: Iterable[str] = (),
+              defaults: JsonMapping | None = None, required: Iterable[str] = (),
               helps: Mapping[str, str] | None = None) -> None:
     """Add the flags of ``cls``'s fields ``names`` (default: every field with a :class:`Flag`) to ``parser``.
 

@@ -12,7 +12,7 @@ resumes), ``necessity.json`` (all blocks and the run identity) and ``report.html
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from circuits.store.records import RecordSchema, faithfulness_fields, layer_fiel
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
 from interventions.adapter import ModelInfo
-from interventions.types import DataFrame, Figure, JsonDict, Model, Tokens
+from interventions.types import DataFrame, Figure, JsonDict, JsonMapping, Model, Tokens
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def necessity_sweep(
     batch_size: int | None = None,
     progress: bool = True,
     n_boot: int | None = None,
-    meta: Mapping[str, Any] | None = None,
+    meta: JsonMapping | None = None,
 ) -> NecessityResult:
     """Faithfulness per block with the last token's attention cut to every non-BOS earlier token.
 

@@ -38,7 +38,7 @@ kept as thin wrappers of :func:`run`. File names live in :mod:`circuits.store.fi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,7 +60,7 @@ from circuits.prompts.fitset import FitSet
 from circuits.prompts.prepared import Prepared
 from circuits.prompts.ready import ReadyPrompts
 from circuits.prompts.spec import PromptSpec
-from interventions.types import JsonDict, Model
+from interventions.types import JsonDict, JsonMapping, Model
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
 __all__ = ["LABELS", "Directory", "Memory", "ModelSource", "PromptSource", "Run", "RunOptions", "check_inputs",
@@ -117,7 +117,7 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
 
 
 def evaluate(analysis: Analysis[Any, Any], model: Model, prompts: ReadyPrompts, config: AnalysisConfig,
-             meta: Mapping[str, Any], options: RunOptions, held: Run | None) -> Any:
+             meta: JsonMapping, options: RunOptions, held: Run | None) -> Any:
     """Step 3 of :func:`run` with one batch size: the scored prompts, the means, the destination, the store, the
     analysis and its outputs."""
     ctx = scored_context(analysis, model, prompts.tokens, prompts.answers, config, meta=meta, prompts=prompts.records,
@@ -170,8 +170,8 @@ def known_keep(prepared: Any, tokens: Any) -> Bool[torch.Tensor, " n"] | None:
 
 
 def scored_context(analysis: Analysis[Any, Any], model: Model, tokens: Any, answers: Any, config: Any, *,
-                   meta: Mapping[str, Any] | None,
-                   prompts: Sequence[Mapping[str, Any]] | None, progress: bool,
+                   meta: JsonMapping | None,
+                   prompts: Sequence[JsonMapping] | None, progress: bool,
                    keep: Bool[torch.Tensor, " n"] | None = None) -> RunContext:
     """Validate ``config`` (:attr:`Analysis.validate`) and the inputs, keep the prompts the unmodified model
     answers correctly (when the analysis scores only those; ``keep``: which they are, known from an earlier run
@@ -211,8 +211,8 @@ def execute(
     cache: iv.MeanCache | None = None,
     fit: FitSet | None = None,
     min_count: int | None = None,
-    meta: Mapping[str, Any] | None = None,
-    prompts: Sequence[Mapping[str, Any]] | None = None,
+    meta: JsonMapping | None = None,
+    prompts: Sequence[JsonMapping] | None = None,
     progress: bool = True,
     held: Run | None = None,
     prepared: Prepared | None = None,

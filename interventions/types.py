@@ -13,6 +13,7 @@ Conventions used everywhere in ``interventions`` and ``circuits``:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import torch
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["CacheMismatchError", "DataFrame", "Figure", "Head", "InterventionError", "InterventionNotAppliedError",
-           "JsonDict", "Logits", "Model", "ModelConfig", "Tokenizer", "Tokens"]
+           "JsonDict", "JsonMapping", "Logits", "Model", "ModelConfig", "Tokenizer", "Tokens"]
 
 Tokens = Int[torch.Tensor, "batch pos"]
 """Token ids of one layout: a ``torch.long`` tensor of shape ``[batch, pos]``, BOS at position 0."""
@@ -39,6 +40,9 @@ JsonDict: TypeAlias = dict[str, Any]
 """A JSON object as the toolkit reads and writes it: run directories (``run.json``, ``summary.json``, records),
 task and sweep files (TOML or JSON), identities and ``to_dict`` forms. Values are JSON values; each reader checks the
 shape it needs where the file comes in (:mod:`circuits.store`, :mod:`circuits.tasks.files`)."""
+
+JsonMapping: TypeAlias = Mapping[str, Any]
+"""A :data:`JsonDict` a function only reads."""
 
 Figure: TypeAlias = Any
 """A ``plotly.graph_objects.Figure`` (plotly is imported only where a figure is drawn, and ships no type

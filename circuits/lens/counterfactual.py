@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -21,7 +21,7 @@ from jaxtyping import Int
 from circuits.errors import ArgumentError, PromptError
 from circuits.tasks import catalogue as tasks
 from circuits.tasks.catalogue import TaskSpec
-from interventions.types import JsonDict, Model
+from interventions.types import JsonDict, JsonMapping, Model
 
 from .inputs import answer_token_id
 
@@ -158,7 +158,7 @@ class CounterfactualSet:
     label: str = ""
 
 
-def counterfactual_set(model: Model, pairs: Iterable[Mapping[str, Any]], *, label: str = "") -> CounterfactualSet:
+def counterfactual_set(model: Model, pairs: Iterable[JsonMapping], *, label: str = "") -> CounterfactualSet:
     """Tokenise counterfactual pairs (:func:`counterfactual_rows`) and keep only same-layout pairs:
     both prompts have the same token length, both answers are single tokens, and the pair belongs to the
     most common layout (ties: the shorter). ``n_dropped`` counts the rest. ``ValueError`` if no pair is

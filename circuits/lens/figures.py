@@ -10,13 +10,13 @@ the report call them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from circuits.lens.jsonable import json_ready
-from interventions.types import Figure, JsonDict
+from interventions.types import Figure, JsonDict, JsonMapping
 
 __all__ = ["InterchangeFigureData", "LensFigureData", "MAX_HEATMAP_PROMPTS", "METRICS", "TITLES", "figures",
            "interchange_figure", "metric_figure", "rank_heatmap"]
@@ -79,7 +79,7 @@ MAX_LABELLED_ROWS = 60
 """Prompts beyond which the rank heatmap keeps a fixed height and drops its per-prompt labels (hover names them)."""
 
 
-def _line_chart(result: LensFigureData, rows: Sequence[Mapping[str, Any]], title: str, keys: Sequence[tuple[str, str]],
+def _line_chart(result: LensFigureData, rows: Sequence[JsonMapping], title: str, keys: Sequence[tuple[str, str]],
                 yaxis: str, *, shift: float = 0.0, log: bool = False, fraction: bool = False) -> Any:
     import plotly.graph_objects as go
 
@@ -111,7 +111,7 @@ def _line_chart(result: LensFigureData, rows: Sequence[Mapping[str, Any]], title
     return fig
 
 
-def metric_figure(result: LensFigureData, metric: str, *, rows: Sequence[Mapping[str, Any]] | None = None,
+def metric_figure(result: LensFigureData, metric: str, *, rows: Sequence[JsonMapping] | None = None,
                   n_boot: int = 1000, seed: int = 0) -> Figure:
     """The line chart of one metric over depth (mean over prompts, 95% bootstrap interval); the rank on a log
     axis (plotted as rank + 1), the fractions on [0, 1]."""
@@ -174,7 +174,7 @@ def interchange_figure(interchanges: Sequence[InterchangeFigureData]) -> Figure:
 
 
 def figures(result: LensFigureData, interchanges: Sequence[InterchangeFigureData] = (), *,
-            rows: Sequence[Mapping[str, Any]] | None = None, n_boot: int = 1000, seed: int = 0) -> list[Any]:
+            rows: Sequence[JsonMapping] | None = None, n_boot: int = 1000, seed: int = 0) -> list[Any]:
     """Every figure of the report, in its order."""
     rows = json_ready(result.rows(n_boot=n_boot, seed=seed)) if rows is None else rows
     figs = [metric_figure(result, m, rows=rows) for m in METRICS]

@@ -16,7 +16,7 @@ from jaxtyping import Int
 
 from circuits.errors import ArgumentError, PromptError
 from circuits.tasks import catalogue as tasks
-from interventions.types import Model
+from interventions.types import JsonMapping, Model
 from interventions.validation import check_tokens
 
 from .numeric import NumericTable
@@ -143,7 +143,7 @@ def _dataset_groups(model: Model, ds: Any) -> list[PromptGroup]:
         return [PromptGroup(lay.tokens, torch.as_tensor(lay.answers).long(), list(lay.prompts),
                             [_as_value(x) for x in lay.answer_values], list(lay.indices))
                 for lay in tasks.to_layouts(model, ds)]
-    by_len: dict[int, list[tuple[int, torch.Tensor, int, Mapping[str, Any]]]] = {}
+    by_len: dict[int, list[tuple[int, torch.Tensor, int, JsonMapping]]] = {}
     for i, r in enumerate(ds):
         toks = model.to_tokens(r["prompt"])[0].cpu()
         aid = answer_token_id(model, r["answer"])

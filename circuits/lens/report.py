@@ -23,7 +23,7 @@ import numpy as np
 from circuits.report import write_page, write_text
 from circuits.store import files
 from circuits.tasks.formats import describe_prompts
-from interventions.types import JsonDict
+from interventions.types import JsonDict, JsonMapping
 
 from .figures import MAX_HEATMAP_PROMPTS, TITLES, figures, interchange_figure, metric_figure, rank_heatmap
 from .interchange_check import InterchangeResult
@@ -37,7 +37,7 @@ def lens_json(
     result: LensResult,
     *,
     interchanges: Sequence[InterchangeResult] = (),
-    meta: Mapping[str, Any] | None = None,
+    meta: JsonMapping | None = None,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> JsonDict:
@@ -50,7 +50,7 @@ def lens_json(
     return json_ready(doc)
 
 
-def _figures(doc: Mapping[str, Any], result: LensResult, interchanges: Sequence[InterchangeResult]) -> list[Any]:
+def _figures(doc: JsonMapping, result: LensResult, interchanges: Sequence[InterchangeResult]) -> list[Any]:
     return figures(result, interchanges, rows=doc["rows"])
 
 
@@ -73,7 +73,7 @@ def write_lens_outputs(
     result: LensResult,
     *,
     interchanges: Sequence[InterchangeResult] = (),
-    meta: Mapping[str, Any] | None = None,
+    meta: JsonMapping | None = None,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> tuple[Path, Path]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from jaxtyping import Bool
 from circuits.errors import CorruptRunError
 from circuits.store import files
 from circuits.tasks.tokens import answer_value
-from interventions.types import JsonDict, Model
+from interventions.types import JsonDict, JsonMapping, Model
 
 __all__ = ["FORMAT", "Prepared", "dataset_key", "keep_prepared", "load", "prepare", "prepared_of", "spec_key",
            "task_key"]
@@ -147,7 +147,7 @@ def prepare(spec: Any, model: Model, *, means: str | None, out: str | Path | Seq
     return found.prompts
 
 
-def load(folder: str | Path, key: Mapping[str, Any]) -> Prepared | None:
+def load(folder: str | Path, key: JsonMapping) -> Prepared | None:
     """The prepared prompts in ``folder`` when its ``prepared.safetensors`` is the file a run recorded in
     ``artifacts.json`` (by its SHA-256) and was written under ``key``; ``None`` otherwise. A recorded file whose
     content does not hold together raises :class:`~circuits.errors.CorruptRunError` naming it."""

@@ -6,7 +6,7 @@ the prepared prompts. A :class:`~circuits.prompts.spec.PromptSpec` becomes one t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +16,7 @@ from jaxtyping import Int
 
 from circuits.prompts.fitset import FitSet
 from circuits.prompts.prepared import Prepared, prepared_of
-from interventions.types import Model
+from interventions.types import JsonMapping, Model
 
 if TYPE_CHECKING:
     from circuits.prompts.sampling import Prompts
@@ -40,8 +40,8 @@ class ReadyPrompts:
     tokens: Int[torch.Tensor, "n pos"]
     answers: Int[torch.Tensor, " n *k"]
     fit: FitSet | None = None
-    records: Sequence[Mapping[str, Any]] | None = None
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    records: Sequence[JsonMapping] | None = None
+    meta: JsonMapping = field(default_factory=dict)
     spec: Any = None
     prepared: Prepared | None = None
 

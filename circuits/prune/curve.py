@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from interventions.types import Head, JsonDict
+from interventions.types import Head, JsonDict, JsonMapping
 
 __all__ = ["CURVE_FIELDS", "CurvePoint"]
 
@@ -49,7 +47,7 @@ class CurvePoint:
         return out
 
     @classmethod
-    def from_dict(cls, row: Mapping[str, Any]) -> CurvePoint:
+    def from_dict(cls, row: JsonMapping) -> CurvePoint:
         data = {k: row[k] for k in CURVE_FIELDS}
         data["removed"] = tuple(row["removed"]) if row["removed"] is not None else None
         data["heads_kept"] = [tuple(h) for h in row["heads_kept"]]

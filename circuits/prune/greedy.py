@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from circuits.store.runs import RunDir, tokens_sha256
 from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
 from interventions.adapter import ModelInfo
 from interventions.registry import adapt
-from interventions.types import Head, JsonDict, Model, Tokens
+from interventions.types import Head, JsonDict, JsonMapping, Model, Tokens
 
 
 def criterion(head: Head, faith: float, diff: float) -> tuple:
@@ -59,8 +59,8 @@ def prune_heads(
     batch_size: int | None = None,
     n_boot: int | None = None,
     seed: int | None = None,
-    meta: Mapping[str, Any] | None = None,
-    prompts: Sequence[Mapping[str, Any]] | None = None,
+    meta: JsonMapping | None = None,
+    prompts: Sequence[JsonMapping] | None = None,
 ) -> PruneResult:
     """Greedily remove the transfer heads of the AF1 subgraph ``(wait, transfer)``; see the module
     docstring for the criterion, the cost and the files written to ``out_dir``.

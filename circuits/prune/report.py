@@ -4,19 +4,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from circuits.prune.figures import attention_figure, curve_figure, figures, kept_heads_figure
 from circuits.prune.result import PruneResult
 from circuits.report import write_page
 from circuits.tasks.formats import describe_prompts
+from interventions.types import JsonMapping
 
 __all__ = ["attention_figure", "curve_figure", "figures", "kept_heads_figure", "write_prune_report"]
 
 
-def write_prune_report(path: str | Path, result: PruneResult, meta: Mapping[str, Any],
+def write_prune_report(path: str | Path, result: PruneResult, meta: JsonMapping,
                        notes: Sequence[str] = ()) -> Path:
     """Write the report of ``result`` to ``path`` (one self-contained HTML file)."""
     figs = figures(result)

@@ -4,7 +4,7 @@ are part of the file format), the :class:`PruneResult` and its ``summary.json``.
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -17,7 +17,7 @@ from circuits.prune.config import PruneConfig
 from circuits.prune.curve import CURVE_FIELDS, CurvePoint
 from circuits.store.runs import dist_version
 from circuits.tasks.formats import describe_prompts
-from interventions.types import DataFrame, Figure, Head, JsonDict
+from interventions.types import DataFrame, Figure, Head, JsonDict, JsonMapping
 
 
 @dataclass
@@ -142,7 +142,7 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def summary_dict(result: PruneResult, meta: Mapping[str, Any]) -> JsonDict:
+def summary_dict(result: PruneResult, meta: JsonMapping) -> JsonDict:
     """The JSON object written to ``summary.json``."""
     cfg = result.config
     smallest = result.curve[result.smallest_step] if result.smallest_step is not None else None

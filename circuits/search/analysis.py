@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -29,7 +28,7 @@ from circuits.store import files
 from circuits.store.outcomes import PromptOutcomes
 from circuits.store.runs import RunDir, dist_version
 from circuits.vocab import Ablation, Grid, Means, SearchMethod, means_kind
-from interventions.types import JsonDict, Model, Tokens
+from interventions.types import JsonDict, JsonMapping, Model, Tokens
 
 """Keys of ``meta`` that describe a run rather than determine its results."""
 
@@ -54,8 +53,8 @@ def search_af1(
     method: SearchMethod | None = None,
     n_boot: int | None = None,
     configs_per_pass: int | None = None,
-    meta: Mapping[str, Any] | None = None,
-    prompts: Sequence[Mapping[str, Any]] | None = None,
+    meta: JsonMapping | None = None,
+    prompts: Sequence[JsonMapping] | None = None,
 ) -> SearchResult:
     """Search the AF1 configurations of ``model`` on ``tokens`` and apply the selection rule.
 
@@ -235,11 +234,11 @@ def write_outputs(
     result: SearchResult,
     out_dir: str | Path,
     *,
-    meta: Mapping[str, Any],
+    meta: JsonMapping,
     seed: int,
     n_checked: int,
-    identity: Mapping[str, Any],
-    means: Mapping[str, Any] | None = None,
+    identity: JsonMapping,
+    means: JsonMapping | None = None,
     notes: Sequence[str] = (),
 ) -> None:
     """``summary.json`` and ``report.html`` of a finished search in ``out_dir``; ``means``: the fit set and

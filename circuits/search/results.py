@@ -14,7 +14,7 @@ from circuits.errors import CorruptRunError
 from circuits.faithfulness import FaithfulnessResult
 from circuits.search.rule import Config, select, smallest_transfers
 from circuits.store.outcomes import PromptOutcomes
-from interventions.types import DataFrame, Figure, JsonDict
+from interventions.types import DataFrame, Figure, JsonDict, JsonMapping
 
 RECORD_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "n", "n_faithful", "mean_answer_prob",
                  "mean_logit_diff", "ablation")
@@ -51,7 +51,7 @@ class ConfigResult:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ConfigResult:
+    def from_dict(cls, d: JsonMapping) -> ConfigResult:
         nan = float("nan")
         return cls(
             wait=int(d["wait"]),
@@ -270,7 +270,7 @@ class SearchResult:
         )
 
 
-def checked_records(path: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> list[JsonDict]:
+def checked_records(path: Path, identity: JsonMapping, summary: JsonMapping) -> list[JsonDict]:
     """The records of a search's ``results.jsonl``, checked as a resumed run checks them (types, ranges, totals
     that agree with the per-prompt outcomes; :func:`circuits.search.schema.record_schema`): a malformed or
     forged line is a :class:`~circuits.errors.CorruptRunError` naming the file, the line and the field."""

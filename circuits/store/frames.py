@@ -3,10 +3,10 @@ works without it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from interventions.types import DataFrame
+from interventions.types import DataFrame, JsonMapping
 
 __all__ = ["dataframe", "require_pandas"]
 
@@ -20,7 +20,7 @@ def require_pandas() -> Any:
     return pandas
 
 
-def dataframe(rows: Iterable[Mapping[str, Any]], columns: Iterable[str] | None = None) -> DataFrame:
+def dataframe(rows: Iterable[JsonMapping], columns: Iterable[str] | None = None) -> DataFrame:
     """A ``pandas.DataFrame`` of ``rows`` (one dict per row), columns in ``columns`` order when given."""
     pd = require_pandas()
     rows = [dict(r) for r in rows]

@@ -10,14 +10,14 @@ configuration flip" without a model (:meth:`circuits.search.SearchResult.prompt_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from circuits.errors import CorruptRunError
-from interventions.types import DataFrame, JsonDict
+from interventions.types import DataFrame, JsonDict, JsonMapping
 
 __all__ = ["FIELDS", "PromptOutcomes", "decode_mask", "encode_mask", "record_problem"]
 
@@ -57,7 +57,7 @@ def mask_problem(text: object, n: int) -> str | None:
     return None
 
 
-def record_problem(record: Mapping[str, Any]) -> tuple[str, str] | None:
+def record_problem(record: JsonMapping) -> tuple[str, str] | None:
     """A ``(field, problem)`` pair for a results record whose per-prompt outcomes (:data:`FIELDS`) are malformed
     or contradict its totals (``None``: fine, or a record of an earlier release, which has none). ``n`` (an
     integer >= 1) and the totals were type-checked before. The outcomes must be: the mask of :func:`mask_problem`
@@ -143,7 +143,7 @@ class PromptOutcomes:
                    list(prompts) if prompts is not None else None)
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], prompts: Sequence[str] | None = None) -> PromptOutcomes | None:
+    def from_record(cls, record: JsonMapping, prompts: Sequence[str] | None = None) -> PromptOutcomes | None:
         """The outcomes a results record holds (``None`` for a record of an earlier release, which has none)."""
         if not isinstance(record.get("prompt_faithful"), str):
             return None

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from interventions.types import JsonMapping
+
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Int
@@ -55,7 +57,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def dumps_line(record: Mapping[str, Any]) -> str:
+def dumps_line(record: JsonMapping) -> str:
     """One JSONL line (compact, sorted keys, trailing newline)."""
     return json.dumps(_jsonable(record), sort_keys=True, allow_nan=False) + "\n"
 
@@ -69,7 +71,7 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return write_text(path, text)
 
 
-def append_line(path: str | Path, record: Mapping[str, Any]) -> None:
+def append_line(path: str | Path, record: JsonMapping) -> None:
     """Append ``record`` as one JSONL line: one ``write`` call, then flush and ``fsync``."""
     from circuits.store.atomic import no_link
 
@@ -194,7 +196,7 @@ class RunDir:
     left out so that, e.g., a full-grid run can resume an auto-grid run.
     """
 
-    def __init__(self, path: str | Path, identity: Mapping[str, Any], *, results_name: str = files.SEARCH_RESULTS,
+    def __init__(self, path: str | Path, identity: JsonMapping, *, results_name: str = files.SEARCH_RESULTS,
                  optional: Iterable[str] = ()):
         self.path = Path(path)
         self.identity = _jsonable(dict(identity))
@@ -298,20 +300,20 @@ class RunDir:
             )
         return path
 
-    def append(self, record: Mapping[str, Any]) -> None:
+    def append(self, record: JsonMapping) -> None:
         append_line(self.results_path, record)
 
     def write_json(self, name: str, obj: Any) -> Path:
         return write_json(self.path / name, obj)
 
-    def write_jsonl(self, name: str, records: Iterable[Mapping[str, Any]]) -> Path:
+    def write_jsonl(self, name: str, records: Iterable[JsonMapping]) -> Path:
         """Write a whole JSONL file atomically (:func:`circuits.store.atomic.write_bytes`)."""
         from circuits.store.atomic import write_text
 
         return write_text(self.path / name, "".join(dumps_line(rec) for rec in records))
 
 
-def comparable(old: Mapping[str, Any], new: Mapping[str, Any], optional: Iterable[str]) -> tuple[dict, dict]:
+def comparable(old: JsonMapping, new: JsonMapping, optional: Iterable[str]) -> tuple[dict, dict]:
     """``old`` and ``new`` without the ``optional`` keys that only one of them holds (at the top level and in
     a nested ``meta`` object)."""
     optional = frozenset(optional)
@@ -325,7 +327,7 @@ def comparable(old: Mapping[str, Any], new: Mapping[str, Any], optional: Iterabl
     return a, b
 
 
-def without_keys(identity: Mapping[str, Any], keys: Iterable[str]) -> JsonDict:
+def without_keys(identity: JsonMapping, keys: Iterable[str]) -> JsonDict:
     """``identity`` without ``keys`` (at the top level and in a nested ``meta`` object)."""
     keys = frozenset(keys)
     out = {k: v for k, v in identity.items() if k not in keys}
@@ -334,7 +336,7 @@ def without_keys(identity: Mapping[str, Any], keys: Iterable[str]) -> JsonDict:
     return out
 
 
-def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> str:
+def identity_diff(old: JsonMapping, new: JsonMapping, prefix: str = "") -> str:
     """``"key: old -> new, ..."`` for every key whose value differs (missing counts as differing); nested
     objects are compared key by key (``means.fit.seed: 0 -> 1``) and content hashes shortened to 12 digits."""
     parts = []

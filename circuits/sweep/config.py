@@ -30,7 +30,7 @@ means: ``fit_size`` (10000), ``fit_min_count`` (5), ``fit_seed`` (0), ``fit_popu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from circuits.prompts.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
 from circuits.validation import check_choice
 from circuits.vocab import ABLATIONS
-from interventions.types import JsonDict
+from interventions.types import JsonDict, JsonMapping
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding", "digits")
@@ -127,7 +127,7 @@ class SweepConfig:
     extra: JsonDict = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> SweepConfig:
+    def from_mapping(cls, raw: JsonMapping) -> SweepConfig:
         """A config from the ``[sweep]`` table (task groups expanded); unknown keys are refused."""
         from circuits.tasks import catalogue
 

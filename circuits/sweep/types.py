@@ -8,11 +8,11 @@ naming the key, before a model is loaded or a ``run.json`` written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.vocab import DTYPES
+from interventions.types import JsonMapping
 
 INTS = ("n_prompts", "batch_size", "fit_size", "fit_min_count", "fit_seed", "shots", "wait", "transfer")
 FLOATS = ("threshold",)
@@ -27,7 +27,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_types(raw: Mapping[str, Any]) -> None:
+def check_types(raw: JsonMapping) -> None:
     """:class:`ArgumentError` naming the first key of ``raw`` (a ``[sweep]`` table) whose value has the wrong
     type, a list with a repeated entry, or an unknown ``dtype``. Unknown keys are left to the caller."""
     for key, value in raw.items():

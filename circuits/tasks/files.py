@@ -48,7 +48,7 @@ import numpy as np
 
 from circuits.errors import ArgumentError
 from circuits.tasks.operand_space import NO_MAX, NO_MIN
-from interventions.types import JsonDict
+from interventions.types import JsonDict, JsonMapping
 
 __all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "TaskFileError", "catalogue_fields", "evaluate", "expression_slots",
            "legacy_catalogue", "read_mapping", "spec_fields", "toml_module"]
@@ -156,7 +156,7 @@ def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ validation
-def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None) -> JsonDict:
+def spec_fields(raw: JsonMapping, where: str, *, base: Path | None = None) -> JsonDict:
     """The :class:`~circuits.tasks.TaskSpec` fields of a task file's table ``raw``; ``where`` names the file in
     errors and ``base`` is the folder relative paths (``frozen``) start from. One-line :class:`TaskFileError`
     naming ``where`` and the field on the first problem."""

@@ -18,13 +18,12 @@ whose states depend on nothing that varies, and CAMA leaves them unchanged. ``ru
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
-from interventions.types import JsonDict, Model, Tokenizer
+from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -119,7 +118,7 @@ class PromptFormat:
         return Dataset.from_dict(cols)
 
 
-def describe_prompts(meta: Mapping[str, Any], task: Any = None) -> str:
+def describe_prompts(meta: JsonMapping, task: Any = None) -> str:
     """How a run's prompts were presented, for its report and tables, from its description (``run.json``,
     ``summary.json`` or a command's meta: the ``format`` and ``numbers`` keys of
     :meth:`circuits.prompts.spec.PromptSpec.meta`, absent at the papers' defaults) and its task (``task``, else
