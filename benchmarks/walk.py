@@ -2,12 +2,14 @@
 back to a file it left.
 
 A *walk* follows the arguments: below a root (the command module's ``check`` and ``run``, or one function such as
-``PromptSpec.prepare``), every call into a ``circuits/`` function that receives one of the values carrying the user's
-arguments (the ``argparse.Namespace``, a command's specs, and the values whose fields the flags set: the package's
-dataclasses with :func:`circuits.flags.flag` fields, such as ``ModelSpec``, ``PromptSpec``, ``FitSpec``,
-``RunOptions`` and the analyses' configs) as a parameter other than ``self`` is a *stop* (``sys.setprofile``; a value's own methods, and what the functions do with other values, are not followed). Consecutive stops in one file make a *stay*; a *return* is a stay
-in a file the walk has already left (stays minus distinct files); a *climb* is a stop whose caller's module is
-imported by the callee's (a lower layer calling back up, through a callback or an import inside a function).
+``PromptSpec.prepare``), every call into a ``circuits/`` function that receives one of the values carrying the
+user's arguments (the ``argparse.Namespace``, a command's specs, and the values whose fields the flags set: the
+package's dataclasses with :func:`circuits.flags.flag` fields, such as ``ModelSpec``, ``PromptSpec``, ``FitSpec``,
+``RunOptions`` and the analyses' configs) as a parameter other than ``self`` is a *stop* (``sys.setprofile``; a
+value's own methods, and what the functions do with other values, are not followed). Consecutive stops in one file
+make a *stay*; a *return* is a stay in a file the walk has already left (stays minus distinct files); a *climb* is a
+stop whose caller's module is imported by the callee's (a lower layer calling back up, through a callback or an
+import inside a function).
 
 Usage: ``python benchmarks/walk.py [--show]``: the walks of ``af1 search``, ``af1 lens`` (zoo model
 ``arith-gpt2``, 20 prompts, a small fit set, into a temporary folder) and ``PromptSpec.prepare``; ``--show`` prints
@@ -72,20 +74,30 @@ def module_of(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every ``circuits``/``interventions`` module ``path`` imports, inside functions and under TYPE_CHECKING too."""
-    out: set[str] = set()
-    pkg = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+def module_imports(path: Path, module: str) -> list[tuple[str, int, tuple[str, ...]]]:
+    """``(imported module, line, names)`` of every import in the file ``path`` of module ``module`` (dotted), at any
+    depth of the code: inside functions and under TYPE_CHECKING too; relative imports resolved. Shared with
+    ``tests/test_architecture.py``, which walks the whole import graph with it."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)
+            out.append((base, node.lineno, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
+            out.extend((a.name, node.lineno, ()) for a in node.names)
+    return out
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (and every ``module.name`` it imports from one)."""
+    out: set[str] = set()
+    for base, _, names in module_imports(path, module_of(path)):
+        out.add(base)
+        out.update(f"{base}.{n}" for n in names)
     return out
 
 

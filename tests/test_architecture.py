@@ -9,9 +9,11 @@ circle is still one)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -44,21 +46,22 @@ def owner(name: str) -> str | None:
     return name or None
 
 
+def load_walk() -> ModuleType:
+    """``benchmarks/walk.py`` (not a package): the import reader and the walks of a value's path."""
+    spec = importlib.util.spec_from_file_location("walk", ROOT / "benchmarks" / "walk.py")
+    assert spec is not None and spec.loader is not None
+    walk = importlib.util.module_from_spec(spec)
+    sys.modules["walk"] = walk  # its dataclasses look their module up
+    spec.loader.exec_module(walk)
+    return walk
+
+
+WALK = load_walk()
+
+
 def imports(module: str) -> list[tuple[str, int, tuple[str, ...]]]:
     """``(imported module, line, names)`` of every import in ``module``, at any depth of the code."""
-    path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(parts + ([base] if base else []))
-            out.append((base, node.lineno, tuple(a.name for a in node.names)))
-        elif isinstance(node, ast.Import):
-            out.extend((a.name, node.lineno, ()) for a in node.names)
-    return out
+    return WALK.module_imports(MODULES[module], module)
 
 
 def graph() -> dict[str, set[str]]:
@@ -194,13 +197,6 @@ def test_former_module_paths_warn_and_are_the_modules_that_hold_the_code_now():
 
 def test_the_arguments_go_down_once():
     """The walks of ``af1 search``, ``af1 lens`` and ``PromptSpec.prepare`` on the zoo model (benchmarks/walk.py)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("walk", ROOT / "benchmarks" / "walk.py")
-    assert spec is not None and spec.loader is not None
-    walk = importlib.util.module_from_spec(spec)
-    sys.modules["walk"] = walk  # its dataclasses look their module up
-    spec.loader.exec_module(walk)
-    results = walk.walks()
-    assert {w.name: w.returns for w in results} == {w.name: min(w.returns, walk.MAX_RETURNS) for w in results}, \
+    results = WALK.walks()
+    assert {w.name: w.returns for w in results} == {w.name: min(w.returns, WALK.MAX_RETURNS) for w in results}, \
         "\n".join(w.line() for w in results)
