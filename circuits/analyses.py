@@ -27,9 +27,11 @@ import interventions as iv
 from circuits.errors import ArgumentError
 from circuits.prompts.fitset import FitSet
 from circuits.store.records import RecordSchema
-from interventions.adapter import ModelInfo
 from interventions.coverage import Coverage
 from interventions.types import JsonDict, JsonMapping, Tokenizer
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.store.runs import RunDir

@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from interventions.types import JsonDict, JsonMapping
+if TYPE_CHECKING:
+    from interventions.types import JsonDict, JsonMapping
+
 
 __all__ = ["KEY", "Flag", "add_flags", "flag", "flag_fields", "values"]
 

@@ -14,9 +14,11 @@ import io
 import logging
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from interventions.types import Model
+if TYPE_CHECKING:
+    from interventions.types import Model
+
 
 __all__ = ["LOGGER", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
 

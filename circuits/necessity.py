@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Int
@@ -31,8 +31,10 @@ from circuits.store import files
 from circuits.store.records import RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.validation import check_int, check_positive
-from interventions.adapter import ModelInfo
 from interventions.types import DataFrame, Figure, JsonDict, JsonMapping, Model, Tokens
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
 
 
 @dataclass(frozen=True)

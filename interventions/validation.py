@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import InterventionError
-from .types import Model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from jaxtyping import Int
+
+    from .types import Model
 
 ErrorType = type[Exception]
 

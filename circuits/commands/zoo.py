@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
 from circuits.vocab import MODEL_CLASSES
-from interventions.types import JsonDict
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,11 +4,14 @@ are declared on its fields)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from circuits.flags import flag
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import DECODES
-from interventions.adapter import ModelInfo
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
 
 __all__ = ["LensConfig"]
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from circuits.flags import flag
 from circuits.vocab import BACKENDS, DTYPES
-from interventions.types import Model
 
 if TYPE_CHECKING:
     from circuits.prompts.spec import PromptSpec
+    from interventions.types import Model
 
 __all__ = ["LoadedModel", "ModelSpec"]
 

@@ -4,12 +4,14 @@ line's flags are declared on its fields). The fit set itself is :mod:`circuits.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
 from circuits.vocab import FIT_MIN_COUNT, FIT_SIZE, POPULATIONS
-from interventions.types import JsonDict
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict
 
 __all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSpec"]
 

@@ -27,11 +27,11 @@ from circuits.logs import get_logger
 from circuits.prompts.fitspec import FitSpec
 from circuits.tasks.formats import PromptFormat
 from circuits.vocab import NUMBERS, SOURCES
-from interventions.types import JsonDict, Model
 
 if TYPE_CHECKING:
     from circuits.prompts.fitset import FitSet
     from circuits.prompts.ready import ReadyPrompts
+    from interventions.types import JsonDict, Model
 
 __all__ = ["MAX_REDRAWS", "PromptSpec", "fit_covered"]
 

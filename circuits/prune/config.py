@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, HEAD_METHODS, RANKS, Ablation, HeadMethod, Rank
-from interventions.types import JsonDict
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict
 
 NOT_IDENTITY = ("command", "base_accuracy", "n_checked")
 """``meta`` keys that describe a run without changing its results (not part of its identity)."""

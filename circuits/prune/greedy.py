@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Int
@@ -27,9 +27,11 @@ from circuits.store import files
 from circuits.store.records import Field, RecordSchema, faithfulness_fields
 from circuits.store.runs import RunDir, tokens_sha256
 from circuits.vocab import Ablation, HeadMethod, Means, Rank, means_kind
-from interventions.adapter import ModelInfo
 from interventions.registry import adapt
 from interventions.types import Head, JsonDict, JsonMapping, Model, Tokens
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
 
 
 def criterion(head: Head, faith: float, diff: float) -> tuple:

@@ -4,12 +4,15 @@ validated before anything is loaded."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_fraction, check_int, check_positive
 from circuits.vocab import ABLATIONS, GRIDS, SEARCH_METHODS, Ablation, Grid, SearchMethod
-from interventions.adapter import ModelInfo
-from interventions.types import JsonDict
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
+    from interventions.types import JsonDict
 
 
 @dataclass(frozen=True)

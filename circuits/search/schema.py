@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 import interventions as iv
@@ -15,8 +17,10 @@ from circuits.store.outcomes import decode_mask
 from circuits.store.records import Field, RecordSchema, faithfulness_fields, layer_field
 from circuits.store.runs import tokens_sha256
 from circuits.vocab import means_kind
-from interventions.adapter import ModelInfo
 from interventions.types import JsonDict, Model
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
 
 __all__ = ["NOT_IDENTITY", "record_schema", "search_identity", "search_schema"]
 

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
-from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
