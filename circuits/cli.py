@@ -60,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
 def set_threads(threads: int | None) -> None:
     """torch's CPU threads for the command: ``--threads``, else ``$AF1_THREADS``, else torch's default (one per
     physical core). On a machine whose cores other processes keep busy, one thread is several times faster than
-    two (docs/real_models.md, "Speed"). :class:`~circuits.errors.ArgumentError` for a value below 1."""
+    two (docs/real_models.md, "Speed"). :class:`~circuits.errors.ArgumentError` for a value below 1 or above
+    :func:`circuits.validation.max_threads` (4 per core)."""
     import os
 
     from circuits.errors import ArgumentError
+    from circuits.validation import check_threads
 
     flag = "--threads"
     if threads is None:
@@ -76,8 +78,7 @@ def set_threads(threads: int | None) -> None:
         except ValueError:
             raise ArgumentError(f"{flag}={text!r} is not an integer: set it to the number of torch CPU threads, "
                                 f"e.g. 1") from None
-    if threads < 1:
-        raise ArgumentError(f"{flag} {threads} is out of range: give an integer >= 1")
+    check_threads(flag, threads)
     import torch
 
     torch.set_num_threads(int(threads))
