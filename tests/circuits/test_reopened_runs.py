@@ -1,0 +1,61 @@
+"""Reopening an older or edited run directory (``circuits.results.load``): every field read back from
+``run.json`` and ``summary.json`` is checked, and a missing or malformed one is one line naming the file and the
+field (docs/reliability.md, "Models, run directories and signals")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from circuits import results
+from circuits.errors import CorruptRunError
+from circuits.store import files
+from tests.circuits.test_reliability2 import finished, tiny  # noqa: F401, F811 - fixtures
+
+
+def edit(path: Path, drop: tuple[str, ...] = (), **change: object) -> None:
+    doc = json.loads(path.read_text())
+    for name in drop:
+        doc.pop(name, None)
+    doc.update(change)
+    path.write_text(json.dumps(doc))
+
+
+def test_an_unedited_search_reopens_with_its_blocks(finished):  # noqa: F811
+    r = results.load(finished)
+    identity = json.loads((finished / files.IDENTITY).read_text())
+    assert r.n_layers == identity["model_signature"]["n_layers"] == json.loads(
+        (finished / files.SUMMARY).read_text())["n_layers"]
+    assert r.grid_array().shape == (r.n_layers + 1, r.n_layers + 1)
+
+
+EDITS = {
+    # a 101x101 grid for a model of a few blocks was accepted
+    "n_layers contradicts run.json": (files.SUMMARY, (), {"n_layers": 100},
+                                      "summary.json: field 'n_layers' = 100 contradicts"),
+    "n_layers not an integer": (files.SUMMARY, (), {"n_layers": "6"}, "summary.json: field 'n_layers' = '6' is not"),
+    "no model_signature anywhere": (files.IDENTITY, ("model_signature",), {}, "run.json: field 'model_signature' "
+                                                                              "is missing"),
+    "model_signature not an object": (files.IDENTITY, (), {"model_signature": "gpt2"},
+                                      "run.json: field 'model_signature' = 'gpt2' is not an object"),
+    "base_accuracy not a number": (files.SUMMARY, (), {"base_accuracy": "high"},
+                                   "summary.json: field 'base_accuracy' = 'high' is not a number"),
+    "threshold out of range": (files.SUMMARY, (), {"threshold": 1.5},
+                               "summary.json: field 'threshold' = 1.5 is not a fraction in [0, 1]"),
+    "threshold a string": (files.SUMMARY, (), {"threshold": "0.9"}, "summary.json: field 'threshold' = '0.9'"),
+    "passes negative": (files.SUMMARY, (), {"passes": -3}, "summary.json: field 'passes' = -3 is below 0"),
+}
+
+
+@pytest.mark.parametrize("case", EDITS)
+def test_an_edited_search_directory_is_one_line_naming_the_file_and_field(finished, case):  # noqa: F811
+    name, drop, change, said = EDITS[case]
+    if case == "no model_signature anywhere":
+        edit(finished / files.SUMMARY, drop=("n_layers",))
+    edit(finished / name, drop=drop, **change)
+    with pytest.raises(CorruptRunError) as caught:
+        results.load(finished)
+    message = str(caught.value)
+    assert said in message and str(finished) in message and "\n" not in message, message
