@@ -9,7 +9,8 @@ fast.
 Every expected failure (the project's errors, OS errors, out of memory, Ctrl-C: see
 :func:`circuits.errors.describe`) ends as one line on stderr, ``af1 COMMAND: error: ...``, and exit code 2;
 anything else is a bug: one line ``af1 COMMAND: internal error: ...`` naming the exception and pointing to
-``--debug``, and exit code 1. ``--debug`` (anywhere on the command line) prints the traceback too.
+``--debug``, and exit code 1. ``--debug`` (anywhere on the command line) prints the traceback too. SIGTERM ends a
+command as Ctrl-C does (:func:`sigterm_as_interrupt`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import importlib
 import logging
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from circuits.errors import describe, internal_error
 
-__all__ = ["COMMANDS", "build_parser", "describe", "main"]
+__all__ = ["COMMANDS", "build_parser", "describe", "main", "sigterm_as_interrupt"]
 
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -84,6 +86,33 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(int(threads))
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM (``kill PID``, a batch system's time limit) ends it as Ctrl-C does: a
+    :class:`~circuits.errors.Terminated` (a ``KeyboardInterrupt``) is raised where the command is, so the lock is
+    released and ``.lock`` removed, the finished results stay, and the command prints the one "interrupted" line
+    and exits with 2. A second SIGTERM while that unwinds is ignored (``kill -9`` still ends the process at
+    once). Outside the main thread (where Python cannot take signals) nothing is changed."""
+    import signal
+    import threading
+
+    from circuits.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -96,11 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr; --debug: all
     cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
-        set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
-        module = importlib.import_module(COMMANDS[args.command][0])
-        spec = module.spec(args)
-        module.check(spec)
-        return int(module.run(spec) or 0)
+        with sigterm_as_interrupt():
+            set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
+            module = importlib.import_module(COMMANDS[args.command][0])
+            spec = module.spec(args)
+            module.check(spec)
+            return int(module.run(spec) or 0)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place every failure becomes one line
         if debug:
             traceback.print_exc()

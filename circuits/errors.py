@@ -56,6 +56,11 @@ class EnvironmentMismatchError(AF1Error, RuntimeError):
     TransformerLens 4.x removed); the message names the environment that can."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received while a command runs (:func:`circuits.cli.sigterm_as_interrupt`): raised where the command
+    is, and handled as Ctrl-C is (the lock released, the one "interrupted" line, exit code 2)."""
+
+
 MAX_MESSAGE = 400
 """Longest error message printed (characters); longer ones (e.g. a loader's list of every model name) are cut."""
 
