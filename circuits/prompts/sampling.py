@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.tasks.checks import check_slot_tokens
+from circuits.tasks.checks import check_number_tokens, check_slot_tokens
 from circuits.tasks.tokens import answer_value, check_prepend_bos
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.models.loading.SOURCES
@@ -225,6 +225,7 @@ def prepare_prompts(
         raise ArgumentError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
     spec, label = tasks.get_task(task), tasks.task_label(task)
     check_slot_tokens(spec, model)
+    check_number_tokens(spec, model)
     frozen = tasks.frozen_set(task) if source == "frozen" else None
     space = len(frozen) if frozen is not None else tasks.operand_space_size(task)
     if n_prompts > space:

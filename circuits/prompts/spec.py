@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from circuits.prompts.fitset import FitSet
     from circuits.prompts.ready import ReadyPrompts
 
-__all__ = ["MAX_REDRAWS", "PromptSpec", "check_prompt_count", "fit_covered"]
+__all__ = ["MAX_REDRAWS", "PromptSpec", "check_prompt_count", "dropped_line", "fit_covered"]
 
 ONE_SOURCE = ("give exactly one of a task (task=, --task NAME or FILE.toml) and a prompt dataset (prompts=, "
               "--prompts FILE.jsonl|csv)")
@@ -177,6 +177,8 @@ class PromptSpec:
         lines.append(f"{name} on {self.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
                      f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
                      f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))")
+        if prompts.n_dropped_multi_token:
+            lines.append(dropped_line(prompts, self.numbers))
         if prompts.fit is not None:
             fit = prompts.fit
             how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
@@ -196,6 +198,16 @@ class PromptSpec:
         if not self.format.zero_shot:
             out["format"] = self.format.identity()
         return out
+
+
+def dropped_line(prompts: Any, numbers: str) -> str:
+    """What the drawn prompts that were never scored say: how many of the drawn ones, why, and how to draw only
+    prompts the tokenizer reads (``numbers``: ``--numbers``)."""
+    n, drawn = prompts.n_dropped_multi_token, prompts.n_drawn
+    what = "a single token" if numbers == "single" else "tokens this tokenizer reads"
+    return (f"dropped {n:,} of the {drawn:,} drawn prompts before scoring: an operand or the answer is not {what} "
+            f"of this model's tokenizer (--numbers {numbers}); to draw only prompts it reads, bound the answer "
+            f"(answer_min/answer_max in a task file) or the slots' ranges")
 
 
 def fit_covered(fit: FitSet, tokens: Any) -> Any:
