@@ -112,7 +112,6 @@ def checkpoint_step(path: Path) -> int | None:
     return int(step) if step is not None and step.isdigit() else None
 
 
-@contextlib.contextmanager
 def check_out_folder(out_dir: Path, name: str, continue_from: Path | None = None) -> None:
     """:class:`~circuits.errors.ArgumentError`, before anything is written or loaded, when training ``name`` into
     ``out_dir`` would replace a model it should not: the folder continued from (``--continue-from``: the
@@ -136,6 +135,7 @@ def check_out_folder(out_dir: Path, name: str, continue_from: Path | None = None
                                 f"replace it; give a new or empty --out (or that model's own folder)")
 
 
+@contextlib.contextmanager
 def held(*folders: Path) -> Iterator[None]:
     """Hold ``folders`` (each once) as every command holds its directory (:class:`circuits.runner.Run`: created
     if needed, locked, refused when it holds links or another command's results, leftovers of a killed write
