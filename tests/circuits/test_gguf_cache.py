@@ -6,7 +6,9 @@ never used, and a GGUF file truncated inside its header or declaring absurd coun
 from __future__ import annotations
 
 import logging
+import shutil
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -117,7 +119,17 @@ def test_a_converted_folder_edited_since_is_converted_again_with_one_warning(tmp
     writer = fake_writer(weights)
     monkeypatch.setattr(gguf, "write_folder", writer)
     folder = gguf.hf_folder(path)
-    assert writer.calls == 1 and gguf.hf_folder(path) == folder and writer.calls == 1  # a hit
+    hashed: list[str] = []
+    real_sha256 = gguf.file_sha256
+
+    def counted(p):
+        hashed.append(Path(p).name)
+        return real_sha256(p)
+
+    monkeypatch.setattr(gguf, "file_sha256", counted)
+    assert writer.calls == 1 and gguf.hf_folder(path) == folder and writer.calls == 1  # a hit ...
+    assert hashed == ["m.gguf"]  # ... reads the GGUF file's hash only: the folder's files are as recorded
+    time.sleep(0.05)  # past the file system's timestamp granularity: the edit below moves the change time
     tampered = bytearray(weights)
     tampered[1000:1004] = b"\x7f\x7f\x7f\x7f"  # same size, other content
     (folder / "model.safetensors").write_bytes(bytes(tampered))
@@ -149,3 +161,29 @@ def test_a_folder_of_the_format_without_hashes_is_converted_again(tmp_path, monk
     assert "another release" in str(gguf.folder_problem(folder, marker["sha256"]))
     gguf.hf_folder(path)
     assert writer.calls == 2 and json.loads((folder / gguf.MARKER).read_text())["format"] == gguf.FORMAT
+
+
+def test_a_copied_cache_is_hashed_once_then_hit_cheaply(tmp_path, monkeypatch):
+    """A cache copied elsewhere (new inodes and change times) is hashed in full once, its new stamps recorded;
+    the next hit reads no file again."""
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "require_gguf", lambda _path: None)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes())
+    monkeypatch.setattr(gguf, "write_folder", fake_writer(b"w" * 4096))
+    gguf.hf_folder(path)
+    shutil.copytree(tmp_path / "cache", tmp_path / "copy")
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "copy"))
+    hashed: list[str] = []
+    real_sha256 = gguf.file_sha256
+
+    def counted(p):
+        hashed.append(Path(p).name)
+        return real_sha256(p)
+
+    monkeypatch.setattr(gguf, "file_sha256", counted)
+    gguf.hf_folder(path)
+    assert sorted(hashed) == ["config.json", "m.gguf", "model.safetensors"]
+    hashed.clear()
+    gguf.hf_folder(path)
+    assert hashed == ["m.gguf"]
