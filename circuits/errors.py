@@ -71,7 +71,8 @@ def describe(err: BaseException) -> tuple[str, int] | None:
 
     Expected: the project's errors (:class:`AF1Error`, and :mod:`interventions.errors` of the layer below),
     OS errors (permission, missing file, not a directory, disk full), a malformed JSON file, a corrupt
-    safetensors file, a failed remote (NDIF) request, running out of device memory and Ctrl-C. A bare
+    safetensors file, a failed remote (NDIF) request, running out of device memory and Ctrl-C (and SIGTERM,
+    :class:`Terminated`, a ``KeyboardInterrupt``). A bare
     ``ValueError``, ``TypeError`` or ``KeyError`` is not: user mistakes raise the project's errors.
     """
     import json
