@@ -12,7 +12,7 @@ from typing import Any
 
 from circuits.errors import CorruptRunError
 
-__all__ = ["FIX", "MISSING", "corrupt", "fraction", "integer", "mapping", "number", "text"]
+__all__ = ["FIX", "MISSING", "choice", "corrupt", "fraction", "integer", "mapping", "number", "text"]
 
 FIX = "the directory was edited or written by an incompatible release: rerun into a new --out directory"
 """How to go on, said by every error of this module."""
@@ -96,6 +96,15 @@ def text(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MIS
     value = doc[name]
     if not isinstance(value, str):
         raise corrupt(path, name, f"= {_shown(value)} is not a string")
+    return value
+
+
+def choice(doc: Mapping[str, Any], name: str, path: str | Path, choices: tuple[str, ...],
+           default: Any = MISSING) -> str:
+    """Field ``name`` as one of ``choices`` (a tuple of :mod:`circuits.vocab`)."""
+    value = text(doc, name, path, default)
+    if value is not default and value not in choices:
+        raise corrupt(path, name, f"= {_shown(value)} is not one of {', '.join(choices)}")
     return value
 
 

@@ -59,3 +59,44 @@ def test_an_edited_search_directory_is_one_line_naming_the_file_and_field(finish
         results.load(finished)
     message = str(caught.value)
     assert said in message and str(finished) in message and "\n" not in message, message
+
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory) -> Path:
+    """A finished pruning run directory (the tiny Llama stand-in, as ``tests/circuits/test_prune.py``)."""
+    import torch
+
+    from circuits.prune import prune_heads
+    from tests.circuits.test_prune import setup
+    from tests.conftest import build_default
+
+    torch.manual_seed(0)
+    model = build_default("llama")
+    tokens, cache, answers = setup(model)
+    out = tmp_path_factory.mktemp("prune") / "run"
+    prune_heads(model, tokens, answers, wait=0, transfer=2, cache=cache, progress=False, batch_size=64,
+                meta={"model": "tiny-llama"}, out_dir=out)
+    return out
+
+
+PRUNE_EDITS = {
+    "wait missing": (files.IDENTITY, ("wait",), {}, "run.json: field 'wait' is missing"),
+    "rank unknown": (files.IDENTITY, (), {"rank": "best"}, "run.json: field 'rank' = 'best' is not one of"),
+    "model not an object": (files.IDENTITY, (), {"model": 3}, "run.json: field 'model' = 3 is not an object"),
+    "target out of range": (files.SUMMARY, (), {"target": 7}, "summary.json: field 'target' = 7 is not a fraction"),
+    "auc not a number": (files.SUMMARY, (), {"auc": "high"}, "summary.json: field 'auc' = 'high' is not a number"),
+}
+
+
+@pytest.mark.parametrize("case", PRUNE_EDITS)
+def test_an_edited_pruning_directory_is_one_line_naming_the_file_and_field(pruned, tmp_path, case):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(pruned, run)
+    assert results.load(run).config.wait == 0
+    name, drop, change, said = PRUNE_EDITS[case]
+    edit(run / name, drop=drop, **change)
+    with pytest.raises(CorruptRunError) as caught:
+        results.load(run)
+    assert said in str(caught.value) and "\n" not in str(caught.value), caught.value
