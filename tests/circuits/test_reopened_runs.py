@@ -100,3 +100,36 @@ def test_an_edited_pruning_directory_is_one_line_naming_the_file_and_field(prune
     with pytest.raises(CorruptRunError) as caught:
         results.load(run)
     assert said in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    """A finished one-cell sweep of the zoo model (zero ablation: no means to fit)."""
+    from circuits import cli
+
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    assert cli.main(["sweep", "--models", "arith-gpt2", "--tasks", "add", "--ablations", "zero", "--n-prompts", "8",
+                     "--no-progress", "--out", str(out)]) == 0
+    return out
+
+
+SWEEP_EDITS = {
+    "no config": ((("config",)), {}, "summary.json: field 'config' is missing"),
+    "config not an object": ((), {"config": []}, "summary.json: field 'config' = [] is not an object"),
+    "cells not a list": ((), {"cells": {"a": 1}}, "summary.json: field 'cells' is not a list of objects"),
+    "seconds not a number": ((), {"seconds": "long"}, "summary.json: field 'seconds' = 'long' is not a number"),
+}
+
+
+@pytest.mark.parametrize("case", SWEEP_EDITS)
+def test_an_edited_sweep_summary_is_one_line_naming_the_file_and_field(swept, tmp_path, case):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(swept, run)
+    assert len(results.load(run).cells) == 1
+    drop, change, said = SWEEP_EDITS[case]
+    edit(run / files.SUMMARY, drop=drop, **change)
+    with pytest.raises(CorruptRunError) as caught:
+        results.load(run)
+    assert said in str(caught.value) and "\n" not in str(caught.value), caught.value
