@@ -9,7 +9,8 @@ fast.
 Every expected failure (the project's errors, OS errors, out of memory, Ctrl-C: see
 :func:`circuits.errors.describe`) ends as one line on stderr, ``af1 COMMAND: error: ...``, and exit code 2;
 anything else is a bug: one line ``af1 COMMAND: internal error: ...`` naming the exception and pointing to
-``--debug``, and exit code 1. ``--debug`` (anywhere on the command line) prints the traceback too.
+``--debug``, and exit code 1. ``--debug`` (anywhere on the command line) prints the traceback too. SIGTERM ends a
+command as Ctrl-C does (:func:`sigterm_as_interrupt`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import importlib
 import logging
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from circuits.errors import describe, internal_error
 
-__all__ = ["COMMANDS", "build_parser", "describe", "main"]
+__all__ = ["COMMANDS", "build_parser", "describe", "main", "sigterm_as_interrupt"]
 
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -60,10 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
 def set_threads(threads: int | None) -> None:
     """torch's CPU threads for the command: ``--threads``, else ``$AF1_THREADS``, else torch's default (one per
     physical core). On a machine whose cores other processes keep busy, one thread is several times faster than
-    two (docs/real_models.md, "Speed"). :class:`~circuits.errors.ArgumentError` for a value below 1."""
+    two (docs/real_models.md, "Speed"). :class:`~circuits.errors.ArgumentError` for a value below 1 or above
+    :func:`circuits.validation.max_threads` (4 per core)."""
     import os
 
     from circuits.errors import ArgumentError
+    from circuits.validation import check_threads
 
     flag = "--threads"
     if threads is None:
@@ -76,11 +80,37 @@ def set_threads(threads: int | None) -> None:
         except ValueError:
             raise ArgumentError(f"{flag}={text!r} is not an integer: set it to the number of torch CPU threads, "
                                 f"e.g. 1") from None
-    if threads < 1:
-        raise ArgumentError(f"{flag} {threads} is out of range: give an integer >= 1")
+    check_threads(flag, threads)
     import torch
 
     torch.set_num_threads(int(threads))
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM (``kill PID``, a batch system's time limit) ends it as Ctrl-C does: a
+    :class:`~circuits.errors.Terminated` (a ``KeyboardInterrupt``) is raised where the command is, so the lock is
+    released and ``.lock`` removed, the finished results stay, and the command prints the one "interrupted" line
+    and exits with 2. A second SIGTERM while that unwinds is ignored (``kill -9`` still ends the process at
+    once). Outside the main thread (where Python cannot take signals) nothing is changed."""
+    import signal
+    import threading
+
+    from circuits.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,11 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr; --debug: all
     cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
-        set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
-        module = importlib.import_module(COMMANDS[args.command][0])
-        spec = module.spec(args)
-        module.check(spec)
-        return int(module.run(spec) or 0)
+        with sigterm_as_interrupt():
+            set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
+            module = importlib.import_module(COMMANDS[args.command][0])
+            spec = module.spec(args)
+            module.check(spec)
+            return int(module.run(spec) or 0)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place every failure becomes one line
         if debug:
             traceback.print_exc()

@@ -56,6 +56,11 @@ class EnvironmentMismatchError(AF1Error, RuntimeError):
     TransformerLens 4.x removed); the message names the environment that can."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received while a command runs (:func:`circuits.cli.sigterm_as_interrupt`): raised where the command
+    is, and handled as Ctrl-C is (the lock released, the one "interrupted" line, exit code 2)."""
+
+
 MAX_MESSAGE = 400
 """Longest error message printed (characters); longer ones (e.g. a loader's list of every model name) are cut."""
 
@@ -66,7 +71,8 @@ def describe(err: BaseException) -> tuple[str, int] | None:
 
     Expected: the project's errors (:class:`AF1Error`, and :mod:`interventions.errors` of the layer below),
     OS errors (permission, missing file, not a directory, disk full), a malformed JSON file, a corrupt
-    safetensors file, a failed remote (NDIF) request, running out of device memory and Ctrl-C. A bare
+    safetensors file, a failed remote (NDIF) request, running out of device memory and Ctrl-C (and SIGTERM,
+    :class:`Terminated`, a ``KeyboardInterrupt``). A bare
     ``ValueError``, ``TypeError`` or ``KeyError`` is not: user mistakes raise the project's errors.
     """
     import json

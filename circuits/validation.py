@@ -11,7 +11,12 @@ from typing import Any
 from circuits.errors import ArgumentError
 from interventions import validation as _v
 
-__all__ = ["check_choice", "check_config", "check_fraction", "check_int", "check_positive"]
+__all__ = ["THREADS_PER_CORE", "check_choice", "check_config", "check_fraction", "check_int", "check_positive",
+           "check_threads", "max_threads"]
+
+THREADS_PER_CORE = 4
+"""Most torch CPU threads a command may ask for, per core of this machine (:func:`max_threads`): more only
+oversubscribes the cores, and tens of thousands exhaust the process's memory and crash it."""
 
 
 def check_int(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
@@ -42,3 +47,26 @@ def check_config(n_layers: int, wait: Any, transfer: Any, *, min_transfer: int =
     problem = config_problem(n_layers, wait, transfer, min_transfer=min_transfer)
     if problem is not None:
         raise ArgumentError(problem)
+
+
+def max_threads() -> int:
+    """The largest ``--threads`` accepted here: :data:`THREADS_PER_CORE` per CPU core (``os.cpu_count()``)."""
+    import os
+
+    return THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
+def check_threads(name: str, value: Any) -> int:
+    """``value`` if it is an integer in ``1 .. max_threads()``, else :class:`ArgumentError` saying the bound and
+    the machine's cores (``name`` is the flag or variable, e.g. ``"--threads"``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(f"{name} {value} is out of range: give an integer >= 1")
+    threads = value
+    limit = max_threads()
+    if threads > limit:
+        import os
+
+        raise ArgumentError(f"{name} {threads} is out of range: this machine has {os.cpu_count() or 1} CPU cores; "
+                            f"give at most {limit} ({THREADS_PER_CORE} per core), e.g. --threads 1 on a busy "
+                            f"machine")
+    return threads

@@ -24,7 +24,7 @@ from circuits.flags import add_flags, flag_fields, values
 from circuits.models.spec import ModelSpec
 from circuits.options import RunOptions, batch_size_argument
 from circuits.prompts.fitspec import FitSpec
-from circuits.prompts.spec import PromptSpec
+from circuits.prompts.spec import PromptSpec, check_prompt_count
 from circuits.tasks.formats import PromptFormat
 from circuits.validation import check_int, check_positive
 
@@ -78,7 +78,7 @@ def check_prompts_or_task(prompts: Any) -> None:
     the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
     the task's prompts or the dataset's rows."""
     if prompts.prompts is None:
-        check_task(prompts.task, prompts.n_prompts, prompts.source)
+        check_task(prompts.task, prompts.n_prompts, prompts.source, prompts.format.shots)
         return
     from circuits.prompts.datasets import prompts_label, read_prompts
 
@@ -136,9 +136,10 @@ def task_size(task: Any) -> int:
     return tasks.operand_space_size(task)  # estimated for a space of more than 5 M tuples
 
 
-def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -> None:
+def check_task(task: Any, n_prompts: int | None = None, source: str = "build", shots: int = 0) -> None:
     """``ArgumentError`` for an unknown task or a task file that does not load (one line naming the file and the
-    field), a frozen source the task has no set for, or more prompts than the task has."""
+    field), a frozen source the task has no set for, or more prompts than the task (or its frozen set) has, the
+    ``shots`` solved examples not counted (:func:`circuits.prompts.spec.check_prompt_count`)."""
     from circuits.tasks import catalogue as tasks
 
     if isinstance(task, str) and tasks.task_path(task) is None and task not in tasks.list_tasks():
@@ -149,11 +150,8 @@ def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -
         raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
                             f"{tasks.frozen_path(spec)}; use --source build (or write one: "
                             f"circuits.tasks.write_frozen_sets)")
-    if n_prompts is not None and source == "build":
-        size = task_size(spec)
-        if n_prompts > size:
-            raise ArgumentError(f"--n-prompts {n_prompts} exceeds the {size} distinct prompts of task "
-                                f"{tasks.task_label(task)!r}; give at most {size}")
+    if n_prompts is not None:
+        check_prompt_count(spec, n_prompts, source, shots)
 
 
 def check_backend(remote: bool, backend: str | None, models: Sequence[str], batch_size: int | str | None,

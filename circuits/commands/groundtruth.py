@@ -63,15 +63,16 @@ def spec(args: argparse.Namespace) -> GroundTruthSpecs:
 
 def check(spec: GroundTruthSpecs) -> None:
     """Model-independent checks, before anything is loaded."""
-    from circuits.commands.common import check_out
+    from circuits.commands.common import MAX_PROMPTS, check_out
     from circuits.errors import ArgumentError
+    from circuits.prompts.spec import check_prompt_count
     from circuits.tasks.catalogue import list_tasks
     from circuits.validation import check_fraction, check_positive
     from circuits.vocab import ABLATIONS
 
     check_fraction("--threshold", spec.threshold)
     check_fraction("--target", spec.target)
-    check_positive("--n-prompts", spec.n_prompts)
+    check_positive("--n-prompts", spec.n_prompts, maximum=MAX_PROMPTS)
     bad = [a for a in spec.ablations if a not in ABLATIONS]
     if bad or not spec.ablations:
         raise ArgumentError(f"--ablations {','.join(spec.ablations)!r}: choose from {', '.join(ABLATIONS)}")
@@ -79,6 +80,8 @@ def check(spec: GroundTruthSpecs) -> None:
     if unknown or not spec.tasks:
         raise ArgumentError(f"--tasks {','.join(spec.tasks)!r}: unknown task(s) {unknown}; see "
                             f"circuits.tasks.list_tasks()")
+    for task in spec.tasks:
+        check_prompt_count(task, spec.n_prompts)
     check_out(spec.out)
 
 

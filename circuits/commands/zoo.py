@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
+from circuits.validation import check_threads
 from circuits.vocab import MODEL_CLASSES
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ def spec(args: argparse.Namespace) -> ZooSpecs:
 
 def check(spec: ZooSpecs) -> None:
     """Checks before anything is loaded or trained."""
+    if spec.action == "train":
+        check_threads("--threads", spec.threads)
     if spec.action == "eval" and spec.n is not None and spec.n < 1:
         raise ArgumentError(f"-n {spec.n} is out of range: give an integer >= 1 (prompts per frozen set)")
 

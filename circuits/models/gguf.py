@@ -12,10 +12,17 @@ folder is keyed by the file's content, so a changed file is converted again and 
 another path is not.
 
 A folder is trusted only when its marker :data:`MARKER` records the GGUF file's hash, the conversion
-format :data:`FORMAT` and the size in bytes of every file written. A conversion is built in a temporary
-sibling ``.partial-<sha256>-<pid>``; the marker is written last (files fsynced first), then the folder is
-renamed into place. An interrupted conversion therefore leaves nothing a later run trusts: a
-``.partial-*`` folder of a process that no longer runs is removed by the next conversion of that file,
+format :data:`FORMAT` and the size in bytes and SHA-256 of every file written, and every file still has them
+(checked on every reuse: a file whose size, modification and change times and inode are those recorded when
+its hash was last checked is not read again, so a cache hit costs a ``stat`` per file; any write to a file moves
+its change time, which no user can set back, and the file is hashed again). A folder edited since (a same-size
+change of a weight matrix included) is converted again, with one warning line saying which file changed. Before
+a file is converted its header is walked (:mod:`circuits.models.gguf_header`): a file truncated inside its header
+or declaring absurd counts is one line, not an error of the reader.
+
+A conversion is built in a temporary sibling ``.partial-<sha256>-<pid>``; the marker is written last (files
+fsynced first), then the folder is renamed into place. An interrupted conversion therefore leaves nothing a later
+run trusts: a ``.partial-*`` folder of a process that no longer runs is removed by the next conversion of that file,
 and a folder without a valid marker is rebuilt.
 
 Names (:data:`REGISTERED`): ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct quantised to Q4_1, the GGUF
@@ -38,15 +45,17 @@ from circuits.errors import ModelLoadError
 from circuits.logs import get_logger
 
 __all__ = ["CACHE_ENV", "FORMAT", "INSTALL_HINT", "MARKER", "REGISTERED", "GGUFSource", "cache_root",
-           "file_sha256", "gguf_file", "hf_folder", "is_gguf", "is_valid", "require_gguf", "resolve", "write_folder"]
+           "file_sha256", "folder_problem", "gguf_file", "hf_folder", "is_gguf", "is_valid", "marker_of",
+           "require_gguf", "resolve", "stamp", "write_folder"]
 
 CACHE_ENV = "AF1_CACHE_DIR"
 """Environment variable naming the cache root (default ``~/.cache/af1-circuits``); conversions live in
 its ``gguf/`` folder."""
 MARKER = "af1-gguf.json"
-"""The completion marker of a converted folder: ``{"format", "sha256", "gguf", "files": {name: bytes}}``."""
-FORMAT = 1
-"""Version of the converted folder's layout; a folder of another version is rebuilt."""
+"""The completion marker of a converted folder: ``{"format", "sha256", "gguf", "files": {name: bytes},
+"sha256s": {name: hex}, "stamps": {name: [bytes, mtime_ns, ctime_ns, inode]}}``."""
+FORMAT = 2
+"""Version of the converted folder's layout; a folder of another version is rebuilt (1: sizes only, no hashes)."""
 INSTALL_HINT = "pip install 'af1-circuits[gguf]'"
 
 
@@ -109,17 +118,73 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def is_valid(folder: str | os.PathLike, sha256: str) -> bool:
-    """Whether ``folder`` holds a complete conversion of the GGUF file with hash ``sha256``: its marker
-    parses, records this hash and :data:`FORMAT`, and every file it lists exists with the recorded size."""
+def stamp(path: Path) -> list[int]:
+    """What changes whenever a file is written: ``[size, mtime_ns, ctime_ns, inode]`` (no user can set a file's
+    change time, ``ctime``, back)."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def marker_of(folder: str | os.PathLike, sha256: str, gguf_name: str) -> dict[str, object]:
+    """The marker of a complete conversion in ``folder`` of the GGUF file ``gguf_name`` with hash ``sha256``: the
+    size, SHA-256 and :func:`stamp` of every file in it (the marker itself excepted)."""
+    paths = [p for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name != MARKER]
+    return {"format": FORMAT, "sha256": sha256, "gguf": gguf_name, "files": {p.name: p.stat().st_size for p in paths},
+            "sha256s": {p.name: file_sha256(p) for p in paths}, "stamps": {p.name: stamp(p) for p in paths}}
+
+
+def folder_problem(folder: str | os.PathLike, sha256: str) -> str | None:
+    """Why ``folder`` is not a complete, unedited conversion of the GGUF file with hash ``sha256`` (``None`` when
+    it is): no or an unreadable marker, another hash or :data:`FORMAT`, or a listed file missing, of another size
+    or another content than the marker records. A file whose :func:`stamp` is the one recorded when its hash was
+    last checked is not read again (a cache hit costs a ``stat`` per file); one whose stamp moved but whose
+    content is intact (the cache copied elsewhere) is hashed, and the new stamps are recorded, when the cache is
+    writable, so the next hit is cheap again."""
     folder = Path(folder)
     try:
         marker = json.loads((folder / MARKER).read_text())
-        files = marker["files"]
-        return (marker["format"] == FORMAT and marker["sha256"] == sha256 and "config.json" in files
-                and all((folder / name).stat().st_size == size for name, size in files.items()))
+        if marker["format"] != FORMAT:
+            return f"it was converted by another release (format {marker['format']!r})"
+        if marker["sha256"] != sha256:
+            return "its marker names another GGUF file"
+        files, hashes, stamps = marker["files"], marker["sha256s"], dict(marker.get("stamps") or {})
+        if "config.json" not in files or set(files) != set(hashes):
+            return "its marker lists no config.json or not every file's hash"
+        for name, size in files.items():
+            if (folder / name).stat().st_size != size:
+                return f"{name} has {(folder / name).stat().st_size} bytes, not the {size} it was written with"
+        moved = False
+        for name, digest in hashes.items():
+            now = stamp(folder / name)
+            if stamps.get(name) == now:
+                continue
+            if file_sha256(folder / name) != digest:
+                return f"{name} was changed since it was written (its SHA-256 differs from the recorded one)"
+            stamps[name], moved = now, True
+        if moved:
+            _record_stamps(folder, {**marker, "stamps": stamps})
+    except FileNotFoundError as err:
+        return f"{Path(str(err.filename)).name} is missing"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        return "its marker is unreadable"
+    return None
+
+
+def _record_stamps(folder: Path, marker: dict[str, object]) -> None:
+    """Replace ``folder``'s marker by ``marker`` atomically (a temporary sibling renamed over it); a read-only
+    cache keeps the old one (the files are then hashed on every use)."""
+    temporary = folder / f".{MARKER}.{os.getpid()}.tmp"
+    try:
+        temporary.write_text(json.dumps(marker, indent=1) + "\n")
+        os.replace(temporary, folder / MARKER)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+
+
+def is_valid(folder: str | os.PathLike, sha256: str) -> bool:
+    """Whether ``folder`` holds a complete, unedited conversion of the GGUF file with hash ``sha256``
+    (:func:`folder_problem`)."""
+    return folder_problem(folder, sha256) is None
 
 
 def require_gguf(gguf_path: str | os.PathLike) -> None:
@@ -162,11 +227,18 @@ def write_folder(gguf_path: str | os.PathLike, folder: str | os.PathLike) -> Non
 def hf_folder(name: str | os.PathLike) -> Path:
     """The converted Hugging Face folder of a registered name or ``.gguf`` path (:func:`gguf_file`),
     converting it first (:func:`write_folder`, announced on stderr) unless the cache holds a valid one."""
+    from circuits.models.gguf_header import check_header
+
     path = gguf_file(name)
     sha256 = file_sha256(path)
     target = cache_root() / "gguf" / sha256
-    if is_valid(target, sha256):
+    problem = folder_problem(target, sha256)
+    if problem is None:
         return target
+    if target.exists():
+        get_logger("gguf").warning("the converted folder %s is not used: %s; converting %s again", target, problem,
+                                   path.name)
+    check_header(path)
     require_gguf(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(target)
@@ -176,10 +248,9 @@ def hf_folder(name: str | os.PathLike) -> Path:
     get_logger("gguf").info("converting %s into %s (once)", path.name, target)
     try:
         write_folder(path, partial)
-        files = {p.name: p.stat().st_size for p in sorted(partial.iterdir()) if p.is_file()}
-        for file_name in files:
-            _fsync(partial / file_name)
-        marker = {"format": FORMAT, "sha256": sha256, "gguf": path.name, "files": files}
+        marker = marker_of(partial, sha256, path.name)
+        for written in partial.iterdir():
+            _fsync(written)
         (partial / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         _fsync(partial / MARKER)
         _install(partial, target, sha256)

@@ -20,8 +20,9 @@ import torch
 from jaxtyping import Bool, Int
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.tasks.checks import check_slot_tokens
-from circuits.tasks.tokens import answer_value, check_prepend_bos
+from circuits.tasks.checks import check_number_tokens, check_slot_tokens
+from circuits.tasks.positions import check_text_fits
+from circuits.tasks.tokens import answer_value, check_prepend_bos, tokenizer_of
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.models.loading.SOURCES
 from interventions.types import JsonDict, Model
@@ -225,7 +226,10 @@ def prepare_prompts(
     if not 1 <= need <= n_prompts:
         raise ArgumentError(f"min_prompts={min_prompts!r} must be between 1 and n_prompts={n_prompts}")
     spec, label = tasks.get_task(task), tasks.task_label(task)
+    check_text_fits(fmt.prefix(spec) if fmt is not None else spec.prefix, model, tokenizer_of(model),
+                    f"the text before every prompt of task {label!r} (its prefix and --shots examples)")
     check_slot_tokens(spec, model)
+    check_number_tokens(spec, model)
     frozen = tasks.frozen_set(task) if source == "frozen" else None
     space = len(frozen) if frozen is not None else tasks.operand_space_size(task)
     if n_prompts > space:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from circuits.prompts.ready import ReadyPrompts
     from interventions.types import JsonDict, Model
 
-__all__ = ["MAX_REDRAWS", "PromptSpec", "fit_covered"]
+__all__ = ["MAX_REDRAWS", "PromptSpec", "check_prompt_count", "dropped_line", "fit_covered"]
 
 ONE_SOURCE = ("give exactly one of a task (task=, --task NAME or FILE.toml) and a prompt dataset (prompts=, "
               "--prompts FILE.jsonl|csv)")
@@ -178,6 +178,8 @@ class PromptSpec:
         lines.append(f"{name} on {self.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
                      f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
                      f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))")
+        if prompts.n_dropped_multi_token:
+            lines.append(dropped_line(prompts, self.numbers))
         if prompts.fit is not None:
             fit = prompts.fit
             how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
@@ -199,9 +201,48 @@ class PromptSpec:
         return out
 
 
+def dropped_line(prompts: Any, numbers: str) -> str:
+    """What the drawn prompts that were never scored say: how many of the drawn ones, why, and how to draw only
+    prompts the tokenizer reads (``numbers``: ``--numbers``)."""
+    n, drawn = prompts.n_dropped_multi_token, prompts.n_drawn
+    what = "a single token" if numbers == "single" else "tokens this tokenizer reads"
+    return (f"dropped {n:,} of the {drawn:,} drawn prompts before scoring: an operand or the answer is not {what} "
+            f"of this model's tokenizer (--numbers {numbers}); to draw only prompts it reads, bound the answer "
+            f"(answer_min/answer_max in a task file) or the slots' ranges")
+
+
 def fit_covered(fit: FitSet, tokens: Any) -> Any:
     """``[batch]`` bool: which prompts read only ``(position, token)`` entries (positions ``>= 1``) that at
     least ``fit.spec.min_count`` fit prompts hold."""
     from interventions.coverage import entry_counts
 
     return (entry_counts(fit.tokens, tokens)[:, 1:] >= fit.spec.min_count).all(dim=1)
+
+
+def check_prompt_count(task: Any, n_prompts: int, source: str = "build", shots: int = 0,
+                       flag: str = "--n-prompts") -> None:
+    """:class:`~circuits.errors.ArgumentError`, before any model loads, when ``task`` cannot give ``n_prompts``
+    prompts: more than its distinct prompts (``source="build"``; the ``shots`` solved examples are never queries,
+    so they are not counted) or more than the rows of its frozen set (``source="frozen"``). ``flag`` names the
+    setting in the message (``"sweep key n_prompts"``)."""
+    from circuits.tasks import catalogue as tasks
+
+    spec, label = tasks.get_task(task), tasks.task_label(task)
+    if source == "frozen":
+        path = tasks.frozen_path(spec)
+        if not path.is_file():
+            return  # said by the caller's check of the frozen set, or by the run
+        with open(path, "rb") as f:
+            rows = sum(1 for line in f if line.strip())
+        if n_prompts > rows:
+            raise ArgumentError(f"{flag} {n_prompts} exceeds the {rows} prompts of task {label!r}'s frozen set "
+                                f"({path.name}); give at most {rows}, or --source build")
+        return
+    size = tasks.operand_space_size(spec)
+    if shots and shots >= size:
+        raise ArgumentError(f"--shots {shots} needs more solved examples than task {label!r} has distinct prompts "
+                            f"({size}), leaving none to ask: give --shots {max(0, size - 1)} or fewer")
+    if n_prompts > size - shots:
+        extra = f" less the {shots} solved examples of --shots" if shots else ""
+        raise ArgumentError(f"{flag} {n_prompts} exceeds the {size} distinct prompts of task {label!r}{extra}; "
+                            f"give at most {size - shots}")

@@ -15,8 +15,10 @@ from circuits.errors import ArgumentError
 from circuits.prune import figures as prune_figures
 from circuits.prune.config import PruneConfig
 from circuits.prune.curve import CURVE_FIELDS, CurvePoint
+from circuits.store import fields as jf  # typed fields of run.json and summary.json
 from circuits.store.runs import dist_version
 from circuits.tasks.formats import describe_prompts
+from circuits.vocab import ABLATIONS, HEAD_METHODS, RANKS, Ablation, HeadMethod, Rank
 from interventions.types import DataFrame, Figure, Head, JsonDict, JsonMapping
 
 
@@ -65,23 +67,31 @@ class PruneResult:
             if not (path / name).is_file():
                 raise FileNotFoundError(f"{path} holds no {name}: not a finished pruning run")
         ident, summary = read_json_object(path / files.IDENTITY), read_json_object(path / files.SUMMARY)
-        cfg = PruneConfig(wait=int(ident["wait"]), transfer=int(ident["transfer"]), ablation=ident["ablation"],
-                          method=ident["method"], target=float(summary["target"]), rank=ident["rank"],
-                          confirm_top=ident.get("confirm_top"), batch_size=int(summary.get("batch_size", 128)),
-                          n_boot=int(ident["n_boot"]), seed=int(ident["seed"]))
-        signature = ident["model"]
-        heads = transfer_heads(int(signature["n_layers"]), int(signature["n_heads"]), cfg.wait, cfg.transfer)
+        ip, sp = path / files.IDENTITY, path / files.SUMMARY  # every field read below names its file when bad
+        confirm = jf.integer(ident, "confirm_top", ip, None, minimum=1)
+        cfg = PruneConfig(wait=jf.integer(ident, "wait", ip, minimum=-1), transfer=jf.integer(ident, "transfer", ip),
+                          ablation=cast(Ablation, jf.choice(ident, "ablation", ip, ABLATIONS)),
+                          method=cast(HeadMethod, jf.choice(ident, "method", ip, HEAD_METHODS)),
+                          target=jf.fraction(summary, "target", sp),
+                          rank=cast(Rank, jf.choice(ident, "rank", ip, RANKS)),
+                          confirm_top=confirm, batch_size=jf.integer(summary, "batch_size", sp, 128, minimum=1),
+                          n_boot=jf.integer(ident, "n_boot", ip, minimum=1), seed=jf.integer(ident, "seed", ip))
+        signature = jf.mapping(ident, "model", ip)
+        n_layers = jf.integer({"model.n_layers": signature.get("n_layers")}, "model.n_layers", ip, minimum=1)
+        n_heads = jf.integer({"model.n_heads": signature.get("n_heads")}, "model.n_heads", ip, minimum=1)
+        heads = transfer_heads(n_layers, n_heads, cfg.wait, cfg.transfer)
         curve = [CurvePoint.from_dict(r) for r in read_jsonl(path / files.PRUNE_CURVE)]
         smallest = summary.get("smallest_head_set")
-        attention = summary.get("attention") or {}
+        attention = jf.mapping(summary, "attention", sp, {})
         return cls(
             config=cfg, transfer_heads=heads, curve=curve,
             smallest_head_set=[tuple(h) for h in smallest] if smallest is not None else None,
             smallest_step=summary.get("smallest_step"), smallest_faithfulness=summary.get("smallest_faithfulness"),
-            auc=float(summary["auc"]), passes_total=int(summary["passes_total"]),
-            attribution_passes_total=int(summary["attribution_passes_total"]), passes_run=int(summary["passes_run"]),
-            seconds=float(summary["seconds"]), seconds_run=float(summary["seconds_run"]),
-            n_prompts=int(summary["n_prompts"]), n_dropped=int(summary["n_dropped"]),
+            auc=jf.number(summary, "auc", sp), passes_total=jf.integer(summary, "passes_total", sp),
+            attribution_passes_total=jf.integer(summary, "attribution_passes_total", sp),
+            passes_run=jf.integer(summary, "passes_run", sp), seconds=jf.number(summary, "seconds", sp),
+            seconds_run=jf.number(summary, "seconds_run", sp), n_prompts=jf.integer(summary, "n_prompts", sp),
+            n_dropped=jf.integer(summary, "n_dropped", sp),
             attention={cast(Head, tuple(int(x) for x in k.split("."))): v
                        for k, v in (attention.get("heads") or {}).items()},
             key_labels=list(attention.get("key_labels") or []),

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import numpy as np
 from circuits.errors import CorruptRunError
 from circuits.faithfulness import FaithfulnessResult
 from circuits.search.rule import Config, select, smallest_transfers
+from circuits.store import fields as jf  # typed fields of run.json and summary.json
 from circuits.store.outcomes import PromptOutcomes
 from interventions.types import DataFrame, Figure, JsonDict, JsonMapping
 
@@ -142,20 +142,23 @@ class SearchResult:
         if prompts is not None:
             results = [replace(r, outcomes=replace(r.outcomes, prompts=prompts))
                        if r.outcomes is not None and r.outcomes.n == len(prompts) else r for r in results]
-        n_layers = int(summary.get("n_layers") or identity["model_signature"]["n_layers"])
-        fallback: float = identity.get("threshold", 0.9)
-        stored = float(summary.get("threshold", fallback))
-        counted: int = summary.get("n_prompts", 0)
+        ident, summ = path / files.IDENTITY, path / files.SUMMARY
+        n_layers = stored_n_layers(path, identity, summary)
+        if n_layers is None:
+            raise jf.corrupt(ident, "model_signature", "is missing (and summary.json records no n_layers)")
+        stored = jf.fraction(summary, "threshold", summ, None)
+        stored = jf.fraction(identity, "threshold", ident, 0.9) if stored is None else stored
         base = cls(
             n_layers=n_layers, threshold=stored,
-            ablation=str(summary.get("ablation") or identity.get("ablation", "cama")),
-            grid=str(summary.get("grid", "auto")), method=str(summary.get("method", "fast")),
+            ablation=jf.text(summary, "ablation", summ, None) or jf.text(identity, "ablation", ident, "cama"),
+            grid=jf.text(summary, "grid", summ, "auto"), method=jf.text(summary, "method", summ, "fast"),
             results=sorted(results, key=lambda r: (-r.wait, r.transfer)), selected=None, smallest_transfer={},
-            n_evaluated=int(summary.get("n_evaluated_this_run", 0)), n_resumed=int(summary.get("n_resumed", 0)),
-            passes=int(summary.get("passes", 0)), seconds=float(summary.get("seconds", 0.0)),
-            base_accuracy=float(summary.get("base_accuracy", float("nan"))),
-            n_prompts=int(identity.get("n_prompts", counted)), out_dir=path,
-            interventions=list(summary.get("interventions") or []), prompts=prompts,
+            n_evaluated=jf.integer(summary, "n_evaluated_this_run", summ, 0),
+            n_resumed=jf.integer(summary, "n_resumed", summ, 0), passes=jf.integer(summary, "passes", summ, 0),
+            seconds=jf.number(summary, "seconds", summ, 0.0),
+            base_accuracy=jf.fraction(summary, "base_accuracy", summ, float("nan")),
+            n_prompts=jf.integer(identity, "n_prompts", ident, None) or jf.integer(summary, "n_prompts", summ, 0),
+            out_dir=path, interventions=list(summary.get("interventions") or []), prompts=prompts,
         )
         reselected = base.with_threshold(stored)
         reselected.interventions = base.interventions
@@ -270,6 +273,26 @@ class SearchResult:
         )
 
 
+def stored_n_layers(run_dir: Path, identity: JsonMapping, summary: JsonMapping) -> int | None:
+    """The model's blocks of the run in ``run_dir``: ``run.json``'s ``model_signature.n_layers``, else
+    ``summary.json``'s ``n_layers`` (``None`` when neither records it: an identity of the first releases). A
+    summary that contradicts ``run.json``, or a value that is not a positive integer, is a
+    :class:`~circuits.errors.CorruptRunError` naming the file and the field."""
+    from circuits.store import files
+
+    ident, summ = run_dir / files.IDENTITY, run_dir / files.SUMMARY
+    signature = jf.mapping(identity, "model_signature", ident, None)
+    recorded = None
+    if signature is not None:
+        name = "model_signature.n_layers"
+        recorded = jf.integer({name: signature.get("n_layers")}, name, ident, None, minimum=1)
+    summarised = jf.integer(summary, "n_layers", summ, None, minimum=1)
+    if recorded is not None and summarised is not None and recorded != summarised:
+        raise jf.corrupt(summ, "n_layers", f"= {summarised} contradicts {ident}, whose "
+                                           f"model_signature.n_layers = {recorded}")
+    return recorded if recorded is not None else summarised
+
+
 def checked_records(path: Path, identity: JsonMapping, summary: JsonMapping) -> list[JsonDict]:
     """The records of a search's ``results.jsonl``, checked as a resumed run checks them (types, ranges, totals
     that agree with the per-prompt outcomes; :func:`circuits.search.schema.record_schema`): a malformed or
@@ -277,8 +300,7 @@ def checked_records(path: Path, identity: JsonMapping, summary: JsonMapping) -> 
     from circuits.search.schema import record_schema
     from circuits.store.runs import read_jsonl
 
-    signature = identity.get("model_signature")
-    n_layers = summary.get("n_layers") or (signature.get("n_layers") if isinstance(signature, Mapping) else None)
+    n_layers = stored_n_layers(path.parent, identity, summary)
     n_prompts = identity.get("n_prompts", summary.get("n_prompts"))
     numbered = read_jsonl(path, with_lines=True)
     if not isinstance(n_layers, int) or not isinstance(n_prompts, int):

@@ -40,7 +40,7 @@ from circuits.models import placement
 from circuits.prompts.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
 from circuits.validation import check_choice
-from circuits.vocab import ABLATIONS
+from circuits.vocab import ABLATIONS, GRIDS
 from interventions.types import JsonDict, JsonMapping
 
 MODES = ("search", "fixed")
@@ -190,6 +190,7 @@ class SweepConfig:
             raise ArgumentError(f"tasks: two tasks would share the cell folder {twice!r}: rename one task file")
         for ablation in self.ablations:
             check_choice("ablation", ablation, ABLATIONS)
+        check_choice("sweep key grid", self.grid, GRIDS)
         if self.analyses:
             from circuits import analyses
 
@@ -219,6 +220,10 @@ class SweepConfig:
         except ArgumentError as err:
             raise ArgumentError(f"sweep key {err}".replace("fit ", "fit_", 1)) from None
         self.prompt_spec(self.tasks[0], 0)  # numbers, shots, chat
+        from circuits.prompts.spec import check_prompt_count
+
+        for task in self.tasks:  # prompts a task cannot give fail every cell of it after loading the model
+            check_prompt_count(task, self.n_prompts, self.source, self.shots, flag="sweep key n_prompts")
         return self
 
     def model_spec(self, name: str) -> Any:

@@ -72,14 +72,23 @@ class SweepResult:
         path = Path(out)
         if not (path / files.SUMMARY).is_file():
             raise FileNotFoundError(f"{path} holds no {files.SUMMARY}: not a finished sweep")
-        summary = read_json_object(path / files.SUMMARY)
+        from circuits.store import fields as jf
+
+        sp = path / files.SUMMARY
+        summary = read_json_object(sp)
         names = {f.name for f in dataclasses.fields(SweepConfig)} - {"extra"}
-        raw: JsonDict = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
-                               if k in names}
-        config = SweepConfig(**raw)
+        raw: JsonDict = {k: tuple(v) if isinstance(v, list) else v
+                               for k, v in jf.mapping(summary, "config", sp).items() if k in names}
         known = {f.name for f in dataclasses.fields(CellResult)}
-        cells = [CellResult(**{k: v for k, v in c.items() if k in known}) for c in summary.get("cells", [])]
-        return cls(config=config, cells=cells, seconds=float(summary.get("seconds", 0.0)), out_dir=path)
+        rows = summary.get("cells", [])
+        if not isinstance(rows, list) or not all(isinstance(c, dict) for c in rows):
+            raise jf.corrupt(sp, "cells", "is not a list of objects")
+        try:
+            config = SweepConfig(**raw)
+            cells = [CellResult(**{k: v for k, v in c.items() if k in known}) for c in rows]
+        except TypeError as err:  # a required field missing
+            raise jf.corrupt(sp, "config" if "SweepConfig" in str(err) else "cells", f"is incomplete ({err})") from None
+        return cls(config=config, cells=cells, seconds=jf.number(summary, "seconds", sp, 0.0), out_dir=path)
 
     def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame``: one row per cell (the columns of ``table.csv``)."""

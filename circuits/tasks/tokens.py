@@ -405,11 +405,15 @@ def filter_correct(
     dev = next(model.parameters()).device
     if dev.type == "meta":  # a remote model (weights on NDIF): its inputs are built here, on the CPU
         dev = torch.device("cpu")
+    from circuits.tasks.positions import check_positions
     from interventions.readout import answer_positions
 
+    layouts = to_layouts(model, ds, prepend_bos=prepend_bos)
+    for lay in layouts:  # before any forward pass: one past the position table is an IndexError
+        check_positions(model, lay.n_pos, lay.prompts[0] if lay.prompts else None)
     correct: list[int] = []
     with torch.no_grad():
-        for lay in to_layouts(model, ds, prepend_bos=prepend_bos):
+        for lay in layouts:
             for s in range(0, len(lay), batch_size):
                 ans = lay.answers[s : s + batch_size]
                 logits = answer_positions(model(lay.tokens[s : s + batch_size].to(dev), return_type="logits"), ans)

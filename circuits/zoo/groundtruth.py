@@ -153,6 +153,7 @@ def train(cfg: GroundTruthConfig, out_dir: str | Path | None = None, ckpt_dir: s
     torch.set_num_threads(cfg.threads)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / cfg.name
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / cfg.name
+    trainer.check_out_folder(out_dir, cfg.name, Path(continue_from) if continue_from else None)
     with trainer.held(out_dir, ckpt_dir):  # locked like every command's directory
         model, states = continued(cfg, Path(continue_from)) if continue_from else (_new(cfg, train_config(cfg)), [])
         states += [run_phase(model, pcfg, ckpt_dir / f"phase{k}", resume, log)

@@ -91,7 +91,10 @@ def train(name: str, out_dir: str | Path | None = None, resume: bool = True, ste
         torch.set_num_threads(threads)
     out_dir = Path(out_dir) if out_dir else MODELS_DIR / name
     ckpt_root = Path(ckpt_dir) if ckpt_dir else Path("runs") / "zoo" / name
-    from circuits.zoo.trainer import held
+    from circuits.zoo.trainer import check_out_folder, held
+
+    if export_model:
+        check_out_folder(out_dir, name)
 
     tokenizer = build_tokenizer(words=[*WORDS, *cfg.extra_tokens]) if cfg.extra_tokens else build_tokenizer()
     with held(*([out_dir] if export_model else []), ckpt_root):  # locked like every command's directory

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     import torch
     from jaxtyping import Float
 
-__all__ = ["lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint", "checkpoint_step",
-           "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
+__all__ = ["check_out_folder", "lr_at", "make_optimizer", "save_optimizer", "load_optimizer", "save_checkpoint",
+           "checkpoint_step", "held", "phase_done", "start", "last_logits", "optimizer_step", "loop"]
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -112,6 +112,29 @@ def checkpoint_step(path: Path) -> int | None:
     with safe_open(str(path), framework="pt") as f:
         step = (f.metadata() or {}).get("step")
     return int(step) if step is not None and step.isdigit() else None
+
+
+def check_out_folder(out_dir: Path, name: str, continue_from: Path | None = None) -> None:
+    """:class:`~circuits.errors.ArgumentError`, before anything is written or loaded, when training ``name`` into
+    ``out_dir`` would replace a model it should not: the folder continued from (``--continue-from``: the
+    continued model would overwrite the weights it started from) or a folder whose ``card.json`` names another
+    model (e.g. ``--out`` pointing at another zoo model's folder)."""
+    from circuits.errors import ArgumentError
+
+    out_dir = Path(out_dir)
+    if continue_from is not None and out_dir.exists() and out_dir.resolve() == Path(continue_from).resolve():
+        raise ArgumentError(f"--out {out_dir} is the folder --continue-from reads: the continued model would replace "
+                            f"the one it starts from; give another --out")
+    card = out_dir / "card.json"
+    if card.is_file():
+        try:
+            other = json.loads(card.read_text()).get("name")
+        except (OSError, ValueError, AttributeError):
+            other = None
+        if other != name:
+            held_model = f"the model {other!r}" if isinstance(other, str) else "a model card af1 cannot read"
+            raise ArgumentError(f"--out {out_dir} holds {held_model} ({card.name}): training {name} there would "
+                                f"replace it; give a new or empty --out (or that model's own folder)")
 
 
 @contextlib.contextmanager

@@ -205,9 +205,7 @@ def test_a_corrupted_folder_is_rebuilt(how, smollm2, fresh_cache, monkeypatch):
     target = fresh_cache / "gguf" / sha
     target.mkdir(parents=True)
     link_copy(smollm2)(None, target)
-    marker = {"format": gguf.FORMAT, "sha256": sha, "gguf": "x.gguf",
-              "files": {p.name: p.stat().st_size for p in target.iterdir()}}
-    (target / gguf.MARKER).write_text(json.dumps(marker))
+    (target / gguf.MARKER).write_text(json.dumps(gguf.marker_of(target, sha, "x.gguf")))
     assert gguf.is_valid(target, sha)
     corrupt(target, how)
     assert not gguf.is_valid(target, sha)

@@ -126,7 +126,7 @@ def test_a_sweep_says_each_tasks_format(tmp_path):
     body = 'name = "m"\ntemplate = "{A}+{B}="\nanswer = "A+B"\n[slots]\nA = { range = [0, 9] }\nB = { range = [0, 9] }\n'
     (tmp_path / "p.toml").write_text('prefix = "1+1=2\\n"\n' + body)
     path = tmp_path / "sweep.toml"
-    path.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["add", "p.toml"]\n')
+    path.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["add", "p.toml"]\nn_prompts = 50\n')  # p has 100
     config = SweepConfig.from_toml(path)
     cells = [CellResult(model="arith-gpt2", task=t, ablation="cama", seed=0, base_accuracy=0.5, n_prompts=10, wait=3,
                         transfer=1, faithfulness=0.8, ci_low=0.7, ci_high=0.9, path="cells/x") for t in config.tasks]

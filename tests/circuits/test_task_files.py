@@ -217,7 +217,8 @@ def test_sweep_configs_take_task_files_relative_to_the_config(tmp_path):
     (tmp_path / "tasks").mkdir()
     _write(tmp_path / "tasks", MUL, "mul.toml")
     cfg = tmp_path / "sweep.toml"
-    cfg.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["add", "tasks/mul.toml"]\n')
+    # n_prompts at most mul's 100 prompts (more is refused before anything loads: test_refused_before_loading.py)
+    cfg.write_text('[sweep]\nmodels = ["arith-gpt2"]\ntasks = ["add", "tasks/mul.toml"]\nn_prompts = 50\n')
     config = SweepConfig.from_toml(cfg)
     assert config.tasks == ("add", str(tmp_path / "tasks" / "mul.toml"))
     assert [str(c.folder()) for c in config.cells()] == ["arith-gpt2/add/cama-seed0", "arith-gpt2/mul/cama-seed0"]

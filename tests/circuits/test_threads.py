@@ -58,3 +58,29 @@ def test_the_commands_take_the_flag_and_refuse_a_bad_one_before_loading(tmp_path
     assert cli.main(["search", "--model", "arith-gpt2", "--task", "add", "--threads", "0", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "af1 search: error: --threads 0 is out of range: give an integer >= 1" and not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["search", "--model", "arith-gpt2", "--task", "add", "--threads", "100000"],
+                                  ["zoo", "train", "arith-gpt2", "--threads", "100000"]])
+def test_absurd_thread_counts_are_refused_in_one_line_before_loading(argv, tmp_path, capsys, monkeypatch,
+                                                                     restore_threads):
+    """``--threads 100000`` asked torch for 100,000 threads: a misleading out-of-memory error, then a crash; now
+    the bound (4 per core) is said in one line before anything loads."""
+    import os
+
+    from circuits.validation import THREADS_PER_CORE, max_threads
+
+    monkeypatch.delenv(cli.THREADS_ENV, raising=False)
+    before = torch.get_num_threads()
+    out = tmp_path / "o"
+    code = cli.main([*argv, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"--threads 100000 is out of range: this machine has {os.cpu_count()} CPU cores; give at most " \
+           f"{THREADS_PER_CORE * (os.cpu_count() or 1)}" in err
+    assert not out.exists() and torch.get_num_threads() == before
+    cli.set_threads(max_threads())  # the bound itself is accepted
+    assert torch.get_num_threads() == max_threads()
+    monkeypatch.setenv(cli.THREADS_ENV, str(max_threads() + 1))
+    with pytest.raises(ArgumentError, match=r"\$AF1_THREADS \d+ is out of range: this machine has"):
+        cli.set_threads(None)

@@ -1,0 +1,118 @@
+"""Typed fields of a run directory's JSON files (``run.json``, ``summary.json``) read back by a reopened or
+resumed run: a missing field, a value of the wrong type or out of range is one
+:class:`~circuits.errors.CorruptRunError` line naming the file and the field (an older or edited directory is
+never a bare ``KeyError`` or ``ValueError``). Torch-free."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from circuits.errors import CorruptRunError
+
+__all__ = ["FIX", "MISSING", "choice", "corrupt", "fraction", "integer", "mapping", "number", "text"]
+
+FIX = "the directory was edited or written by an incompatible release: rerun into a new --out directory"
+"""How to go on, said by every error of this module."""
+
+
+class _Missing:
+    """The default of a field that must be present."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""``default=MISSING``: the field is required."""
+
+
+def corrupt(path: str | Path, name: str, problem: str) -> CorruptRunError:
+    """The error of field ``name`` of ``path``: ``<path>: field 'name' <problem>; <FIX>``."""
+    return CorruptRunError(f"{path}: field {name!r} {problem}; {FIX}")
+
+
+def _present(doc: Mapping[str, Any], name: str, path: str | Path, default: Any) -> bool:
+    """Whether ``doc`` holds field ``name`` (not null); a required one absent is an error."""
+    if doc.get(name) is not None:
+        return True
+    if default is MISSING:
+        raise corrupt(path, name, "is missing")
+    return False
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def number(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING, *,
+           finite: bool = False) -> float:
+    """Field ``name`` of ``doc`` (read from ``path``) as a float: a JSON number (booleans and strings refused;
+    NaN allowed unless ``finite``), else ``default`` when absent or null."""
+    if not _present(doc, name, path, default):
+        return default
+    value = doc[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise corrupt(path, name, f"= {_shown(value)} is not a number")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise corrupt(path, name, "is a number too large for a float") from None
+    if finite and not math.isfinite(out):
+        raise corrupt(path, name, f"= {out} is not a finite number")
+    return out
+
+
+def fraction(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING) -> float:
+    """Field ``name`` as a fraction in [0, 1] (a threshold, an accuracy; NaN allowed: not measured)."""
+    if not _present(doc, name, path, default):
+        return default
+    value = number(doc, name, path)
+    if not math.isnan(value) and not 0.0 <= value <= 1.0:
+        raise corrupt(path, name, f"= {value:g} is not a fraction in [0, 1]")
+    return value
+
+
+def integer(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING, *,
+            minimum: int | None = 0) -> int:
+    """Field ``name`` as an integer ``>= minimum`` (booleans, floats and strings refused)."""
+    if not _present(doc, name, path, default):
+        return default
+    value = doc[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise corrupt(path, name, f"= {_shown(value)} is not an integer")
+    if minimum is not None and value < minimum:
+        raise corrupt(path, name, f"= {value} is below {minimum}")
+    return value
+
+
+def text(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING) -> str:
+    """Field ``name`` as a string."""
+    if not _present(doc, name, path, default):
+        return default
+    value = doc[name]
+    if not isinstance(value, str):
+        raise corrupt(path, name, f"= {_shown(value)} is not a string")
+    return value
+
+
+def choice(doc: Mapping[str, Any], name: str, path: str | Path, choices: tuple[str, ...],
+           default: Any = MISSING) -> str:
+    """Field ``name`` as one of ``choices`` (a tuple of :mod:`circuits.vocab`)."""
+    value = text(doc, name, path, default)
+    if value is not default and value not in choices:
+        raise corrupt(path, name, f"= {_shown(value)} is not one of {', '.join(choices)}")
+    return value
+
+
+def mapping(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING) -> Mapping[str, Any]:
+    """Field ``name`` as a JSON object."""
+    if not _present(doc, name, path, default):
+        return default
+    value = doc[name]
+    if not isinstance(value, Mapping):
+        raise corrupt(path, name, f"= {_shown(value)} is not an object")
+    return value
