@@ -23,8 +23,6 @@ each varying token in several rows (e.g. a product of slot values, as a task fil
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,89 +30,9 @@ import numpy as np
 import torch
 
 from circuits.errors import ArgumentError, PromptError
+from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, prompts_label, read_prompts
 
 __all__ = ["PROMPT_SUFFIXES", "prompts_label", "prepare_dataset_prompts", "read_prompts"]
-
-PROMPT_SUFFIXES = (".jsonl", ".csv")
-"""File types ``--prompts`` reads."""
-LINE = "_line"
-"""The column :func:`read_prompts` adds: where each row came from (``"line 3"`` of a file, ``"row 2"`` of a Dataset)."""
-NOT_SLOTS = ("prompt", "answer", "answer_text", "answer_ids", "layout", "operands", "task", LINE)
-"""Columns that are not slot values."""
-
-
-def prompts_label(source: Any) -> str:
-    """How runs name a prompt dataset: the file path, or ``dataset:<fingerprint>`` for a ``Dataset``."""
-    if isinstance(source, (str, Path)):
-        return str(source)
-    return f"dataset:{getattr(source, '_fingerprint', None) or len(source)}"
-
-
-def read_prompts(source: Any) -> Any:
-    """The rows of ``source`` (a ``.jsonl`` / ``.csv`` path or a ``datasets.Dataset``) as a ``Dataset``, checked:
-    one-line :class:`~circuits.errors.ArgumentError` naming the file, the line and the column otherwise."""
-    from datasets import Dataset
-
-    if not isinstance(source, (str, Path)):
-        columns = getattr(source, "column_names", None)
-        if columns is None:
-            raise ArgumentError(f"prompts: {type(source).__name__} is neither a .jsonl/.csv path nor a Dataset")
-        cols = _checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset", lambda i: f"row {i}")
-        return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
-    path = Path(source)
-    if path.suffix.lower() not in PROMPT_SUFFIXES:
-        raise ArgumentError(f"prompts file {path}: give a .jsonl or .csv file (columns prompt, answer)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ArgumentError(f"prompts file {path} cannot be read: {err.strerror or err}") from None
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        rows = list(reader)
-        lines = list(range(2, len(rows) + 2))  # line 1 is the header
-        names = reader.fieldnames or []
-    else:
-        rows, lines = [], []
-        for n, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ArgumentError(f"prompts file {path}: line {n}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ArgumentError(f"prompts file {path}: line {n}: must be a JSON object with prompt and answer")
-            rows.append(row)
-            lines.append(n)
-        names = list(dict.fromkeys(k for r in rows for k in r))
-    if not rows:
-        raise ArgumentError(f"prompts file {path} has no rows: give one prompt and answer a line")
-    for n, row in zip(lines, rows):
-        missing = [k for k in names if k not in row]
-        if missing:
-            raise ArgumentError(f"prompts file {path}: line {n}: column {missing[0]}: missing (every row needs the "
-                                f"same columns)")
-    cols = {k: [r[k] for r in rows] for k in names if k != LINE}
-    cols = _checked(cols, f"prompts file {path}", lambda i: f"line {lines[i]}")
-    return Dataset.from_dict({**cols, LINE: [f"line {n}" for n in lines]})
-
-
-def _checked(cols: dict[str, list[Any]], where: str, line: Any) -> dict[str, list[Any]]:
-    for key in ("prompt", "answer"):
-        if key not in cols:
-            raise ArgumentError(f"{where}: column {key}: missing (columns prompt and answer are needed)")
-    for i, (p, a) in enumerate(zip(cols["prompt"], cols["answer"])):
-        if not isinstance(p, str) or not p:
-            raise ArgumentError(f"{where}: {line(i)}: column prompt: {p!r} is not a non-empty string")
-        if isinstance(a, bool) or not isinstance(a, (str, int)) or a == "":
-            raise ArgumentError(f"{where}: {line(i)}: column answer: {a!r} is not a non-empty string or an integer")
-    if "answer_text" in cols and any(not isinstance(t, str) or not t for t in cols["answer_text"]):
-        i = next(i for i, t in enumerate(cols["answer_text"]) if not isinstance(t, str) or not t)
-        raise ArgumentError(f"{where}: {line(i)}: column answer_text: not a non-empty string")
-    for key, column in cols.items():  # one type a column: mixed integers and text become text
-        if len({type(v) for v in column}) > 1:
-            cols[key] = [v if isinstance(v, str) else json.dumps(v) for v in column]
-    return cols
 
 
 def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int = 0, *, means: str | None = None,

@@ -27,6 +27,9 @@ from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.mod
 
 MAX_CHECKED = 20_000
 """Default budget of :func:`prepare_prompts`: prompts whose correctness is checked (forward passes)."""
+DRY_DRAWS = 100_000
+"""Prompts :func:`prepare_prompts` draws at most while none has numbers the tokenizer writes as it must (one token
+each with ``numbers="single"``): then it stops and says why, instead of drawing from a space of 10^9 forever."""
 
 
 @dataclass
@@ -274,6 +277,9 @@ def prepare_prompts(
             if n_checked >= max_checked:
                 stop = "budget"
                 break
+            if n_checked == 0 and n_drawn >= DRY_DRAWS:
+                stop = "dry"
+                break
             # Next round: what the yield so far (prompts in the best layout per drawn) says is missing.
             rate = best / n_drawn
             missing = n_prompts - best
@@ -296,9 +302,13 @@ def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len
             raise PromptError(f"{where}: none of the {n_drawn} drawn prompts has an answer of one token for this "
                               f"model's tokenizer (answer_format {spec.answer_format!r}); allow answers of several "
                               f"tokens (--numbers multi) or choose one-token answers")
-        raise PromptError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
-                          f"model's tokenizer; choose a task with smaller numbers, or allow numbers of several "
-                          f"tokens (--numbers multi, for tokenizers that write digits one by one)")
+        where = f"task file {spec.path}: slots" if spec.path else f"task {task!r}"
+        sample = f" (a sample: drawing stops after {DRY_DRAWS} without one)" if stop == "dry" else ""
+        raise PromptError(f"{where}: none of the {n_drawn} drawn prompts has single-token numbers for this "
+                          f"model's tokenizer{sample}; narrow the slot ranges or bound the answer (answer_min, "
+                          f"answer_max) to numbers the tokenizer writes as one token, choose a task with smaller "
+                          f"numbers, or allow numbers of several tokens (--numbers multi, for tokenizers that write "
+                          f"digits one by one)")
     base_acc = n_correct / n_checked
     if n_correct == 0:
         raise PromptError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
