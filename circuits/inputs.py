@@ -13,7 +13,7 @@ from typing import Any
 from circuits.errors import ArgumentError
 
 __all__ = ["MAX_DEPTH", "MAX_INT", "InputError", "check_int_range", "decode", "json_value", "line_of", "nesting",
-           "read_text", "short"]
+           "read_text", "short", "shown"]
 
 MAX_INT = 10 ** 18
 """Largest magnitude of an integer in a task file or prompt file (slot values, constants, answers, bounds):
@@ -33,6 +33,14 @@ def short(text: str, limit: int = ECHO) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def shown(value: Any, limit: int = ECHO) -> str:
+    """``repr(value)``, cut to about ``limit`` characters (a string as :func:`short` shows it)."""
+    if isinstance(value, str):
+        return short(value, limit)
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def read_text(path: str | Path, what: str, limit: int) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits.errors import ArgumentError
-from circuits.inputs import MAX_INT, InputError, json_value, read_text, short
+from circuits.inputs import MAX_INT, InputError, json_value, read_text, short, shown
 
 __all__ = ["LINE", "MAX_FIELD", "MAX_PROMPTS_FILE", "NOT_SLOTS", "PROMPT_SUFFIXES", "prompts_label", "read_prompts"]
 
@@ -141,9 +141,9 @@ def checked(cols: dict[str, list[Any]], where: str, lines: list[str]) -> dict[st
             raise ArgumentError(f"{where}: column {key}: missing (columns prompt and answer are needed)")
     for i, (p, a) in enumerate(zip(cols["prompt"], cols["answer"])):
         if not isinstance(p, str) or not p:
-            raise ArgumentError(f"{where}: {lines[i]}: column prompt: {short(repr(p))} is not a non-empty string")
+            raise ArgumentError(f"{where}: {lines[i]}: column prompt: {shown(p)} is not a non-empty string")
         if isinstance(a, bool) or not isinstance(a, (str, int)) or a == "":
-            raise ArgumentError(f"{where}: {lines[i]}: column answer: {short(repr(a))} is not a non-empty string or "
+            raise ArgumentError(f"{where}: {lines[i]}: column answer: {shown(a)} is not a non-empty string or "
                                 f"an integer")
         if isinstance(a, int) and abs(a) > MAX_INT:
             raise ArgumentError(f"{where}: {lines[i]}: column answer: {short(str(a), 30)} is beyond +-10^18")

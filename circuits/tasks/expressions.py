@@ -65,8 +65,7 @@ def _check(node: ast.expr, names: set[str]) -> None:
     names and integers (within +-10^18)."""
     if isinstance(node, ast.BinOp):
         if type(node.op) not in _BINOPS:
-            raise ArgumentError(f"operator {type(node.op).__name__} is not allowed: use + - * and parentheses "
-                                f"({short(ast.unparse(node))})")
+            raise ArgumentError(f"operator {short(ast.unparse(node))} is not allowed: use + - * and parentheses")
         _check(node.left, names)
         _check(node.right, names)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -78,8 +77,8 @@ def _check(node: ast.expr, names: set[str]) -> None:
             raise ArgumentError(f"the constant {short(str(node.value), 30)} is beyond +-10^18, the largest integer "
                                 f"a task may use")
     else:
-        raise ArgumentError(f"only slot names, integers, + - * and parentheses are allowed, not "
-                            f"{short(ast.unparse(node))}")
+        raise ArgumentError(f"{short(ast.unparse(node))} is not allowed: use slot names, integers, + - * and "
+                            f"parentheses")
 
 
 def expression_slots(text: str) -> list[str]:
