@@ -80,9 +80,9 @@ def line_of(text: str, offset: int) -> int:
 class _Refused(Exception):
     """Raised from inside the JSON parser's hooks; turned into an :class:`InputError` with the file's name."""
 
-    def __init__(self, message: str, key: str | None = None):
+    def __init__(self, message: str, key: str | None = None, needle: str | None = None):
         super().__init__(message)
-        self.key = key
+        self.key, self.needle = key, needle
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -97,12 +97,13 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _int(text: str) -> int:
     digits = text.lstrip("-")
     if len(digits) > 19 or abs(int(text)) > MAX_INT:
-        raise _Refused(f"the integer {short(text, 30)} is beyond +-10^18, the largest an input file may hold")
+        raise _Refused(f"the integer {short(text, 40)} is beyond +-10^18, the largest an input file may hold",
+                       needle=text)
     return int(text)
 
 
 def _constant(text: str) -> float:
-    raise _Refused(f"{text} is not a JSON number (write a finite number or a string)")
+    raise _Refused(f"{text} is not a JSON number (write a finite number or a string)", needle=text)
 
 
 def json_value(text: str, where: str, line: int | None = None) -> Any:
@@ -123,12 +124,15 @@ def json_value(text: str, where: str, line: int | None = None) -> Any:
             first = text.find(quoted)
             second = text.find(quoted, first + 1) if first >= 0 else -1
             n = line_of(text, second) if second >= 0 else None
+        elif n is None and err.needle is not None:  # the line of the first such number
+            at_ = text.find(err.needle)
+            n = line_of(text, at_) if at_ >= 0 else None
         raise InputError(f"{at(n)}: {err}") from None
     except RecursionError:
         raise InputError(f"{at(line)}: a value is nested deeper than {MAX_DEPTH} levels") from None
     depth = nesting(value)
     if depth > MAX_DEPTH:
-        raise InputError(f"{at(line)}: a value is nested {depth} levels deep, more than {MAX_DEPTH}")
+        raise InputError(f"{at(line)}: a value is nested deeper than {MAX_DEPTH} levels")
     return value
 
 
@@ -151,5 +155,5 @@ def nesting(value: Any) -> int:
 def check_int_range(value: int, what: str) -> int:
     """``value`` when it lies within +-:data:`MAX_INT`, else :class:`InputError` naming ``what``."""
     if abs(value) > MAX_INT:
-        raise InputError(f"{what}: {short(str(value), 30)} is beyond +-10^18, the largest integer a task may use")
+        raise InputError(f"{what}: {short(str(value), 40)} is beyond +-10^18, the largest integer a task may use")
     return value

@@ -146,7 +146,7 @@ def checked(cols: dict[str, list[Any]], where: str, lines: list[str]) -> dict[st
             raise ArgumentError(f"{where}: {lines[i]}: column answer: {shown(a)} is not a non-empty string or "
                                 f"an integer")
         if isinstance(a, int) and abs(a) > MAX_INT:
-            raise ArgumentError(f"{where}: {lines[i]}: column answer: {short(str(a), 30)} is beyond +-10^18")
+            raise ArgumentError(f"{where}: {lines[i]}: column answer: {short(str(a), 40)} is beyond +-10^18")
     if "answer_text" in cols and any(not isinstance(t, str) or not t for t in cols["answer_text"]):
         i = next(i for i, t in enumerate(cols["answer_text"]) if not isinstance(t, str) or not t)
         raise ArgumentError(f"{where}: {lines[i]}: column answer_text: not a non-empty string")

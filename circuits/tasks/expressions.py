@@ -74,7 +74,7 @@ def _check(node: ast.expr, names: set[str]) -> None:
         names.add(node.id)
     elif isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         if abs(node.value) > MAX_INT:
-            raise ArgumentError(f"the constant {short(str(node.value), 30)} is beyond +-10^18, the largest integer "
+            raise ArgumentError(f"the constant {short(str(node.value), 40)} is beyond +-10^18, the largest integer "
                                 f"a task may use")
     else:
         raise ArgumentError(f"{short(ast.unparse(node))} is not allowed: use slot names, integers, + - * and "

@@ -162,7 +162,7 @@ def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None)
         if value is not None and lookup and key != "default_n":
             raise fail(key, "applies to integer answers only, not to a lookup column")
         if value is not None and abs(value) > MAX_INT:
-            raise fail(key, f"{short(str(value), 30)} is beyond +-10^18, the largest integer a task may use")
+            raise fail(key, f"{short(str(value), 40)} is beyond +-10^18, the largest integer a task may use")
         fields[key] = value
     if fields["default_n"] < 1:
         raise fail("default_n", f"{fields['default_n']} must be >= 1")
@@ -175,7 +175,7 @@ def spec_fields(raw: Mapping[str, Any], where: str, *, base: Path | None = None)
         for key, value, beyond in (("answer_min", reach[0], reach[0] < -MAX_INT),
                                    ("answer_max", reach[1], reach[1] > MAX_INT)):
             if beyond and fields[key] is None:
-                raise fail("answer", f"can reach {short(str(value), 30)}, beyond +-10^18 (64-bit integers): set "
+                raise fail("answer", f"can reach {short(str(value), 40)}, beyond +-10^18 (64-bit integers): set "
                                      f"{key} within +-10^18 or narrow the slot ranges")
     fields["answer_min"], fields["answer_max"] = lo, hi
     for key, text_default in (("prefix", ""), ("answer_format", "{}"), ("group", "custom"), ("style", "custom"),
