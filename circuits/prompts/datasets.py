@@ -54,9 +54,9 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
     :class:`~circuits.prompts.Prompts` (``source="prompts"``), with the fit set of ``means`` (``"cama"``,
     ``"mean"``, ``"head"`` or ``None``; ``fit``: a :class:`~circuits.prompts.fitset.FitSpec`) drawn from the other rows
     (see the module docstring), or from ``fit_source`` when given (a prompt dataset, or a task whose first
-    ``fit.size`` prompts in the order of ``fit.seed`` are drawn: :func:`fit_rows`). ``fmt``: a :class:`~circuits.tasks.formats.PromptFormat` (the chat template only:
-    solved examples need a task). Raises :class:`~circuits.errors.PromptError` with one line when too few rows
-    are usable."""
+    ``fit.size`` prompts in the order of ``fit.seed`` are drawn: :func:`fit_rows`). ``fmt``: a
+    :class:`~circuits.tasks.formats.PromptFormat` (the chat template only: solved examples need a task). Raises
+    :class:`~circuits.errors.PromptError` with one line when too few rows are usable."""
     from circuits.faithfulness import base_correct
     from circuits.prompts.fitset import FitSet, FitSpec, pick_covered
     from circuits.prompts.sampling import Prompts, filter_numbers
@@ -161,9 +161,8 @@ def fit_source_label(source: Any) -> str:
 def _task_dataset(source: Any, spec: Any, slots: list[str], where: str) -> Any:
     """The first ``spec.size`` prompts of the task ``source`` in the order of ``spec.seed`` as prompt rows, with a
     column per slot in ``slots`` (the scored dataset's slot columns, each a slot of the task)."""
-    from datasets import Dataset
-
     from circuits.tasks import catalogue as tasks
+    from datasets import Dataset
 
     task = tasks.get_task(source)
     missing = [c for c in slots if c not in task.operand_names]

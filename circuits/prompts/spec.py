@@ -97,8 +97,8 @@ class PromptSpec:
         if (self.task is None) == (self.prompts is None):
             raise ArgumentError(ONE_SOURCE)
         if self.fit_prompts is not None and self.prompts is None:
-            raise ArgumentError("--fit-prompts (fit_prompts=) gives the means of a prompt dataset (--prompts) their own "
-                                "fit set; a task draws its fit set itself: drop --fit-prompts or use --prompts")
+            raise ArgumentError("--fit-prompts (fit_prompts=) gives the means of a prompt dataset (--prompts) their "
+                                "own fit set; a task draws its fit set itself: drop --fit-prompts or use --prompts")
         if self.prompts is not None and self.format.shots:
             raise ArgumentError("--shots draws solved examples from a task: with --prompts write them into the prompts")
         if self.source not in SOURCES:

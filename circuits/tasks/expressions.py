@@ -110,7 +110,7 @@ def _interval(node: ast.expr, extents: Mapping[str, tuple[int, int]]) -> tuple[i
     if isinstance(node, ast.Name):
         lo, hi = extents[node.id]
         return lo, hi, max(abs(lo), abs(hi))
-    value = int(cast(ast.Constant, node).value)
+    value = cast(int, cast(ast.Constant, node).value)
     return value, value, abs(value)
 
 
@@ -146,7 +146,7 @@ def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
             return -value if isinstance(node.op, ast.USub) else value
         if isinstance(node, ast.Name):
             return cols[node.id]
-        constant = int(cast(ast.Constant, node).value)  # an integer constant (checked by expression_slots)
+        constant = cast(int, cast(ast.Constant, node).value)  # an integer constant (checked by expression_slots)
         return constant if exact else np.int64(constant)
 
     out = np.empty(n, dtype=kind)

@@ -14,6 +14,7 @@ import torch
 from circuits import cli, zoo
 from circuits.errors import ArgumentError, PromptError
 from circuits.prompts.datasets import read_prompts
+from circuits.prompts.fitspec import FitSpec
 from circuits.prompts.spec import PromptSpec
 from circuits.tasks import catalogue as tasks
 from circuits.tasks.files import spec_fields
@@ -105,8 +106,8 @@ def test_answers_are_exact_and_bounds_apply_to_exact_values(tmp_path):
         a, b, c, d = r["operands"]
         assert r["answer"] == a * b * c * d <= 10 ** 18
     # 90000..99999: every product is above 6.5e19; wrapped around 64 bits, some would fall inside the bounds
-    wrapped = tasks.get_task(task_file(tmp_path, PRODUCT % (("answer_max = 1000000000000000000\n",) + (90000, 99999) * 4),
-                                       "w.toml"))
+    bounded = PRODUCT % (("answer_max = 1000000000000000000\n",) + (90000, 99999) * 4)
+    wrapped = tasks.get_task(task_file(tmp_path, bounded, "w.toml"))
     assert wrapped.answer([96369, 98599, 98286, 96469]) == 96369 * 98599 * 98286 * 96469
     with pytest.raises(ArgumentError, match="yield no prompt with an answer in"):
         tasks.build_task(wrapped, n=5)
@@ -157,8 +158,8 @@ def test_duplicate_columns_keys_and_prompts_are_refused(tmp_path, capsys, name, 
     ("A+" + "9" * 30, "the constant '999999999999999999999999999999' is beyond +-10^18"),
 ])
 def test_hostile_expressions_are_refused_with_the_reason_first(tmp_path, capsys, answer, reason):
-    path = task_file(tmp_path, 'name = "t"\ntemplate = "{A}="\nanswer = "%s"\n[slots]\nA = { range = [0, 9] }\n'
-                     % answer)
+    path = task_file(tmp_path, 'name = "t"\ntemplate = "{A}="\nanswer = "' + answer + '"\n[slots]\n'
+                               'A = { range = [0, 9] }\n')
     started = time.perf_counter()
     line = refused(capsys, tmp_path, "--task", str(path))
     assert line.startswith(f"task file {path}: answer: {reason}"), line[:300]
@@ -176,7 +177,8 @@ def test_integers_beyond_64_bits_in_a_task_file_are_refused(tmp_path, capsys, sl
     as_json = task_file(tmp_path, '{"name": "t", "template": "{A}=", "answer": "A", "slots": {"A": {"range": '
                                   '[0, 1000000000000000000000000000000]}}}', "t.json")
     line = refused(capsys, tmp_path, "--task", str(as_json))
-    assert line.startswith(f"task file {as_json}: line 1: the integer '1000000000000000000000000000000' is beyond"), line
+    expected = f"task file {as_json}: line 1: the integer '1000000000000000000000000000000' is beyond"
+    assert line.startswith(expected), line
 
 
 def test_bounds_beyond_64_bits_are_refused():
@@ -325,25 +327,21 @@ def test_means_fitted_from_fit_prompts_are_the_means_of_those_prompts(gpt2, tmp_
     assert 1000 < len(expected) <= 2000
     assert_same_means(fitted_means(out), iv.MeanCache.fit(gpt2, expected, progress=False))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["fit"]["task"] == str(fit) and summary["fit"]["n_fit"] == len(expected)
+    assert summary["fit"]["fit"]["task"] == str(fit) and summary["fit"]["fit"]["n_fit"] == len(expected)
     # the same command resumes without fitting again
     assert cli.main(args) == 0
 
 
-def test_means_fitted_from_a_task_file_are_the_means_of_its_prompts(gpt2, tmp_path):
-    import interventions as iv
-
+def test_the_fit_set_drawn_from_a_task_file_is_its_prompts_in_the_layout(gpt2, tmp_path):
     rows = add_rows(250)
     task = task_file(tmp_path, 'name = "add99"\ntemplate = "{A}+{B}="\nanswer = "A+B"\n[slots]\n'
                                'A = { range = [0, 99] }\nB = { range = [0, 99] }\n')
     small = jsonl(tmp_path / "small.jsonl", rows)
-    spec = PromptSpec(prompts=str(small), fit_prompts=str(task), n_prompts=30)
+    spec = PromptSpec(prompts=str(small), fit_prompts=str(task), n_prompts=30, fit=FitSpec(size=2000, seed=3))
     prompts = spec.prepare(gpt2, means="cama", progress=False)
-    drawn = tasks.build_task(str(task), n=spec.fit.size, seed=spec.fit.seed)  # the whole 0..99 x 0..99 space
+    drawn = tasks.build_task(str(task), n=2000, seed=3)  # the first 2000 of the task's prompts in seed 3's order
     expected = layout_tokens(gpt2, list(drawn["prompt"]), prompts.tokens.shape[1], prompts.prompts)
-    assert torch.equal(prompts.fit.tokens, expected) and prompts.fit.task == str(task)
-    assert_same_means(iv.MeanCache.fit(gpt2, prompts.fit.tokens, progress=False),
-                      iv.MeanCache.fit(gpt2, expected, progress=False))
+    assert torch.equal(prompts.fit.tokens, expected) and prompts.fit.task == str(task)  # fitted as in the test above
     # a task without the prompts' slot columns is refused, naming the column
     other = task_file(tmp_path, 'name = "x"\ntemplate = "{X}+{B}="\nanswer = "X+B"\n[slots]\n'
                                 'X = { range = [0, 99] }\nB = { range = [0, 99] }\n', "x.toml")
