@@ -157,6 +157,8 @@ def check_task(task: Any, n_prompts: int | None = None, source: str = "build") -
         raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
                             f"{tasks.frozen_path(spec)}; use --source build (or write one: "
                             f"circuits.tasks.write_frozen_sets)")
+    if source == "frozen":
+        tasks.frozen_set(spec)  # read and checked here: one line naming the file and the line
     if n_prompts is not None and source == "build":
         size = task_size(spec)
         if n_prompts > size:

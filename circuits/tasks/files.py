@@ -53,9 +53,9 @@ from circuits.tasks.expressions import (
 )
 from circuits.tasks.operand_space import NO_MAX, NO_MIN
 
-__all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "MAX_EXPRESSION", "MAX_EXPRESSION_DEPTH", "MAX_TASK_FILE",
-           "TaskFileError", "catalogue_fields", "evaluate", "expression_range", "expression_slots", "legacy_catalogue",
-           "read_mapping", "spec_fields", "toml_module"]
+__all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "MAX_EXPRESSION", "MAX_EXPRESSION_DEPTH", "MAX_FROZEN_FILE",
+           "MAX_TASK_FILE", "TaskFileError", "catalogue_fields", "evaluate", "expression_range", "expression_slots",
+           "legacy_catalogue", "read_frozen", "read_mapping", "spec_fields", "toml_module"]
 
 CATALOGUE = "catalogue.toml"
 """The index of a catalogue folder (``tasks/``): ``tasks = [...]`` in order, ``frozen_seed``, ``frozen_n``."""
@@ -69,6 +69,8 @@ KEYS = ("name", "template", "slots", "answer", "answer_min", "answer_max", "answ
 """The keys a task file may hold."""
 MAX_TASK_FILE = 1 << 20
 """Largest task file (bytes): 1 MiB holds a lookup table of tens of thousands of values."""
+MAX_FROZEN_FILE = 128 << 20
+"""Largest frozen set (bytes), as a prompts file."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
@@ -103,6 +105,36 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise TaskFileError(f"task file {path} must hold one table (a JSON object), not {type(raw).__name__}")
     return raw
+
+
+def read_frozen(path: str | Path, n_operands: int) -> list[dict[str, Any]]:
+    """The rows of a frozen set (JSON lines with ``prompt``, ``answer``, ``operands`` and ``task``), read as a prompts
+    file is (UTF-8, lines end at ``\\n`` only, no key twice, integers within +-10^18): one-line
+    :class:`TaskFileError` naming the file, the line and the field otherwise."""
+    where = f"frozen set {path}"
+    try:
+        text = read_text(path, "frozen set", MAX_FROZEN_FILE)
+    except InputError as err:
+        raise TaskFileError(str(err)) from None
+    rows = []
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json_value(line, where, line=n)
+        except InputError as err:
+            raise TaskFileError(str(err)) from None
+        if not isinstance(row, dict) or any(k not in row for k in ("prompt", "answer", "operands", "task")):
+            raise TaskFileError(f"{where}: line {n}: must be a JSON object with prompt, answer, operands and task")
+        ops = row["operands"]
+        if (not isinstance(ops, list) or len(ops) != n_operands
+                or any(isinstance(x, bool) or not isinstance(x, int) for x in ops)):
+            raise TaskFileError(f"{where}: line {n}: operands: must be a list of {n_operands} integers")
+        if not isinstance(row["prompt"], str) or isinstance(row["answer"], bool) \
+                or not isinstance(row["answer"], (str, int)):
+            raise TaskFileError(f"{where}: line {n}: prompt must be text and answer text or an integer")
+        rows.append(row)
+    return rows
 
 
 def toml_module() -> Any:

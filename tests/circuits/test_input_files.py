@@ -271,6 +271,20 @@ def test_a_task_file_that_is_not_utf8_or_too_large_is_one_line(tmp_path, capsys)
     assert refused(capsys, tmp_path, "--task", str(path)).startswith(f"task file {path} is larger than 1,048,576")
 
 
+@pytest.mark.parametrize("line,expected", [
+    ('{"prompt": "1+2=", "answer": 3, "operands": [1, 2]}', "line 2: must be a JSON object with prompt, answer"),
+    ('{"prompt": "1+2=", "answer": 3, "operands": [1], "task": "t"}', "line 2: operands: must be a list of 2"),
+    ('{"prompt": "1+2=", "answer": 3, "answer": 4, "operands": [1, 2], "task": "t"}', "line 2: key 'answer' is given"),
+])
+def test_a_task_files_frozen_set_is_read_as_a_prompts_file(tmp_path, capsys, line, expected):
+    frozen = tmp_path / "t.frozen.jsonl"
+    frozen.write_text('{"prompt": "1+1=", "answer": 2, "operands": [1, 1], "task": "t"}\n' + line + "\n")
+    path = task_file(tmp_path, 'name = "t"\ntemplate = "{A}+{B}="\nanswer = "A+B"\n[slots]\n'
+                               'A = { range = [0, 9] }\nB = { range = [0, 9] }\n')
+    out = refused(capsys, tmp_path, "--task", str(path), "--source", "frozen", "--n-prompts", "1")
+    assert out.startswith(f"frozen set {frozen}: {expected}"), out
+
+
 # --- a fit set for a prompts file -----------------------------------------------------------------------------------
 def test_a_small_prompts_file_is_told_to_give_a_fit_set(gpt2, tmp_path):
     """250 rows over 0..99: each value in 2 or 3 rows, none backed 5 times; the refusal names the fit set flags, not
