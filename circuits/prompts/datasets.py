@@ -144,11 +144,15 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
 
 def fit_from_task(source: Any) -> bool:
     """Whether a fit source (``PromptSpec.fit_prompts``) names a task (a :class:`~circuits.tasks.TaskSpec`, a
-    ``.toml`` / ``.json`` task file) rather than a prompt dataset."""
-    from circuits.tasks.catalogue import TaskSpec
+    ``.toml`` / ``.json`` task file, a catalogue name) rather than a prompt dataset (a ``.jsonl`` / ``.csv`` file, a
+    ``Dataset``)."""
+    from circuits.tasks import catalogue as tasks
 
-    return isinstance(source, TaskSpec) or (isinstance(source, (str, Path))
-                                            and str(source).lower().endswith((".toml", ".json")))
+    if isinstance(source, tasks.TaskSpec):
+        return True
+    if not isinstance(source, (str, Path)) or str(source).lower().endswith(PROMPT_SUFFIXES):
+        return False
+    return tasks.task_path(str(source)) is not None or str(source) in tasks.list_tasks()
 
 
 def fit_source_label(source: Any) -> str:

@@ -76,7 +76,8 @@ class PromptSpec:
         "means are fitted on its other rows"))
     fit_prompts: Any = field(default=None, metadata=flag(
         "with --prompts: the means' own fit set, a prompts file (.jsonl or .csv, the columns of --prompts) or a task "
-        "file (.toml / .json) whose prompts the fit set is drawn from; default: the other rows of --prompts"))
+        "(a task file or catalogue name) whose prompts the fit set is drawn from; default: the other rows of "
+        "--prompts"))
 
     @property
     def spec(self) -> PromptSpec:

@@ -359,6 +359,11 @@ def test_the_fit_set_drawn_from_a_task_file_is_its_prompts_in_the_layout(gpt2, t
     # a task without the prompts' slot columns is refused, naming the column
     other = task_file(tmp_path, 'name = "x"\ntemplate = "{X}+{B}="\nanswer = "X+B"\n[slots]\n'
                                 'X = { range = [0, 99] }\nB = { range = [0, 99] }\n', "x.toml")
+    # a catalogue name is a task too: `add` (0..99, slots A and B) gives the prompts of its own order
+    catalogue = PromptSpec(prompts=str(small), fit_prompts="add", n_prompts=30, fit=FitSpec(size=2000, seed=3))
+    drawn, got = tasks.build_task("add", n=2000, seed=3), catalogue.prepare(gpt2, means="cama", progress=False)
+    expected = layout_tokens(gpt2, list(drawn["prompt"]), got.tokens.shape[1], got.prompts)
+    assert torch.equal(got.fit.tokens, expected) and got.fit.task == "add"
     with pytest.raises(ArgumentError, match="the task has no slot 'A', a slot column of --prompts"):
         PromptSpec(prompts=str(small), fit_prompts=str(other), n_prompts=30).prepare(gpt2, means="cama",
                                                                                       progress=False)
