@@ -41,8 +41,7 @@ from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, prom
 __all__ = ["PROMPT_SUFFIXES", "fit_from_task", "fit_source_label", "prompts_label", "prepare_dataset_prompts",
            "read_prompts"]
 
-FIT_FLAGS = ("give the means a separate fit set: --fit-prompts FILE.jsonl|csv (prompts of the same form), or "
-             "--fit-prompts TASK.toml (the task file the prompts were made of, its slots named as the slot columns)")
+FIT_FLAGS = "give the means their own fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK.toml: the task's)"
 """How to give a prompt dataset's means more fit prompts, as the refusals say it."""
 
 
@@ -108,12 +107,11 @@ def prepare_dataset_prompts(model: Any, source: Any, n_prompts: int, seed: int =
     scored = rows[picked].tolist()
     if len(scored) < n_prompts:
         held = "fit rows" if own is not None else "other rows"
-        why = (f"; {set_aside} more read a (position, token) entry that fewer than {spec.min_count} {held} hold "
-               f"(CAMA needs each varying token in several fit rows: {FIT_FLAGS}; or lower --fit-min-count)"
-               if set_aside else "")
-        fewer = f"; or lower --n-prompts to {len(scored)} or less" if scored else ""
-        raise PromptError(f"{where}: {len(scored)} usable correct rows in the largest layout "
-                          f"({lay.n_pos} tokens) of {int(ok.sum())} correct, {n_prompts} needed{why}{fewer}")
+        why = (f"; {set_aside} read a (position, token) that fewer than {spec.min_count} {held} hold: {FIT_FLAGS}, "
+               f"or lower --fit-min-count" if set_aside else "")
+        fewer = f"{'; or' if set_aside else ';'} lower --n-prompts to {len(scored)} or less" if scored else ""
+        raise PromptError(f"{where}: {len(scored)} of {int(ok.sum())} correct rows usable ({lay.n_pos}-token layout), "
+                          f"{n_prompts} needed{why}{fewer}")
     idx = torch.tensor(scored, dtype=torch.long)
     fit_set = None
     if own is not None:

@@ -286,7 +286,7 @@ def test_a_task_files_frozen_set_is_read_as_a_prompts_file(tmp_path, capsys, lin
 
 
 # --- a fit set for a prompts file -----------------------------------------------------------------------------------
-def test_a_small_prompts_file_is_told_to_give_a_fit_set(gpt2, tmp_path):
+def test_a_small_prompts_file_is_told_to_give_a_fit_set(gpt2, tmp_path, capsys):
     """250 rows over 0..99: each value in 2 or 3 rows, none backed 5 times; the refusal names the fit set flags, not
     'lower --n-prompts to 0'."""
     path = jsonl(tmp_path / "small.jsonl", add_rows(250))
@@ -294,7 +294,12 @@ def test_a_small_prompts_file_is_told_to_give_a_fit_set(gpt2, tmp_path):
         PromptSpec(prompts=str(path), n_prompts=200).prepare(gpt2, means="cama", progress=False)
     message = str(err.value)
     assert "--fit-prompts FILE.jsonl|csv" in message and "--fit-prompts TASK.toml" in message, message
-    assert "to 0 or less" not in message
+    assert "--fit-min-count" in message and "to 0 or less" not in message
+    assert len(f"af1 search: error: {message}") <= 400  # printed whole, not cut
+    # and as the command line prints it (exit 2, one line)
+    code = cli.main(["search", *MODEL, "--prompts", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err_lines == [f"af1 search: error: {message}"]
 
 
 def fitted_means(out: Path):
