@@ -51,6 +51,8 @@ def read_text(path: str | Path, what: str, limit: int) -> str:
     try:
         if path.is_dir():
             raise InputError(f"{what} {path} is a directory: give the path of a file")
+        if path.exists() and not path.is_file():
+            raise InputError(f"{what} {path} is not a regular file (a pipe or a device): give the path of a file")
         with path.open("rb") as f:
             data = f.read(limit + 1)
     except OSError as err:

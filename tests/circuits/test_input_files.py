@@ -245,6 +245,18 @@ def test_a_huge_prompts_file_is_refused_before_it_is_read(tmp_path, capsys, monk
                    f"smaller files"
 
 
+def test_a_pipe_or_a_directory_is_refused_without_reading(tmp_path, capsys):
+    import os
+
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    assert refused(capsys, tmp_path, "--prompts", str(fifo)) == (f"prompts file {fifo} is not a regular file (a pipe "
+                                                                 f"or a device): give the path of a file")
+    folder = tmp_path / "t.toml"
+    folder.mkdir()
+    assert refused(capsys, tmp_path, "--task", str(folder)).startswith(f"task file {folder} is a directory")
+
+
 def test_a_byte_order_mark_is_accepted_in_csv_jsonl_and_toml(tmp_path):
     bom = "\ufeff"
     csv = tmp_path / "p.csv"
