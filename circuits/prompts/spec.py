@@ -190,7 +190,7 @@ class PromptSpec:
             how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
             dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
                        f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
-            lines.append(f"means: fitted on {len(fit)} prompts of {self.label} ({how}, population "
+            lines.append(f"means: fitted on {len(fit)} prompts of {fit.task or self.label} ({how}, population "
                          f"{fit.spec.population}), none of them scored{dropped}")
         get_logger("runner").info("\n".join(lines))
         return ReadyPrompts.of(prompts, self)

@@ -339,7 +339,7 @@ def assert_same_means(cache, expected) -> None:
         assert torch.equal(ours[key], theirs[key]), key
 
 
-def test_means_fitted_from_fit_prompts_are_the_means_of_those_prompts(gpt2, tmp_path):
+def test_means_fitted_from_fit_prompts_are_the_means_of_those_prompts(gpt2, tmp_path, capsys):
     import interventions as iv
 
     rows = add_rows(250)
@@ -359,8 +359,14 @@ def test_means_fitted_from_fit_prompts_are_the_means_of_those_prompts(gpt2, tmp_
     assert_same_means(fitted_means(out), iv.MeanCache.fit(gpt2, expected, progress=False))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["fit"]["fit"]["task"] == str(fit) and summary["fit"]["fit"]["n_fit"] == len(expected)
-    # the same command resumes without fitting again
+    assert f"means: fitted on {len(expected)} prompts of {fit} (the whole layout" in capsys.readouterr().out
+    # the same command resumes; a fit file changed under its path is refused, never mixed with the old means
     assert cli.main(args) == 0
+    capsys.readouterr()
+    jsonl(fit, fit_rows[:-1])
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "means.fit.sha256" in err[0], err
 
 
 def test_the_fit_set_drawn_from_a_task_file_is_its_prompts_in_the_layout(gpt2, tmp_path):
