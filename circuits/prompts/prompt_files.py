@@ -5,7 +5,7 @@ What a file may be, and the one-line :class:`~circuits.errors.ArgumentError` (na
 column) for anything else:
 
 * at most :data:`MAX_PROMPTS_FILE` bytes of UTF-8 text (a leading byte-order mark is dropped);
-* ``.jsonl``: one JSON object a line; lines end at ``\\n`` (``\\r\\n`` too) only, so U+2028, U+0085 and the other
+* ``.jsonl``: one JSON object a line; lines end at ``\\n``, ``\\r\\n`` or ``\\r`` only, so U+2028, U+0085 and the other
   Unicode line separators inside a JSON string are text, not line ends; no key twice in one object, no integer
   beyond +-10^18, no ``NaN``, no value nested deeper than :data:`circuits.inputs.MAX_DEPTH`;
 * ``.csv``: a header naming each column once, then one row per record; a quoted field keeps its newlines (the
@@ -118,11 +118,13 @@ def _csv(text: str, where: str) -> tuple[list[dict[str, Any]], list[int], list[s
 
 
 def _jsonl(text: str, where: str) -> tuple[list[dict[str, Any]], list[int], list[str]]:
-    """``(rows, line of each, column names)`` of a JSON-lines text: lines end at ``\\n`` only (``\\r\\n`` too), so
-    U+2028, U+0085 and other Unicode line separators are text."""
+    """``(rows, line of each, column names)`` of a JSON-lines text: lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (JSON
+    holds neither raw inside a string), so U+2028, U+0085 and other Unicode line separators are text."""
+    import re
+
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    for n, line in enumerate(text.split("\n"), start=1):
+    for n, line in enumerate(re.split(r"\r\n|\r|\n", text), start=1):
         if not line.strip():
             continue
         row = json_value(line, where, line=n)

@@ -85,6 +85,14 @@ def test_unicode_line_separators_in_valid_files_are_text(tmp_path, sep, kind):
         read_prompts(path)
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_jsonl_lines_end_as_an_editor_ends_them(tmp_path, end):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(end.join(['{"prompt": "1+2=", "answer": 3}', "", '{"prompt": "2+2=", "answer": 4}', ""]).encode())
+    ds = read_prompts(path)
+    assert ds["prompt"] == ["1+2=", "2+2="] and ds["_line"] == ["line 1", "line 3"]
+
+
 # --- exact answers --------------------------------------------------------------------------------------------------
 PRODUCT = 'name = "m4"\ntemplate = "{A}*{B}*{C}*{D}="\nanswer = "A*B*C*D"\n%s[slots]\n' + "".join(
     f"{k} = {{ range = [%d, %d] }}\n" for k in "ABCD")
