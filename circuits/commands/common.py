@@ -37,7 +37,8 @@ MODEL_FIELDS = ("name", "backend", "dtype", "device", "device_map", "max_memory"
 """The :class:`~circuits.models.spec.ModelSpec` fields a model command sets (``--model``, ``--backend``, ...)."""
 BACKEND_FIELDS = ("backend", "remote", "dtype", "device_map", "max_memory")
 """The fields of how a model is built and placed (the sweep takes these without ``--model``)."""
-PROMPT_FIELDS = ("task", "prompts", "n_prompts", "source", "seed", "max_checked", "prepend_bos", "numbers")
+PROMPT_FIELDS = ("task", "prompts", "n_prompts", "source", "seed", "max_checked", "prepend_bos", "numbers",
+                 "fit_prompts")
 """The :class:`~circuits.prompts.spec.PromptSpec` fields a model command sets."""
 FIT_PREFIX = "fit-"
 """The fit set's flags are its fields with this prefix (``--fit-size``)."""
@@ -88,6 +89,13 @@ def check_prompts_or_task(prompts: Any) -> None:
     if prompts.n_prompts > rows:
         raise ArgumentError(f"--n-prompts {prompts.n_prompts} exceeds the {rows} rows of --prompts "
                             f"{prompts_label(prompts.prompts)}; give at most {rows}")
+    if prompts.fit_prompts is not None:
+        from circuits.prompts.datasets import fit_from_task
+
+        if fit_from_task(prompts.fit_prompts):
+            check_task(prompts.fit_prompts)
+        else:
+            read_prompts(prompts.fit_prompts)
 
 
 # --- checks before loading ---------------------------------------------------------------------------
@@ -150,6 +158,8 @@ def check_task(task: Any, n_prompts: int | None = None, source: str = "build", s
         raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
                             f"{tasks.frozen_path(spec)}; use --source build (or write one: "
                             f"circuits.tasks.write_frozen_sets)")
+    if source == "frozen":
+        tasks.frozen_set(spec)  # read and checked here: one line naming the file and the line
     if n_prompts is not None:
         check_prompt_count(spec, n_prompts, source, shots)
 

@@ -2,13 +2,15 @@
 
 * :mod:`.spec`: :class:`~circuits.prompts.spec.PromptSpec`, the value a command, a sweep or the API builds;
 * :mod:`.sampling`: prompts of a task that a model answers correctly (``prepare_prompts``, ``Prompts``);
-* :mod:`.datasets`: prompt datasets (``--prompts`` .jsonl/.csv, a ``datasets.Dataset``);
+* :mod:`.datasets`: prompt datasets (``--prompts`` .jsonl/.csv, a ``datasets.Dataset``) and their fit set
+  (``--fit-prompts``); :mod:`.prompt_files`: prompt files read and checked;
 * :mod:`.fitset`: the fit set of the means, disjoint from the scored prompts;
 * :mod:`.prepared`: a run's prepared prompts kept in its directory and reloaded by a rerun.
 
-May import: :mod:`circuits.tasks`, :mod:`circuits.store`, the package root's errors, vocabulary, validation and
-faithfulness, and :mod:`interventions`; not models' loading, the runner or the analyses. ``prepare_prompts`` and
-``Prompts`` are importable from here, as before the move (resolved on first use: no torch import until then).
+May import: :mod:`circuits.tasks`, :mod:`circuits.store`, the package root's errors, input readers
+(:mod:`circuits.inputs`), vocabulary, validation and faithfulness, and :mod:`interventions`; not models' loading, the
+runner or the analyses. ``prepare_prompts`` and ``Prompts`` are importable from here, as before the move (resolved on
+first use: no torch import until then).
 """
 
 import importlib

@@ -19,12 +19,16 @@ from the scored prompts, as :mod:`circuits.prompts.fitset` requires. With CAMA e
 scored prompt reads needs ``min_count`` fit rows holding that token there: a value that occurs in one row only cannot
 be conditioned on, and its prompts are set aside (counted in ``Prompts.n_dropped_fit``). A file therefore needs
 each varying token in several rows (e.g. a product of slot values, as a task file makes).
+
+**A separate fit set** (``fit_source``: ``--fit-prompts`` / ``PromptSpec(fit_prompts=...)``): a few hundred prompts
+of one's own hold each value too seldom to back CAMA's means. The means are then fitted on another prompt file
+(the same columns; its rows in the scored prompts' layout, none of them a scored prompt) or on the first
+``--fit-size`` prompts of a task file (``.toml`` / ``.json``: the task the rows were made of, its slots named as the
+slot columns). Every row of ``--prompts`` may then be scored.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,101 +36,27 @@ import numpy as np
 import torch
 
 from circuits.errors import ArgumentError, PromptError
+from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, prompts_label, read_prompts
 from interventions.types import Model
 
-__all__ = ["PROMPT_SUFFIXES", "prompts_label", "prepare_dataset_prompts", "read_prompts"]
+__all__ = ["PROMPT_SUFFIXES", "fit_from_task", "fit_source_label", "prompts_label", "prepare_dataset_prompts",
+           "read_prompts"]
 
-PROMPT_SUFFIXES = (".jsonl", ".csv")
-"""File types ``--prompts`` reads."""
-LINE = "_line"
-"""The column :func:`read_prompts` adds: where each row came from (``"line 3"`` of a file, ``"row 2"`` of a Dataset)."""
-NOT_SLOTS = ("prompt", "answer", "answer_text", "answer_ids", "layout", "operands", "task", LINE)
-"""Columns that are not slot values."""
-
-
-def prompts_label(source: Any) -> str:
-    """How runs name a prompt dataset: the file path, or ``dataset:<fingerprint>`` for a ``Dataset``."""
-    if isinstance(source, (str, Path)):
-        return str(source)
-    return f"dataset:{getattr(source, '_fingerprint', None) or len(source)}"
-
-
-def read_prompts(source: Any) -> Any:
-    """The rows of ``source`` (a ``.jsonl`` / ``.csv`` path or a ``datasets.Dataset``) as a ``Dataset``, checked:
-    one-line :class:`~circuits.errors.ArgumentError` naming the file, the line and the column otherwise."""
-    from datasets import Dataset
-
-    if not isinstance(source, (str, Path)):
-        columns = getattr(source, "column_names", None)
-        if columns is None:
-            raise ArgumentError(f"prompts: {type(source).__name__} is neither a .jsonl/.csv path nor a Dataset")
-        cols = _checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset", lambda i: f"row {i}")
-        return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
-    path = Path(source)
-    if path.suffix.lower() not in PROMPT_SUFFIXES:
-        raise ArgumentError(f"prompts file {path}: give a .jsonl or .csv file (columns prompt, answer)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ArgumentError(f"prompts file {path} cannot be read: {err.strerror or err}") from None
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        rows = list(reader)
-        lines = list(range(2, len(rows) + 2))  # line 1 is the header
-        names = reader.fieldnames or []
-    else:
-        rows, lines = [], []
-        for n, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ArgumentError(f"prompts file {path}: line {n}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ArgumentError(f"prompts file {path}: line {n}: must be a JSON object with prompt and answer")
-            rows.append(row)
-            lines.append(n)
-        names = list(dict.fromkeys(k for r in rows for k in r))
-    if not rows:
-        raise ArgumentError(f"prompts file {path} has no rows: give one prompt and answer a line")
-    for n, row in zip(lines, rows):
-        missing = [k for k in names if k not in row]
-        if missing:
-            raise ArgumentError(f"prompts file {path}: line {n}: column {missing[0]}: missing (every row needs the "
-                                f"same columns)")
-    cols = {k: [r[k] for r in rows] for k in names if k != LINE}
-    cols = _checked(cols, f"prompts file {path}", lambda i: f"line {lines[i]}")
-    return Dataset.from_dict({**cols, LINE: [f"line {n}" for n in lines]})
-
-
-def _checked(cols: dict[str, list[Any]], where: str, line: Any) -> dict[str, list[Any]]:
-    for key in ("prompt", "answer"):
-        if key not in cols:
-            raise ArgumentError(f"{where}: column {key}: missing (columns prompt and answer are needed)")
-    for i, (p, a) in enumerate(zip(cols["prompt"], cols["answer"])):
-        if not isinstance(p, str) or not p:
-            raise ArgumentError(f"{where}: {line(i)}: column prompt: {p!r} is not a non-empty string")
-        if isinstance(a, bool) or not isinstance(a, (str, int)) or a == "":
-            raise ArgumentError(f"{where}: {line(i)}: column answer: {a!r} is not a non-empty string or an integer")
-    if "answer_text" in cols and any(not isinstance(t, str) or not t for t in cols["answer_text"]):
-        i = next(i for i, t in enumerate(cols["answer_text"]) if not isinstance(t, str) or not t)
-        raise ArgumentError(f"{where}: {line(i)}: column answer_text: not a non-empty string")
-    for key, column in cols.items():  # one type a column: mixed integers and text become text
-        if len({type(v) for v in column}) > 1:
-            cols[key] = [v if isinstance(v, str) else json.dumps(v) for v in column]
-    return cols
+FIT_FLAGS = "give the means their own fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK.toml: the task's)"
+"""How to give a prompt dataset's means more fit prompts, as the refusals say it."""
 
 
 def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int = 0, *, means: str | None = None,
                             fit: Any = None, prepend_bos: bool | None = None, numbers: str = "single",
-                            fmt: Any = None, max_checked: int | None = None, batch_size: int = 128) -> Any:
+                            fmt: Any = None, max_checked: int | None = None, batch_size: int = 128,
+                            fit_source: Any = None) -> Any:
     """``n_prompts`` rows of ``source`` that ``model`` answers correctly, in one layout, as
     :class:`~circuits.prompts.Prompts` (``source="prompts"``), with the fit set of ``means`` (``"cama"``,
     ``"mean"``, ``"head"`` or ``None``; ``fit``: a :class:`~circuits.prompts.fitset.FitSpec`) drawn from the other rows
-    (see the module docstring). ``fmt``: a :class:`~circuits.tasks.formats.PromptFormat` (the chat template only:
-    solved examples need a task). Raises :class:`~circuits.errors.PromptError` with one line when too few rows
-    are usable."""
+    (see the module docstring), or from ``fit_source`` when given (a prompt dataset, or a task whose first
+    ``fit.size`` prompts in the order of ``fit.seed`` are drawn: :func:`fit_rows`). ``fmt``: a
+    :class:`~circuits.tasks.formats.PromptFormat` (the chat template only: solved examples need a task). Raises
+    :class:`~circuits.errors.PromptError` with one line when too few rows are usable."""
     from circuits.faithfulness import base_correct
     from circuits.prompts.fitset import FitSet, FitSpec, pick_covered
     from circuits.prompts.sampling import Prompts, filter_numbers
@@ -167,24 +97,36 @@ def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int
     spec = fit if fit is not None else FitSpec()
     pool = ok if spec.population == "correct" else torch.ones(len(lay), dtype=torch.bool)
     rows = ok.nonzero().flatten()
-    picked, set_aside = pick_covered(lay.tokens[rows], lay.tokens[pool], n_prompts,
-                                     spec.min_count if means == "cama" else 0)
+    min_count = spec.min_count if means == "cama" else 0
+    own = fit_source if means is not None else None
+    if own is not None:
+        fit_tokens, n_fit_drawn = fit_rows(model, own, spec, ds, lay.key, numbers=numbers,
+                                           prepend_bos=prepend_bos, fmt=fmt, batch_size=batch_size)
+        picked, set_aside = pick_backed(lay.tokens[rows], fit_tokens, n_prompts, min_count)
+    else:
+        picked, set_aside = pick_covered(lay.tokens[rows], lay.tokens[pool], n_prompts, min_count)
     scored = rows[picked].tolist()
     if len(scored) < n_prompts:
-        why = (f"; {set_aside} more read a (position, token) entry that fewer than {spec.min_count} other rows "
-               f"hold (CAMA needs each varying token in several rows: add rows, or lower --fit-min-count)"
-               if set_aside else "")
-        raise PromptError(f"{where}: {len(scored)} usable correct rows in the largest layout "
-                          f"({lay.n_pos} tokens) of {int(ok.sum())} correct, {n_prompts} needed{why}; lower "
-                          f"--n-prompts to {len(scored)} or less")
+        held = "fit rows" if own is not None else "other rows"
+        why = (f"; {set_aside} read a (position, token) that fewer than {spec.min_count} {held} hold: {FIT_FLAGS}, "
+               f"or lower --fit-min-count" if set_aside else "")
+        fewer = f"{'; or' if set_aside else ';'} lower --n-prompts to {len(scored)} or less" if scored else ""
+        raise PromptError(f"{where}: {len(scored)} of {int(ok.sum())} correct rows usable ({lay.n_pos}-token layout), "
+                          f"{n_prompts} needed{why}{fewer}")
     idx = torch.tensor(scored, dtype=torch.long)
-    fit_rows = pool.clone()
-    fit_rows[idx] = False
     fit_set = None
-    if means is not None:
+    if own is not None:
         from interventions.coverage import row_digests
 
-        cand = lay.tokens[fit_rows]
+        fit_tokens = fit_tokens[~torch.isin(row_digests(fit_tokens), row_digests(lay.tokens[idx]))]
+        fit_set = FitSet(tokens=fit_tokens, spec=spec, task=fit_source_label(own), whole=not fit_from_task(own),
+                         n_drawn=n_fit_drawn)
+    elif means is not None:
+        from interventions.coverage import row_digests
+
+        fit_mask = pool.clone()
+        fit_mask[idx] = False
+        cand = lay.tokens[fit_mask]
         cand = cand[~torch.isin(row_digests(cand), row_digests(lay.tokens[idx]))]
         fit_set = FitSet(tokens=cand, spec=spec, task=label, whole=True, n_drawn=n_rows)
     pick = idx.tolist()
@@ -197,6 +139,118 @@ def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int
         answer_texts=None if lay.answer_texts is None else [lay.answer_texts[i] for i in pick],
         stop="exhausted" if len(scored) < n_prompts else "found", fit=fit_set, n_dropped_fit=set_aside,
         numbers=numbers, layout=lay.key, fmt=fmt)
+
+
+def fit_from_task(source: Any) -> bool:
+    """Whether a fit source (``PromptSpec.fit_prompts``) names a task (a :class:`~circuits.tasks.TaskSpec`, a
+    ``.toml`` / ``.json`` task file, a catalogue name) rather than a prompt dataset (a ``.jsonl`` / ``.csv`` file, a
+    ``Dataset``)."""
+    from circuits.tasks import catalogue as tasks
+
+    if isinstance(source, tasks.TaskSpec):
+        return True
+    if not isinstance(source, (str, Path)) or str(source).lower().endswith(PROMPT_SUFFIXES):
+        return False
+    return tasks.task_path(str(source)) is not None or str(source) in tasks.list_tasks()
+
+
+def fit_source_label(source: Any) -> str:
+    """How runs name a fit source: a task's label (:func:`circuits.tasks.task_label`), else the dataset's."""
+    from circuits.tasks import catalogue as tasks
+
+    return tasks.task_label(source) if fit_from_task(source) else prompts_label(source)
+
+
+def _task_dataset(source: Any, spec: Any, slots: list[str], where: str) -> Any:
+    """The first ``spec.size`` prompts of the task ``source`` in the order of ``spec.seed`` as prompt rows, with a
+    column per slot in ``slots`` (the scored dataset's slot columns, each a slot of the task)."""
+    from circuits.tasks import catalogue as tasks
+    from datasets import Dataset
+
+    task = tasks.get_task(source)
+    missing = [c for c in slots if c not in task.operand_names]
+    if missing:
+        raise ArgumentError(f"--fit-prompts {tasks.task_label(source)}: the task has no slot {missing[0]!r}, a slot "
+                            f"column of {where}; name the slot columns as the task's slots "
+                            f"({', '.join(task.operand_names)})")
+    ds = tasks.build_task(task, n=spec.size, seed=spec.seed)
+    cols: dict[str, list[Any]] = {"prompt": list(ds["prompt"]), "answer": list(ds["answer"])}
+    if "answer_text" in ds.column_names:
+        cols["answer_text"] = list(ds["answer_text"])
+    operands = list(ds["operands"])
+    for c in slots:
+        i = task.operand_names.index(c)
+        cols[c] = [task.value(i, ops[i]) for ops in operands]
+    return Dataset.from_dict({**cols, LINE: [f"prompt {i}" for i in range(len(ds))]})
+
+
+def fit_rows(model: Model, source: Any, spec: Any, scored: Any, key: Any, *, numbers: str, prepend_bos: bool | None,
+             fmt: Any, batch_size: int) -> tuple[Any, int]:
+    """``(tokens, rows drawn)``: the fit prompts of ``source`` (a prompt dataset, or a task: :func:`fit_from_task`)
+    in the scored prompts' layout ``key`` (their token length and, with slot columns, where each slot sits; the
+    slot columns of ``scored``, the scored dataset, are the ones compared), BOS per ``prepend_bos``, only those the
+    model answers correctly for ``spec.population == "correct"``."""
+    from circuits.faithfulness import base_correct
+    from circuits.prompts.sampling import filter_numbers
+    from circuits.tasks import catalogue as tasks
+
+    slots = [c for c in scored.column_names if c not in NOT_SLOTS]
+    label = fit_source_label(source)
+    where = f"--fit-prompts {label}"
+    if fit_from_task(source):
+        ds = _task_dataset(source, spec, slots, "--prompts")
+    else:
+        ds = read_prompts(source)
+        missing = [c for c in slots if c not in ds.column_names]
+        if missing:
+            raise ArgumentError(f"{where}: column {missing[0]}: missing; the fit prompts need the slot columns of "
+                                f"--prompts ({', '.join(slots)})")
+        ds = ds.select_columns([c for c in ds.column_names if c in NOT_SLOTS] + slots)
+    n_drawn = len(ds)
+    if fmt is not None and fmt.chat:
+        ds = _chat(ds, model)
+    kept, _ = filter_numbers(ds, model, numbers)
+    lay = None
+    if len(kept):
+        lay = next((x for x in slot_layouts(tasks.to_layouts(model, kept, prepend_bos=prepend_bos), kept, model,
+                                            where) if x.key == key), None)
+    if lay is None:
+        raise PromptError(f"{where}: none of its {n_drawn} prompts has the form of the scored prompts (their token "
+                          f"length{' and slot positions' if slots else ''}); "
+                          f"give fit prompts written as the scored ones")
+    tokens = lay.tokens
+    if spec.population == "correct":
+        tokens = tokens[base_correct(model, tokens, lay.answers, batch_size=batch_size)]
+    return tokens, n_drawn
+
+
+def pick_backed(candidates: Any, fit: Any, n: int, min_count: int) -> tuple[list[int], int]:
+    """``(picked, set aside)``: the first ``n`` rows of ``candidates`` (``[m, pos]``) whose every ``(position,
+    token)`` entry (positions ``>= 1``) at least ``min_count`` rows of the separate fit set ``fit`` hold once the
+    picked rows are taken out of it (a candidate may also be a fit row); ``set aside``: candidates passed over
+    before the ``n``-th was found."""
+    from collections import Counter
+
+    from interventions.coverage import row_digests
+
+    counts: Counter = Counter()
+    for row in fit[:, 1:].tolist():
+        counts.update(enumerate(row))
+    in_fit = set(row_digests(fit).tolist()) if len(fit) else set()
+    picked: list[int] = []
+    aside = 0
+    for i, (row, digest) in enumerate(zip(candidates[:, 1:].tolist(), row_digests(candidates).tolist())):
+        if len(picked) == n:
+            break
+        entries = list(enumerate(row))
+        taken = 1 if digest in in_fit else 0
+        if min_count and any(counts[e] - taken < min_count for e in entries):
+            aside += 1
+            continue
+        if taken:
+            counts.subtract(entries)
+        picked.append(i)
+    return picked, aside
 
 
 def slot_layouts(layouts: list[Any], ds: Any, model: Model, where: str) -> list[Any]:

@@ -42,6 +42,9 @@ CHUNK = 4096
 """Prompts drawn, tokenised (and, for ``population="correct"``, checked) per round."""
 TOP_UP_ROUNDS = 16
 """Rounds of top-up draws (``CHUNK`` prompts each) after the first ``size`` fit prompts, at most."""
+DRY_ROUNDS = 64
+"""Rounds in a row that add no fit prompt (none of the layout, or every one scored) after which drawing stops: a
+space of 10^9 prompts whose layout is rare is never drawn to its end."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,8 @@ def draw_fit_set(model: Model, task: str, scored: Int[torch.Tensor, "batch pos"]
     space = tasks.operand_space_size(task)
     rows: list[torch.Tensor] = []
     counts: dict[tuple[int, int], int] = {}
-    n_drawn = top_up = n_skipped = 0
-    while n_drawn < space:
+    n_drawn = top_up = n_skipped = dry = 0
+    while n_drawn < space and dry < DRY_ROUNDS:
         ds = tasks.build_task(task, n=CHUNK, seed=spec.seed, start=n_drawn)
         n_drawn += len(ds)
         if fmt is not None:
@@ -142,6 +145,7 @@ def draw_fit_set(model: Model, task: str, scored: Int[torch.Tensor, "batch pos"]
         ds, _ = filter_numbers(ds, model, numbers)
         key = n_pos if layout is None else layout
         lay = next((x for x in tasks.to_layouts(model, ds, prepend_bos=prepend_bos) if x.key == key), None)
+        before = len(rows)
         if lay is not None:
             keep = ~torch.isin(row_digests(lay.tokens), exclude)
             cand = lay.tokens[keep]
@@ -150,6 +154,7 @@ def draw_fit_set(model: Model, task: str, scored: Int[torch.Tensor, "batch pos"]
             taken, skipped = _take(cand, len(rows), counts, need, spec)
             rows += taken
             n_skipped += skipped
+        dry = dry + 1 if len(rows) == before else 0
         if len(rows) >= spec.size:
             if all(counts.get(e, 0) >= spec.min_count for e in need):
                 break

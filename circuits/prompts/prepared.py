@@ -89,8 +89,10 @@ def spec_key(model: Model, spec: Any, means: str | None) -> JsonDict:
                                                "name": str(getattr(tok, "name_or_path", "")),
                                                "bos": getattr(tok, "bos_token_id", None)},
         "spec": dataclasses.asdict(replace(spec, task=None if spec.task is None else tasks.task_label(spec.task),
-                                           prompts=None if spec.prompts is None else prompts_label(spec.prompts))),
+                                           prompts=None if spec.prompts is None else prompts_label(spec.prompts),
+                                           fit_prompts=fit_label(spec.fit_prompts))),
         "task": task_key(spec.task, spec.source) if spec.prompts is None else {"prompts": dataset_key(spec.prompts)},
+        **({} if spec.fit_prompts is None else {"fit_prompts": fit_key(spec.fit_prompts)}),
         "means": means,
     })
 
@@ -113,6 +115,20 @@ def task_key(task: Any, source: str) -> JsonDict:
     if source == "frozen" and frozen.is_file():
         out["frozen_sha256"] = file_sha256(frozen)
     return out
+
+
+def fit_label(source: Any) -> str | None:
+    """How the fit source of a prompt dataset (``PromptSpec.fit_prompts``) is named: a task's label, a dataset's."""
+    from circuits.prompts.datasets import fit_source_label
+
+    return None if source is None else fit_source_label(source)
+
+
+def fit_key(source: Any) -> JsonDict:
+    """What a fit set drawn from ``source`` (a prompt dataset or a task) is a function of: as the prompts'."""
+    from circuits.prompts.datasets import fit_from_task
+
+    return task_key(source, "build") if fit_from_task(source) else dataset_key(source)
 
 
 def dataset_key(source: Any) -> JsonDict:

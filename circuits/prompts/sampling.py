@@ -29,6 +29,9 @@ from interventions.types import JsonDict, Model
 
 MAX_CHECKED = 20_000
 """Default budget of :func:`prepare_prompts`: prompts whose correctness is checked (forward passes)."""
+DRY_DRAWS = 20_000
+"""Prompts :func:`prepare_prompts` draws at most while none has numbers the tokenizer writes as it must (one token
+each with ``numbers="single"``): then it stops and says why, instead of drawing from a space of 10^9 forever."""
 
 
 @dataclass
@@ -279,11 +282,14 @@ def prepare_prompts(
             if n_checked >= max_checked:
                 stop = "budget"
                 break
+            if n_checked == 0 and n_drawn >= DRY_DRAWS:
+                stop = "dry"
+                break
             # Next round: what the yield so far (prompts in the best layout per drawn) says is missing.
             rate = best / n_drawn
             missing = n_prompts - best
             size = max(n_prompts, math.ceil(1.2 * missing / rate)) if rate > 0 else 4 * size
-            size = min(size, 100_000)
+            size = min(size, 100_000) if n_checked else max(1, min(size, DRY_DRAWS - n_drawn))
     finally:
         bar.close()
     return replace(_result(spec, label, n_prompts, seed, source, by_len, need, stop, max_checked, prepend_bos,
@@ -301,9 +307,11 @@ def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len
             raise PromptError(f"{where}: none of the {n_drawn} drawn prompts has an answer of one token for this "
                               f"model's tokenizer (answer_format {spec.answer_format!r}); allow answers of several "
                               f"tokens (--numbers multi) or choose one-token answers")
-        raise PromptError(f"task {task!r}: none of the {n_drawn} drawn prompts has single-token numbers for this "
-                          f"model's tokenizer; choose a task with smaller numbers, or allow numbers of several "
-                          f"tokens (--numbers multi, for tokenizers that write digits one by one)")
+        where = f"task file {spec.path}: slots" if spec.path else f"task {task!r}"
+        sample = f" (a sample: drawing stops after {DRY_DRAWS} without one)" if stop == "dry" else ""
+        raise PromptError(f"{where}: none of the {n_drawn} drawn prompts has single-token numbers for this "
+                          f"model's tokenizer{sample}; narrow the slot ranges (or set answer_min/answer_max) to "
+                          f"numbers it writes as one token, or allow numbers of several tokens (--numbers multi)")
     base_acc = n_correct / n_checked
     if n_correct == 0:
         raise PromptError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "

@@ -75,6 +75,10 @@ class PromptSpec:
     prompts: Any = field(default=None, metadata=flag(
         "instead of --task: a prompt dataset, .jsonl or .csv with columns prompt and answer (see docs/tasks.md); "
         "means are fitted on its other rows"))
+    fit_prompts: Any = field(default=None, metadata=flag(
+        "with --prompts: the means' own fit set, a prompts file (.jsonl or .csv, the columns of --prompts) or a task "
+        "(a task file or catalogue name) whose prompts the fit set is drawn from; default: the other rows of "
+        "--prompts"))
 
     @property
     def spec(self) -> PromptSpec:
@@ -94,6 +98,9 @@ class PromptSpec:
         """Raise :class:`~circuits.errors.ArgumentError` naming the first bad field (no model needed)."""
         if (self.task is None) == (self.prompts is None):
             raise ArgumentError(ONE_SOURCE)
+        if self.fit_prompts is not None and self.prompts is None:
+            raise ArgumentError("--fit-prompts (fit_prompts=) gives the means of a prompt dataset (--prompts) their "
+                                "own fit set; a task draws its fit set itself: drop --fit-prompts or use --prompts")
         if self.prompts is not None and self.format.shots:
             raise ArgumentError("--shots draws solved examples from a task: with --prompts write them into the prompts")
         if self.source not in SOURCES:
@@ -121,7 +128,8 @@ class PromptSpec:
 
             return prepare_dataset_prompts(model, self.prompts, self.n_prompts, self.seed, means=means, fit=self.fit,
                                            prepend_bos=self.prepend_bos, numbers=self.numbers, fmt=self.format,
-                                           max_checked=self.max_checked, batch_size=batch_size)
+                                           max_checked=self.max_checked, batch_size=batch_size,
+                                           fit_source=self.fit_prompts)
 
         options: JsonDict = {"progress": progress, "prepend_bos": self.prepend_bos, "source": self.source,
                                    "numbers": self.numbers, "fmt": self.format}
@@ -185,7 +193,7 @@ class PromptSpec:
             how = "the whole layout" if fit.whole else f"a sample (seed {fit.spec.seed})"
             dropped = (f"; {prompts.n_dropped_fit} correct prompt(s) set aside: a mean they read has fewer than "
                        f"{fit.spec.min_count} fit prompts" if prompts.n_dropped_fit else "")
-            lines.append(f"means: fitted on {len(fit)} prompts of {self.label} ({how}, population "
+            lines.append(f"means: fitted on {len(fit)} prompts of {fit.task or self.label} ({how}, population "
                          f"{fit.spec.population}), none of them scored{dropped}")
         get_logger("runner").info("\n".join(lines))
         return ReadyPrompts.of(prompts, self)

@@ -38,6 +38,7 @@ from circuits.tasks.files import (
     catalogue_fields,
     evaluate,
     legacy_catalogue,
+    read_frozen,
     read_mapping,
     spec_fields,
 )
@@ -335,7 +336,7 @@ def frozen_set(name: TaskLike) -> Dataset:
     path = frozen_path(spec)
     if not path.exists():
         raise FileNotFoundError(f"no frozen set for task {task_label(name)!r} at {path}")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_frozen(path, spec.n_operands)
     cols: dict[str, list[Any]] = {
         "prompt": [r["prompt"] for r in rows],
         "answer": [r["answer"] if isinstance(r["answer"], str) else int(r["answer"]) for r in rows],

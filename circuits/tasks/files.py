@@ -35,23 +35,28 @@ per task.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 import re
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
-
-import numpy as np
+from typing import Any
 
 from circuits.errors import ArgumentError
+from circuits.inputs import MAX_INT, InputError, json_value, read_text, short
+from circuits.tasks.expressions import (
+    MAX_EXPRESSION,
+    MAX_EXPRESSION_DEPTH,
+    evaluate,
+    expression_range,
+    expression_slots,
+)
 from circuits.tasks.operand_space import NO_MAX, NO_MIN
 from interventions.types import JsonDict, JsonMapping
 
-__all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "TaskFileError", "catalogue_fields", "evaluate", "expression_slots",
-           "legacy_catalogue", "read_mapping", "spec_fields", "toml_module"]
+__all__ = ["CATALOGUE", "FROZEN_N", "FROZEN_SEED", "MAX_EXPRESSION", "MAX_EXPRESSION_DEPTH", "MAX_FROZEN_FILE",
+           "MAX_TASK_FILE", "TaskFileError", "catalogue_fields", "evaluate", "expression_range", "expression_slots",
+           "legacy_catalogue", "read_frozen", "read_mapping", "spec_fields", "toml_module"]
 
 CATALOGUE = "catalogue.toml"
 """The index of a catalogue folder (``tasks/``): ``tasks = [...]`` in order, ``frozen_seed``, ``frozen_n``."""
@@ -63,11 +68,15 @@ FROZEN_N = 300
 KEYS = ("name", "template", "slots", "answer", "answer_min", "answer_max", "answer_format", "prefix", "default_n",
         "group", "style", "card", "frozen", "frozen_seed", "frozen_n")
 """The keys a task file may hold."""
+MAX_TASK_FILE = 1 << 20
+"""Largest task file (bytes): 1 MiB holds a lookup table of tens of thousands of values."""
+MAX_FROZEN_FILE = 128 << 20
+"""Largest frozen set (bytes), as a prompts file."""
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_BINOPS: dict[type, Callable[[Any, Any], Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
-class TaskFileError(ArgumentError):
+class TaskFileError(InputError):
     """A task file is unreadable or invalid; the message names the file and the field."""
 
 
@@ -75,24 +84,58 @@ def read_mapping(path: str | Path) -> JsonDict:
     """The top-level table of a ``.toml`` or ``.json`` file (one-line :class:`TaskFileError` otherwise)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise TaskFileError(f"task file {path} cannot be read: {err.strerror or err}") from None
+        text = read_text(path, "task file", MAX_TASK_FILE)  # UTF-8, a byte-order mark dropped
+    except InputError as err:
+        raise TaskFileError(str(err)) from None
     if path.suffix.lower() == ".json":
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise TaskFileError(f"task file {path} is not valid JSON: {err.msg} (line {err.lineno}, column "
-                                f"{err.colno})") from None
+        try:  # duplicate keys, integers beyond 10^18 and deep nesting refused, naming the line
+            raw = json_value(text, f"task file {path}")
+        except InputError as err:
+            raise TaskFileError(str(err)) from None
     else:
         toml = toml_module()
         try:
-            raw = toml.loads(text)
+            raw = toml.loads(text)  # refuses a key given twice
         except toml.TOMLDecodeError as err:
             raise TaskFileError(f"task file {path} is not valid TOML: {' '.join(str(err).split())}") from None
+        except ValueError:  # an integer of thousands of digits
+            raise TaskFileError(f"task file {path}: an integer has more digits than Python reads; integers of a "
+                                f"task lie within +-10^18") from None
+        except RecursionError:
+            raise TaskFileError(f"task file {path}: a value is nested too deeply to read") from None
     if not isinstance(raw, dict):
         raise TaskFileError(f"task file {path} must hold one table (a JSON object), not {type(raw).__name__}")
     return raw
+
+
+def read_frozen(path: str | Path, n_operands: int) -> list[dict[str, Any]]:
+    """The rows of a frozen set (JSON lines with ``prompt``, ``answer``, ``operands`` and ``task``), read as a prompts
+    file is (UTF-8, lines end at ``\\n`` only, no key twice, integers within +-10^18): one-line
+    :class:`TaskFileError` naming the file, the line and the field otherwise."""
+    where = f"frozen set {path}"
+    try:
+        text = read_text(path, "frozen set", MAX_FROZEN_FILE)
+    except InputError as err:
+        raise TaskFileError(str(err)) from None
+    rows = []
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json_value(line, where, line=n)
+        except InputError as err:
+            raise TaskFileError(str(err)) from None
+        if not isinstance(row, dict) or any(k not in row for k in ("prompt", "answer", "operands", "task")):
+            raise TaskFileError(f"{where}: line {n}: must be a JSON object with prompt, answer, operands and task")
+        ops = row["operands"]
+        if (not isinstance(ops, list) or len(ops) != n_operands
+                or any(isinstance(x, bool) or not isinstance(x, int) for x in ops)):
+            raise TaskFileError(f"{where}: line {n}: operands: must be a list of {n_operands} integers")
+        if not isinstance(row["prompt"], str) or isinstance(row["answer"], bool) \
+                or not isinstance(row["answer"], (str, int)):
+            raise TaskFileError(f"{where}: line {n}: prompt must be text and answer text or an integer")
+        rows.append(row)
+    return rows
 
 
 def toml_module() -> Any:
@@ -102,57 +145,6 @@ def toml_module() -> Any:
     except ImportError:  # Python 3.10: the tomli backport (a dependency there)
         import tomli as tomllib  # type: ignore[no-redef]
     return tomllib
-
-
-# ------------------------------------------------------------------------------------------ expressions
-def _parse(text: str) -> ast.expr:
-    try:
-        return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as err:
-        raise ArgumentError(f"{text!r} is not an expression ({err.msg})") from None
-
-
-def _check(node: ast.expr, names: set[str]) -> None:
-    """:class:`~circuits.errors.ArgumentError` naming the first construct outside ``+ - *``, parentheses, slot
-    names and integers."""
-    if isinstance(node, ast.BinOp):
-        if type(node.op) not in _BINOPS:
-            raise ArgumentError(f"operator {ast.unparse(node)!r} is not allowed: use + - * and parentheses")
-        _check(node.left, names)
-        _check(node.right, names)
-    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        _check(node.operand, names)
-    elif isinstance(node, ast.Name):
-        names.add(node.id)
-    elif isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return
-    else:
-        raise ArgumentError(f"{ast.unparse(node)!r} is not allowed: use slot names, integers, + - * and parentheses")
-
-
-def expression_slots(text: str) -> list[str]:
-    """The slot names ``text`` uses (each once); :class:`~circuits.errors.ArgumentError` for anything but
-    ``+ - *``, parentheses, names and integer constants."""
-    node = _parse(text)
-    _check(node, set())
-    return list(dict.fromkeys(n.id for n in ast.walk(node) if isinstance(n, ast.Name)))
-
-
-def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The expression ``text`` evaluated element-wise on int64 arrays (``columns``: slot name -> ``[n]``)."""
-    def walk(node: ast.expr) -> Any:
-        if isinstance(node, ast.BinOp):
-            return _BINOPS[type(node.op)](walk(node.left), walk(node.right))
-        if isinstance(node, ast.UnaryOp):
-            value = walk(node.operand)
-            return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node, ast.Name):
-            return np.asarray(columns[node.id], dtype=np.int64)
-        constant = cast(ast.Constant, node)  # an integer constant (checked by expression_slots)
-        return np.int64(cast(int, constant.value))
-
-    n = len(next(iter(columns.values()))) if columns else 0
-    return np.broadcast_to(np.asarray(walk(_parse(text)), dtype=np.int64), (n,)).copy()
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -202,6 +194,8 @@ def spec_fields(raw: JsonMapping, where: str, *, base: Path | None = None) -> Js
             raise fail(key, f"{value!r} must be an integer")
         if value is not None and lookup and key != "default_n":
             raise fail(key, "applies to integer answers only, not to a lookup column")
+        if value is not None and abs(value) > MAX_INT:
+            raise fail(key, f"{short(str(value), 40)} is beyond +-10^18, the largest integer a task may use")
         fields[key] = value
     if fields["default_n"] < 1:
         raise fail("default_n", f"{fields['default_n']} must be >= 1")
@@ -209,6 +203,13 @@ def spec_fields(raw: JsonMapping, where: str, *, base: Path | None = None) -> Js
     hi = fields["answer_max"] if fields["answer_max"] is not None else NO_MAX
     if lo > hi:
         raise fail("answer_min", f"{lo} is above answer_max {hi}")
+    if not lookup:  # answers are exact; without bounds they must stay within +-10^18
+        reach = expression_range(fields["expression"], dict(zip(names, ranges)))
+        for key, value, beyond in (("answer_min", reach[0], reach[0] < -MAX_INT),
+                                   ("answer_max", reach[1], reach[1] > MAX_INT)):
+            if beyond and fields[key] is None:
+                raise fail("answer", f"can reach {short(str(value), 40)}, beyond +-10^18 (64-bit integers): set "
+                                     f"{key} within +-10^18 or narrow the slot ranges")
     fields["answer_min"], fields["answer_max"] = lo, hi
     for key, text_default in (("prefix", ""), ("answer_format", "{}"), ("group", "custom"), ("style", "custom"),
                               ("card", "")):
@@ -226,8 +227,8 @@ def spec_fields(raw: JsonMapping, where: str, *, base: Path | None = None) -> Js
         fields["frozen_file"] = str((base or Path(".")) / raw["frozen"])
     for key, default, least in (("frozen_seed", FROZEN_SEED, 0), ("frozen_n", FROZEN_N, 1)):
         value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise fail(key, f"{value!r} must be an integer >= {least}")
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_INT:
+            raise fail(key, f"{short(repr(value), 30)} must be an integer in {least}..10^18")
         fields[key] = value
     return fields
 
@@ -252,6 +253,9 @@ def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]
             if (not isinstance(r, list) or len(r) != 2
                     or any(isinstance(x, bool) or not isinstance(x, int) for x in r)):
                 raise fail(f"{field}.range", f"{r!r} must be [lo, hi], two integers")
+            if any(abs(x) > MAX_INT for x in r):
+                raise fail(f"{field}.range", f"{short(str(r), 40)} reaches beyond +-10^18, the largest integer a task "
+                                             f"may use: narrow the range")
             if r[0] > r[1]:
                 raise fail(f"{field}.range", f"{r!r} is empty: lo {r[0]} is above hi {r[1]}")
             values.append(None)
