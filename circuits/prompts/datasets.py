@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from circuits.errors import ArgumentError, PromptError
+from circuits.tasks.package_data import find_file
 
 __all__ = ["PROMPT_SUFFIXES", "prompts_label", "prepare_dataset_prompts", "read_prompts"]
 
@@ -61,7 +62,7 @@ def read_prompts(source: Any) -> Any:
             raise ArgumentError(f"prompts: {type(source).__name__} is neither a .jsonl/.csv path nor a Dataset")
         cols = _checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset", lambda i: f"row {i}")
         return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
-    path = Path(source)
+    path = find_file(source)  # as --task finds a file: here, else the shipped examples (examples/capital.jsonl)
     if path.suffix.lower() not in PROMPT_SUFFIXES:
         raise ArgumentError(f"prompts file {path}: give a .jsonl or .csv file (columns prompt, answer)")
     try:
