@@ -11,6 +11,7 @@ import pytest
 
 from circuits import __version__, cli
 from circuits.errors import ArgumentError, did_you_mean
+from circuits.sweep import SweepConfig
 from circuits.tasks import catalogue as tasks
 from circuits.tasks.package_data import datasets_dir, find_file
 from tests.circuits.test_cli import tiny_loading  # noqa: F401 - the fixture
@@ -106,3 +107,36 @@ def test_file_options_find_shipped_files_from_anywhere(tmp_path, monkeypatch):
 
     rows = read_prompts("examples/capital.jsonl")
     assert len(rows) == len((datasets_dir() / "examples" / "capital.jsonl").read_text().splitlines())
+
+
+def test_zoo_list_columns_are_aligned(capsys):
+    from circuits import zoo
+
+    assert cli.main(["zoo", "list"]) == 0
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    header, rows = lines[0], lines[1:]
+    assert header.split()[:4] == ["model", "arch", "tasks", "min"] and len(rows) == len(zoo.available())
+    for name, row in zip(zoo.available(), rows):
+        card = zoo.card(name)
+        assert row.startswith(name + " ") and row.index(" " + card["arch"] + " ") + 1 == header.index("arch")
+        assert row.index(card["description"]) == header.index("description")  # every column starts at its header
+        worst = min(card["frozen_accuracy"][t] for t in card["train"]["tasks"])
+        assert row[: header.index("description")].rstrip().endswith(f"{worst:.3f}")
+
+
+def test_one_cell_fixed_sweep_shows_its_interval():
+    from circuits.sweep.run import CellResult
+    from circuits.sweep.table import heatmap, markdown
+
+    config = SweepConfig.from_mapping({"models": ["m"], "tasks": ["add"], "mode": "fixed", "wait": 3, "transfer": 1})
+    row = CellResult("m", "add", "cama", 0, base_accuracy=1.0, n_prompts=20, wait=3, transfer=1, faithfulness=0.85,
+                     ci_low=0.7, ci_high=0.95)
+    fig = heatmap(config, "m", [row])
+    assert [list(r) for r in fig.data[0].text] == [["0.85<br>[0.70, 0.95]"]] and "95% interval" in fig.layout.title.text
+    assert "| 0.850 / 0.850 / 0.850 | [0.700, 0.950] |" in markdown(config, [row])
+    # seeds: the bounds averaged, as table.md does
+    config = SweepConfig.from_mapping({"models": ["m"], "tasks": ["add"], "mode": "fixed", "wait": 3, "transfer": 1,
+                                       "seeds": [0, 1]})
+    other = CellResult("m", "add", "cama", 1, faithfulness=0.75, ci_low=0.6, ci_high=0.85, wait=3, transfer=1,
+                       base_accuracy=1.0)
+    assert [list(r) for r in heatmap(config, "m", [row, other]).data[0].text] == [["0.80<br>[0.65, 0.90]"]]
