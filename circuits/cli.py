@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("circuits.commands.sweep", "models x tasks x ablations x seeds: the comparison tables, resumable"),
     "groundtruth": ("circuits.commands.groundtruth",
                     "search + pruning on the planted zoo models, scored against the planted structure"),
+    "compare": ("circuits.commands.compare", "several runs' results side by side: one table and one figure"),
 }
 
 THREADS_ENV = "AF1_THREADS"
