@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "groundtruth": ("circuits.commands.groundtruth",
                     "search + pruning on the planted zoo models, scored against the planted structure"),
     "compare": ("circuits.commands.compare", "several runs' results side by side: one table and one figure"),
+    "notebooks": ("circuits.commands.notebooks", "copy the example notebooks that ship with the package into a folder"),
 }
 
 THREADS_ENV = "AF1_THREADS"

@@ -26,13 +26,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from importlib.resources.abc import Traversable
 
-__all__ = ["data_dir", "datasets_dir", "find_file", "package_path", "materialize"]
+__all__ = ["data_dir", "datasets_dir", "find_file", "notebooks_dir", "package_path", "materialize"]
 
 
 DATA = "data"
 """The data folder's name inside the installed package (``circuits/data``)."""
 CHECKOUT = Path(__file__).resolve().parents[2] / "datasets"
 """The data folder of a source checkout (``<repository>/datasets``)."""
+NOTEBOOKS = "notebooks"
+"""The notebooks' folder: ``circuits/notebooks`` of a wheel, ``notebooks/`` of a checkout."""
 DATASETS_ENV = "AF1_DATASETS_DIR"
 """Environment variable naming another data folder of the same layout."""
 PACKAGE = "circuits"
@@ -58,6 +60,20 @@ def data_dir() -> Path:
     raise FileNotFoundError("the task data (circuits/data, or datasets/ in a checkout) is missing from the installed "
                             "package; reinstall af1-circuits (pip install --force-reinstall) or set AF1_DATASETS_DIR "
                             "to a copy of the data folder")
+
+
+@cache
+def notebooks_dir() -> Path:
+    """The folder of the example notebooks (``*.ipynb``): ``circuits/notebooks`` of an installed wheel, else a
+    checkout's ``notebooks/``. ``FileNotFoundError`` (one line) when neither is there."""
+    ref = resources.files(PACKAGE).joinpath(NOTEBOOKS)
+    if ref.is_dir():
+        return materialize(ref)
+    checkout = CHECKOUT.parent / NOTEBOOKS
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError("the notebooks (circuits/notebooks, or notebooks/ in a checkout) are missing from the "
+                            "installed package; reinstall af1-circuits (pip install --force-reinstall)")
 
 
 def datasets_dir() -> Path:

@@ -140,3 +140,22 @@ def test_one_cell_fixed_sweep_shows_its_interval():
     other = CellResult("m", "add", "cama", 1, faithfulness=0.75, ci_low=0.6, ci_high=0.85, wait=3, transfer=1,
                        base_accuracy=1.0)
     assert [list(r) for r in heatmap(config, "m", [row, other]).data[0].text] == [["0.80<br>[0.65, 0.90]"]]
+
+
+def test_notebooks_command_copies_the_shipped_notebooks(tmp_path, capsys):
+    from circuits.tasks.package_data import notebooks_dir
+
+    shipped = sorted(notebooks_dir().glob("*.ipynb"))
+    assert len(shipped) >= 6 and notebooks_dir().name == "notebooks"
+    out = tmp_path / "nbs"
+    assert cli.main(["notebooks", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [p.name for p in shipped]
+    assert all((out / p.name).read_bytes() == p.read_bytes() for p in shipped)
+    assert f"{len(shipped)} notebooks in {out}" in capsys.readouterr().out
+    # a notebook already there is kept, unless --force
+    (out / shipped[0].name).write_text("my edits")
+    assert cli.main(["notebooks", str(out)]) == 2
+    assert f"already holds {shipped[0].name}" in capsys.readouterr().err
+    assert (out / shipped[0].name).read_text() == "my edits"
+    assert cli.main(["notebooks", str(out), "--force"]) == 0
+    assert (out / shipped[0].name).read_bytes() == shipped[0].read_bytes()
