@@ -111,6 +111,10 @@ class _Tee(io.TextIOBase):
     def isatty(self) -> bool:
         return self.base in self.targets and self.base.isatty()
 
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.base, "encoding", None) or "utf-8")
+
 
 class Transcript:
     """How a scripted command reports (the command line's ``--quiet`` and ``--log-file``), as a context manager.
@@ -129,6 +133,8 @@ class Transcript:
 
     def __enter__(self) -> Transcript:
         self.saved = (sys.stdout, sys.stderr)
+        if not self.quiet and self.log_file is None:
+            return self  # the streams as they are
         out, err = self.saved
         logged: list[IO[str]] = []
         if self.log_file is not None:
