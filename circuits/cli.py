@@ -90,8 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(p)
-        add_global_flags(p, suppress=True)
+        for command in [p, *nested(p)]:  # `af1 zoo list --quiet` too
+            add_global_flags(command, suppress=True)
     return parser
+
+
+def nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The sub-command parsers of a command's parser (``zoo``: ``list``, ``train``, ``eval``), if it has any."""
+    return [sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for sub in action.choices.values()]
 
 
 def unknown_command(argv: Sequence[str]) -> str | None:

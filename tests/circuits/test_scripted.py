@@ -109,9 +109,11 @@ def test_file_options_find_shipped_files_from_anywhere(tmp_path, monkeypatch):
     assert len(rows) == len((datasets_dir() / "examples" / "capital.jsonl").read_text().splitlines())
 
 
-def test_zoo_list_columns_are_aligned(capsys):
+def test_zoo_list_columns_are_aligned(tmp_path, capsys):
     from circuits import zoo
 
+    assert cli.main(["zoo", "list", "--quiet", "--log-file", str(tmp_path / "zoo.log")]) == 0  # flags of an action too
+    assert capsys.readouterr().out == "" and "arith-gpt2" in (tmp_path / "zoo.log").read_text()
     assert cli.main(["zoo", "list"]) == 0
     lines = capsys.readouterr().out.rstrip("\n").splitlines()
     header, rows = lines[0], lines[1:]
