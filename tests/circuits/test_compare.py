@@ -108,3 +108,21 @@ def test_compare_refuses_what_is_not_a_run_and_an_out_that_is_one(runs, tmp_path
     assert cli.main(["compare", str(runs["gpt2"]), str(runs["llama"]), "--out", str(runs["sweep"])]) == 2
     assert "holds run.json" in capsys.readouterr().err
     assert not (runs["sweep"] / files.COMPARE_CSV).exists()
+
+
+def test_a_fixed_run_compares_and_other_kinds_are_refused(runs):
+    from circuits.comparison import rows_of
+
+    cell = runs["sweep"] / "cells" / "arith-llama" / "add" / "zero-seed0"  # a sweep cell: a run of its own (fixed)
+    c = results.compare([runs["gpt2"], cell])
+    row = c.to_pandas().iloc[1]
+    summary = json.loads((cell / files.SUMMARY).read_text())
+    assert (row["command"], row["model"], row["ablation"], row["item"]) == ("fixed", "arith-llama", "zero",
+                                                                             "wait=3, transfer=1")
+    assert row["selected"] is None
+    assert (row["faithfulness"], row["ci_low"], row["ci_high"], row["base_accuracy"]) == pytest.approx(
+        (summary["result"]["faithfulness"], summary["result"]["ci_low"], summary["result"]["ci_high"],
+         summary["base_accuracy"]))
+    for kind in ("prune", "lens", "groundtruth"):
+        with pytest.raises(ArgumentError, match=f"x is an af1 {kind} run: af1 compare reads search, fixed, sweep"):
+            rows_of("x", kind, {}, None)
