@@ -175,19 +175,23 @@ class Comparison:
         return [self.plot()]
 
     def text(self) -> str:
-        """The table as ``af1 compare`` prints it: aligned columns, faithfulness with its 95% interval."""
-        head = (["run", "model", "task", "ablation", "seed", "configuration", "faithfulness [95% CI]", "selected"]
-                if self.metric == "af1" else ["run", "model", "task", "block", "faithfulness [95% CI]"])
-        lines = [head]
-        for r in self.rows:
-            faith = f"{r['faithfulness']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-            if self.metric == "af1":
+        """The table as ``af1 compare`` prints it, faithfulness with its 95% interval in aligned columns: AF1 runs a
+        line per run (or sweep cell); necessity runs a line per block and a column per run (its model above)."""
+        faith = lambda r: f"{r['faithfulness']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
+        if self.metric == "af1":
+            lines = [["run", "model", "task", "ablation", "seed", "configuration", "faithfulness [95% CI]",
+                      "selected"]]
+            for r in self.rows:
                 sel = "-" if r["selected"] is None else "yes" if r["selected"] else "no"
                 lines.append([row_label(r), str(r["model"]), str(r["task"]), str(r["ablation"]), str(r["seed"]),
-                              str(r["item"]), faith, sel])
-            else:
-                lines.append([str(r["run"]), str(r["model"]), str(r["task"]), str(r["block"]), faith])
-        widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
+                              str(r["item"]), faith(r), sel])
+        else:
+            first = {run: next(r for r in self.rows if r["run"] == run) for run in self.runs}
+            lines = [["block", *self.runs], ["", *(str(first[run]["model"]) for run in self.runs)]]
+            cells = {(r["block"], r["run"]): faith(r) for r in self.rows}
+            for block in sorted({r["block"] for r in self.rows}):
+                lines.append([str(block), *(cells.get((block, run), "-") for run in self.runs)])
+        widths = [max(len(x[i]) for x in lines) for i in range(len(lines[0]))]
         return "\n".join("  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip() for x in lines)
 
 

@@ -85,6 +85,11 @@ def test_necessity_runs_side_by_side(runs):
         assert list(wide.index) == [b["layer"] for b in blocks]
     fig = c.plot()
     assert len(fig.data) == 2 and "arith-llama" in fig.data[1].name
+    lines = c.text().splitlines()  # a line per block, a column per run
+    assert lines[0].split() == ["block", str(runs["nec_gpt2"]), str(runs["nec_llama"])]
+    assert lines[1].split() == ["arith-gpt2", "arith-llama"] and len(lines) == 2 + len(wide)
+    b = json.loads((runs["nec_llama"] / files.NECESSITY_SUMMARY).read_text())["blocks"][0]
+    assert lines[2].endswith(f"{b['faithfulness']:.3f} [{b['ci_low']:.3f}, {b['ci_high']:.3f}]")
 
 
 @pytest.mark.parametrize(("names", "why"), [
