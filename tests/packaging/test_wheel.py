@@ -9,7 +9,9 @@ small by flags), ``af1 compare``, ``af1 notebooks``, ``af1 --version`` and ``--q
 installed package reads its data from site-packages.
 
 Wall time with a warm pip cache, measured on 2 CPU cores shared with other work (load average 3-5):
-52-84 s (wheel 2-5 s, venv 3-6 s, install 22-43 s, the four commands 18-25 s).
+52-84 s (wheel 2-5 s, venv 3-6 s, install 22-43 s, the four commands 18-25 s) before the sweep, compare and
+notebooks commands were added; with them, under a load average of 8-9, 5.7 min (wheel 23 s, venv 22 s, install 137 s,
+the commands 158 s: sweep 42 s, compare 9 s).
 The first run downloads TransformerLens 4.x and its dependencies into pip's cache.
 """
 
