@@ -36,7 +36,8 @@ def spec(args: argparse.Namespace) -> CompareSpecs:
 
 def check(spec: CompareSpecs) -> None:
     """The runs exist and compare (read from their files, no model), and ``--out`` is a folder of its own: not one
-    of the runs, nor any af1 run, sweep or table directory (its files would mix with theirs)."""
+    of the runs, nor any af1 run, sweep or table directory (its files would mix with theirs), nor one holding a
+    ``report.html`` of something else; an earlier comparison there is replaced."""
     from circuits import results
     from circuits.commands.common import check_out
 
@@ -48,6 +49,9 @@ def check(spec: CompareSpecs) -> None:
     taken = [name for name in (files.IDENTITY, files.SUMMARY, files.TABLE_CSV) if (out / name).exists()]
     if taken:
         raise ArgumentError(f"--out {spec.out} holds {taken[0]}: it is an af1 output directory; give a folder of its "
+                            f"own for the comparison")
+    if (out / files.REPORT).exists() and not (out / files.COMPARE_CSV).exists():  # a page of something else
+        raise ArgumentError(f"--out {spec.out} holds a {files.REPORT} that no comparison wrote; give a folder of its "
                             f"own for the comparison")
 
 

@@ -113,6 +113,17 @@ def test_compare_refuses_what_is_not_a_run_and_an_out_that_is_one(runs, tmp_path
     assert cli.main(["compare", str(runs["gpt2"]), str(runs["llama"]), "--out", str(runs["sweep"])]) == 2
     assert "holds run.json" in capsys.readouterr().err
     assert not (runs["sweep"] / files.COMPARE_CSV).exists()
+    other = tmp_path / "pages"
+    other.mkdir()
+    (other / files.REPORT).write_text("mine")
+    assert cli.main(["compare", str(runs["gpt2"]), str(runs["llama"]), "--out", str(other)]) == 2
+    assert "report.html that no comparison wrote" in capsys.readouterr().err and (other / files.REPORT).read_text() == \
+        "mine"
+    # an earlier comparison is replaced
+    again = tmp_path / "again"
+    for _ in range(2):
+        assert cli.main(["compare", str(runs["gpt2"]), str(runs["llama"]), "--out", str(again)]) == 0
+    assert len((again / files.COMPARE_CSV).read_text().splitlines()) == 3
 
 
 def test_a_fixed_run_compares_and_other_kinds_are_refused(runs):
