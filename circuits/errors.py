@@ -9,6 +9,8 @@ Every class keeps the builtin base that callers caught before it existed (``Valu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class AF1Error(Exception):
     """Base class of the expected failures of the toolkit (bad input, unusable output directory)."""
@@ -117,3 +119,17 @@ def error_line(err: BaseException) -> str:
     :func:`internal_error`."""
     known = describe(err)
     return known[0] if known is not None else internal_error(err)
+
+
+def close_names(name: str, names: Sequence[str], cutoff: float = 0.6) -> list[str]:
+    """The ``names`` closest to ``name`` (``difflib``), best first, at most three."""
+    import difflib
+
+    return difflib.get_close_matches(name, list(names), n=3, cutoff=cutoff)
+
+
+def did_you_mean(name: str, names: Sequence[str], cutoff: float = 0.6) -> str:
+    """``"did you mean 'search'? "`` (or ``'a' or 'b'``) for the ``names`` close to a mistyped ``name``; ``""`` when
+    none is close. The one hint for mistyped model, task and command names."""
+    guess = close_names(name, names, cutoff)
+    return f"did you mean {' or '.join(repr(g) for g in guess)}? " if guess else ""

@@ -13,14 +13,15 @@ import contextlib
 import io
 import logging
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from interventions.types import Model
 
 
-__all__ = ["LOGGER", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
+__all__ = ["LOGGER", "Transcript", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
 
 LOGGER = "circuits"
 
@@ -90,3 +91,71 @@ def quiet_to(model: Model, device_or_dtype: Any) -> Any:
         return model.to(device_or_dtype, print_details=False)
     except TypeError:  # a model whose .to takes no print_details (a TransformerBridge, a torch module)
         return model.to(device_or_dtype)
+
+
+class _Tee(io.TextIOBase):
+    """A text stream writing to each of ``targets`` (none: a sink); ``fileno`` and ``isatty`` are ``base``'s."""
+
+    def __init__(self, base: IO[str], targets: Sequence[IO[str]]) -> None:
+        super().__init__()
+        self.base, self.targets = base, list(targets)
+
+    def write(self, text: str) -> int:
+        for target in self.targets:
+            target.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for target in self.targets:
+            target.flush()
+
+    def fileno(self) -> int:
+        return self.base.fileno()
+
+    def isatty(self) -> bool:
+        return self.base in self.targets and self.base.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.base, "encoding", None) or "utf-8")
+
+
+class Transcript:
+    """How a scripted command reports (the command line's ``--quiet`` and ``--log-file``), as a context manager.
+
+    ``quiet``: nothing on stdout (the command's output and the information messages; warnings and errors still go to
+    stderr). ``log_file``: everything the command writes on stdout and stderr is appended to that file too (also
+    what ``quiet`` hides), between a first line ``# af1 ... (started <UTC time>)`` and a last line ``# exit <code>
+    after <seconds> s`` (:meth:`end`). The file is opened (appended to) on entry: an ``OSError`` if it cannot be.
+    """
+
+    def __init__(self, command: Sequence[str], quiet: bool = False, log_file: str | None = None) -> None:
+        self.command, self.quiet, self.log_file = list(command), quiet, log_file
+        self.file: IO[str] | None = None
+        self.start = time.perf_counter()
+        self.saved: tuple[Any, Any] = (sys.stdout, sys.stderr)
+
+    def __enter__(self) -> Transcript:
+        self.saved = (sys.stdout, sys.stderr)
+        if not self.quiet and self.log_file is None:
+            return self  # the streams as they are
+        out, err = self.saved
+        logged: list[IO[str]] = []
+        if self.log_file is not None:
+            self.file = open(self.log_file, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in __exit__
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.file.write(f"# {' '.join(self.command)} (started {stamp})\n")
+            logged = [self.file]
+        sys.stdout = _Tee(out, ([] if self.quiet else [out]) + logged)
+        sys.stderr = _Tee(err, [err, *logged])
+        return self
+
+    def end(self, code: int) -> None:
+        """Write the last line of the log file: the exit code and the command's wall time."""
+        if self.file is not None:
+            self.file.write(f"# exit {code} after {time.perf_counter() - self.start:.1f} s\n")
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout, sys.stderr = self.saved
+        if self.file is not None:
+            self.file.close()

@@ -8,14 +8,24 @@ directory holds (``run.json`` names the command).
 
 Every result class has ``load(run_dir)``, ``to_pandas()`` (pandas is imported only then) and ``plot()`` /
 ``figures()`` returning the plotly figures its report shows.
+
+>>> c = results.compare(["runs/gpt2", "runs/llama", "runs/sweep"])   # several runs side by side
+>>> c.to_pandas()                                                    # one table
+>>> c.plot()                                                         # one figure
+
+:func:`compare` reads search, fixed, sweep and necessity runs (:mod:`circuits.comparison`) and refuses, in one line,
+runs that measure different things or are on different tasks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLASSES", "load"]
+from circuits.comparison import Comparison
+
+__all__ = ["CLASSES", "compare", "load"]
 
 CLASSES = {
     "search": "circuits.search.results:SearchResult",
@@ -51,3 +61,26 @@ def load(run_dir: str | Path) -> Any:
 
     module, name = CLASSES[kind_of(run_dir)].split(":")
     return getattr(importlib.import_module(module), name).load(run_dir)
+
+
+def compare(run_dirs: Sequence[str | Path]) -> Comparison:
+    """Several runs side by side (:class:`circuits.comparison.Comparison`: ``to_pandas()``, ``plot()``), each named
+    by its directory as given. :class:`~circuits.errors.ArgumentError` (one line) for a directory that is not a run,
+    fewer than two runs, or runs that do not compare (different measures or tasks, :mod:`circuits.comparison`)."""
+    from circuits.comparison import compare_runs, rows_of
+    from circuits.errors import ArgumentError
+    from circuits.store import files
+    from circuits.store.runs import read_json_object
+
+    runs = []
+    for run_dir in run_dirs:
+        path = Path(run_dir)
+        if not path.is_dir():
+            raise ArgumentError(f"{run_dir}: no such run directory")
+        try:
+            kind = kind_of(path)
+        except FileNotFoundError as err:
+            raise ArgumentError(str(err)) from None
+        identity = read_json_object(path / files.IDENTITY) if (path / files.IDENTITY).is_file() else {}
+        runs.append(rows_of(str(run_dir), kind, identity, load(path)))
+    return compare_runs(runs)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from circuits.errors import ArgumentError
+from circuits.errors import ArgumentError, did_you_mean
 from circuits.flags import add_flags, flag_fields, values
 from circuits.models.spec import ModelSpec
 from circuits.options import RunOptions, batch_size_argument
@@ -151,8 +151,9 @@ def check_task(task: Any, n_prompts: int | None = None, source: str = "build", s
     from circuits.tasks import catalogue as tasks
 
     if isinstance(task, str) and tasks.task_path(task) is None and task not in tasks.list_tasks():
-        raise ArgumentError(f"--task {task!r} is unknown; known tasks: {', '.join(tasks.list_tasks())}, or the path "
-                            f"of a task file (.toml / .json, see docs/tasks.md)")
+        known = tasks.list_tasks()
+        raise ArgumentError(f"--task {task!r} is unknown; {did_you_mean(task, known)}known tasks: {', '.join(known)}, "
+                            f"or the path of a task file (.toml / .json, see docs/tasks.md)")
     spec = tasks.get_task(task)  # a task file is read and checked here
     if source == "frozen" and not tasks.frozen_path(spec).exists():
         raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
@@ -312,11 +313,15 @@ def specs_of(args: argparse.Namespace, config: Any = None) -> CommandSpecs:
     return CommandSpecs(model=model, prompts=prompts.validate(), options=options, config=config)
 
 
+GLOBAL_FLAGS = ("command", "debug", "quiet", "log_file")
+"""What the command line holds beside a command's own flags (how it reports, not what it runs): never recorded."""
+
+
 def command_line(args: argparse.Namespace) -> list[str]:
     """The command as an argv list (``af1 <command> --option value ...``), rebuilt from ``args``."""
     out = ["af1", str(args.command)]
     for key, value in vars(args).items():
-        if key.startswith("_") or key in ("command", "debug") or value is None or value is False:
+        if key.startswith("_") or key in GLOBAL_FLAGS or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         out += [flag] if value is True else [flag, str(value)]

@@ -62,20 +62,21 @@ def spec(args: argparse.Namespace) -> SweepSpecs:
 
 def read_config(args: argparse.Namespace) -> Any:
     """The :class:`~circuits.sweep.SweepConfig` of ``--config`` with the flags applied on top."""
-    from pathlib import Path
 
     from circuits.errors import ArgumentError
     from circuits.sweep import SweepConfig
     from circuits.sweep.config import config_tasks
     from circuits.tasks.files import toml_module
+    from circuits.tasks.package_data import find_file
 
     tomllib = toml_module()
 
     raw: dict = {}
     if args.config is not None:
-        path = Path(args.config)
+        path = find_file(args.config)  # as --task finds a file: here, else the shipped examples
         if not path.is_file():
-            raise ArgumentError(f"--config {args.config}: no such file")
+            raise ArgumentError(f"--config {args.config}: no such file (from the working directory, the data "
+                                f"folder or the installed package, e.g. circuits/sweep/examples/styles.toml)")
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as err:

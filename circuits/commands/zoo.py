@@ -95,6 +95,26 @@ def check(spec: ZooSpecs) -> None:
         raise ArgumentError(f"-n {spec.n} is out of range: give an integer >= 1 (prompts per frozen set)")
 
 
+LIST_COLUMNS = ("model", "arch", "tasks", "min acc", "description")
+"""The columns of ``af1 zoo list``."""
+
+
+def listing(cards: list[JsonDict]) -> str:
+    """``af1 zoo list``: one row per model card (its ``name`` added), columns aligned under a header: the model, its
+    architecture, the number of tasks it was trained on, the lowest frozen-set accuracy over them, its description."""
+    rows = [LIST_COLUMNS]
+    for c in cards:
+        acc = c.get("frozen_accuracy", {})
+        trained = c.get("train", {}).get("tasks", [])
+        worst = min((acc[t] for t in trained if t in acc), default=float("nan"))
+        rows.append((str(c["name"]), str(c.get("arch", "?")), str(len(trained)), f"{worst:.3f}",
+                     str(c.get("description", ""))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(LIST_COLUMNS) - 1)]
+    right = (False, False, True, True)  # numbers right-aligned
+    return "\n".join("  ".join([*(v.rjust(w) if r else v.ljust(w) for v, w, r in zip(row, widths, right)), row[-1]])
+                     for row in rows)
+
+
 def train_model(spec: ZooSpecs) -> JsonDict:
     """Run ``af1 zoo train``: a ground truth through :mod:`circuits.zoo.groundtruth` (the deprecated
     ``arith-gpt2-af1`` becomes its replacement, with a message), any other through
@@ -135,13 +155,8 @@ def run(spec: ZooSpecs) -> int:
         names = zoo.available()
         if not names:
             print("no models shipped")
-        for name in names:
-            c = zoo.card(name)
-            acc = c.get("frozen_accuracy", {})
-            trained = c.get("train", {}).get("tasks", [])
-            worst = min((acc[t] for t in trained if t in acc), default=float("nan"))
-            print(f"{name:14s} {c.get('arch', '?'):6s} {len(trained):2d} tasks  min acc {worst:.3f}  "
-                  f"{c.get('description', '')}")
+            return 0
+        print(listing([zoo.card(name) | {"name": name} for name in names]))
         return 0
     if spec.action == "train":
         card = train_model(spec)

@@ -11,13 +11,13 @@ from the checkpoint's ``config.json`` (zoo, local folder or cache) without loadi
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
 
+from circuits.errors import close_names, did_you_mean
 from circuits.models.hub import cache_folder, hf_cache_dir, in_hf_cache, offline
 from interventions.types import JsonDict
 
@@ -78,11 +78,6 @@ def _transformer_lens_knows(name: str) -> bool:
     return False
 
 
-def close_names(name: str, names: Sequence[str], cutoff: float = 0.6) -> list[str]:
-    """The ``names`` closest to ``name`` (``difflib``), best first."""
-    return difflib.get_close_matches(name, list(names), n=3, cutoff=cutoff)
-
-
 def custom_loader() -> bool:
     """Whether ``circuits.models.loading.load_model`` was replaced (an embedding application or a test that loads its
     own models): such a loader decides what a name means, so no name is refused before it runs."""
@@ -121,8 +116,7 @@ def check_model_name(name: str, zoo_names: Sequence[str] | None = None) -> None:
         return  # a hub name: the loader downloads it
     if _transformer_lens_knows(name):
         return  # a TransformerLens alias (gpt2-small): cached under its hub name, which the loader resolves
-    guess = near or close_names(name, zoo_names)
-    hint = f"did you mean {' or '.join(repr(g) for g in guess)}? " if guess else ""
+    hint = did_you_mean(name, near) if near else did_you_mean(name, zoo_names)
     where = ("offline (HF_HUB_OFFLINE), so nothing can be downloaded" if offline() else
              "and it is one typo away from a zoo model (the hub is not asked)")
     raise ModelLoadError(

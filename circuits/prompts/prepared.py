@@ -139,7 +139,9 @@ def dataset_key(source: Any) -> JsonDict:
     from circuits.store.runs import file_sha256
 
     if isinstance(source, (str, Path)):
-        path = Path(source)
+        from circuits.tasks.package_data import find_file
+
+        path = find_file(source)
         return {"name": prompts_label(source), "sha256": file_sha256(path) if path.is_file() else None}
     rows = json.dumps(source.to_dict(), sort_keys=True, default=str).encode()
     return {"name": prompts_label(source), "sha256": hashlib.sha256(rows).hexdigest()}

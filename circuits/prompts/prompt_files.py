@@ -25,6 +25,7 @@ from typing import Any
 
 from circuits.errors import ArgumentError
 from circuits.inputs import MAX_INT, InputError, json_value, read_text, short, shown
+from circuits.tasks.package_data import find_file
 
 __all__ = ["LINE", "MAX_FIELD", "MAX_PROMPTS_FILE", "NOT_SLOTS", "PROMPT_SUFFIXES", "prompts_label", "read_prompts"]
 
@@ -60,7 +61,7 @@ def read_prompts(source: Any) -> Any:
         cols = checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset",
                        [f"row {i}" for i in range(len(source))])
         return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
-    path = Path(source)
+    path = find_file(source)  # as --task finds a file: here, else the shipped examples (examples/capital.jsonl)
     if path.suffix.lower() not in PROMPT_SUFFIXES:
         raise ArgumentError(f"prompts file {path}: give a .jsonl or .csv file (columns prompt, answer)")
     text = read_text(path, "prompts file", MAX_PROMPTS_FILE)

@@ -30,6 +30,8 @@ FIGURES_DIR = "figures"
 TABLE_CSV = "table.csv"
 TABLE_MD = "table.md"
 """The comparison tables of ``af1 sweep`` and ``af1 groundtruth``."""
+COMPARE_CSV = "compare.csv"
+"""The table of ``af1 compare --out`` (beside its ``report.html``)."""
 NO_RESULTS = ".no-results.jsonl"
 """Placeholder results name of analyses without resumable records (never written)."""
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuits.errors import ArgumentError
+from circuits.errors import ArgumentError, did_you_mean
 from circuits.models import placement
 from circuits.prompts.fitset import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from circuits.sweep.types import check_types
@@ -158,15 +158,17 @@ class SweepConfig:
     def from_toml(cls, path: str | Path) -> SweepConfig:
         """Read ``path`` (a TOML file with a ``[sweep]`` table)."""
         from circuits.tasks.files import toml_module
+        from circuits.tasks.package_data import find_file
 
         tomllib = toml_module()
+        path = find_file(path)
         try:
-            raw = tomllib.loads(Path(path).read_text())
+            raw = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as err:
             raise ArgumentError(f"--config {path} is not valid TOML: {err}") from None
         if "sweep" not in raw or not isinstance(raw["sweep"], dict):
             raise ArgumentError(f"--config {path} has no [sweep] table")
-        return cls.from_mapping(config_tasks(dict(raw["sweep"]), Path(path)))
+        return cls.from_mapping(config_tasks(dict(raw["sweep"]), path))
 
     def validate(self) -> SweepConfig:
         """Raise :class:`ArgumentError` naming the first bad field (checks that need no model)."""
@@ -182,7 +184,9 @@ class SweepConfig:
             if catalogue.task_path(task) is not None:
                 catalogue.load_task(task)  # one line naming the file and the field
             elif task not in catalogue.list_tasks():
-                raise ArgumentError(f"task {task!r} is unknown; known: {', '.join(catalogue.list_tasks())}, a group "
+                known = catalogue.list_tasks()
+                raise ArgumentError(f"task {task!r} is unknown; {did_you_mean(task, [*known, *GROUPS])}known: "
+                                    f"{', '.join(known)}, a group "
                                     f"({', '.join(GROUPS)}) or a task file (.toml / .json)")
         folders = [task_slug(t) for t in self.tasks]
         if len(set(folders)) != len(folders):

@@ -120,10 +120,21 @@ def heatmap_height(n_tasks: int) -> int:
     return int(min(MAX_HEIGHT, max(320, 200 + row * n_tasks)))
 
 
+def tile_text(value: float | None, rows: Sequence[Any]) -> str:
+    """A heatmap tile's text: the faithfulness to two decimals and, where ``rows`` (the tile's seeds) carry a 95%
+    bootstrap interval, the interval's bounds averaged over them (as ``table.md``) on a second line."""
+    if value is None:
+        return ""
+    lo = [r.ci_low for r in rows if r.ci_low is not None]
+    hi = [r.ci_high for r in rows if r.ci_high is not None]
+    return f"{value:.2f}<br>[{np.mean(lo):.2f}, {np.mean(hi):.2f}]" if lo and hi else f"{value:.2f}"
+
+
 def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str | None = None) -> Figure:
     """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds, of one
     ``ablation``: never averaged across ablations) or tasks x ablations (fixed: the configuration's
-    faithfulness averaged over seeds). Its height follows the number of tasks."""
+    faithfulness averaged over seeds, each tile with its 95% interval, so a one-cell sweep shows one). Its height
+    follows the number of tasks."""
     import plotly.graph_objects as go
 
     mine = [r for r in rows if r.model == model and r.status == "ok" and r.ablation in config.ablations]
@@ -143,9 +154,13 @@ def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str 
         title = f"{model}, {ablation} ablation: best faithfulness per wait"
     z = [[float(np.mean(v)) if (v := value([r for r in mine if r.task == t], c)) else None for c in cols]
          for t in tasks]
+    text = [[tile_text(zv, [r for r in mine if r.task == t and r.ablation == c] if config.mode == "fixed" else [])
+             for zv, c in zip(zs, cols)] for zs, t in zip(z, tasks)]
     n_seeds = len(config.seeds)
     fig = go.Figure(go.Heatmap(z=z, x=[str(c) for c in cols], y=tasks, zmin=0, zmax=1, colorscale="Viridis",
-                               texttemplate="%{z:.2f}", colorbar={"title": "faithfulness"}))
+                               text=text, texttemplate="%{text}", colorbar={"title": "faithfulness"}))
+    if config.mode == "fixed":
+        title += " (each tile: its 95% interval below" + (", averaged over the seeds)" if n_seeds > 1 else ")")
     fig.update_layout(title=title + (f" (mean of {n_seeds} seeds)" if n_seeds > 1 else ""), xaxis_title=xtitle,
                       yaxis_title="task", height=heatmap_height(len(tasks)),
                       xaxis=dict(type="category"), yaxis=dict(type="category", autorange="reversed"))

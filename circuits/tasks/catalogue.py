@@ -20,7 +20,6 @@ of its value (0-indexed, in the order of the file's list).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from circuits.errors import ArgumentError
+from circuits.errors import ArgumentError, did_you_mean
 from circuits.tasks import operand_space
 from circuits.tasks.files import (
     CATALOGUE,
@@ -42,7 +41,7 @@ from circuits.tasks.files import (
     read_mapping,
     spec_fields,
 )
-from circuits.tasks.package_data import data_dir
+from circuits.tasks.package_data import datasets_dir, find_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -54,13 +53,6 @@ __all__ = [
 
 NO_MIN, NO_MAX = operand_space.NO_MIN, operand_space.NO_MAX
 """``answer_min`` / ``answer_max`` of a task without bounds."""
-
-
-def datasets_dir() -> Path:
-    """The data folder: ``$AF1_DATASETS_DIR`` if set, else :func:`circuits.tasks.package_data.data_dir` (``datasets/``
-    of a checkout, ``circuits/data`` of an installed wheel)."""
-    env = os.environ.get("AF1_DATASETS_DIR")
-    return Path(env) if env else data_dir()
 
 
 @dataclass(frozen=True)
@@ -186,15 +178,12 @@ def _load_file(path: str, stamp: tuple[int, int]) -> TaskSpec:
 
 
 def task_path(task: str) -> Path | None:
-    """The file a task string names (a ``.toml`` / ``.json`` path: as given, else below :func:`datasets_dir`),
-    or ``None`` for a catalogue name."""
+    """The file a task string names (a ``.toml`` / ``.json`` path, found by
+    :func:`circuits.tasks.package_data.find_file`: as given, else below :func:`datasets_dir`), or ``None`` for a
+    catalogue name."""
     if not str(task).lower().endswith((".toml", ".json")):
         return None
-    p = Path(task).expanduser()
-    if p.exists() or p.is_absolute():
-        return p
-    shipped = datasets_dir() / task
-    return shipped if shipped.exists() else p
+    return find_file(task)
 
 
 def load_task(path: str | Path) -> TaskSpec:
@@ -221,8 +210,8 @@ def get_task(task: TaskLike) -> TaskSpec:
         return load_task(task)
     specs = _specs()
     if task not in specs:
-        raise ArgumentError(f"unknown task {task!r}; known tasks: {', '.join(specs)}, or the path of a task file "
-                            f"(.toml / .json, see docs/tasks.md)")
+        raise ArgumentError(f"unknown task {task!r}; {did_you_mean(str(task), list(specs))}known tasks: "
+                            f"{', '.join(specs)}, or the path of a task file (.toml / .json, see docs/tasks.md)")
     return specs[task]
 
 

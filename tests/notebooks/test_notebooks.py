@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from plotly.offline import get_plotlyjs
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -28,8 +29,8 @@ CELL_TIMEOUT_S = 300
 REAL_MODELS = "04_real_models.ipynb"
 SMOLLM2 = "06_smollm2.ipynb"
 MAX_EXECUTED_BYTES = 1_000_000
-"""An executed notebook (outputs included) stays below this: figures hold their data, plotly.js is not
-embedded (renderer ``plotly_mimetype+notebook_connected``)."""
+"""An executed notebook (outputs included) stays below this beside its one copy of plotly.js: figures hold their
+data, plotly.js is embedded once (renderer ``plotly_mimetype+notebook``) so that an HTML export draws offline."""
 PRINTS = {
     "02_head_pruning.ipynb": ("pruning recovers exactly the planted heads",),
     "05_your_own_prompts.ipynb": ("UncoveredEntryError: the MeanCache has no mean for '70' (id 73) at position 1 "
@@ -75,14 +76,38 @@ def execute(name: str, monkeypatch, cwd: Path = NOTEBOOKS, first_cells: tuple[st
     start = time.perf_counter()
     client.execute()  # CellExecutionError (with the cell source and traceback) propagates
     print(f"{name}: executed in {time.perf_counter() - start:.1f} s")
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
     assert not errors
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code), "some code cells did not run"
     size = len(nbformat.writes(nb).encode())
     print(f"{name}: {size / 1e6:.2f} MB executed")
-    assert size < MAX_EXECUTED_BYTES, f"{name} is {size} bytes once executed (plotly.js embedded?)"
+    check_offline_html(nb, name)
+    plotlyjs = len(json.dumps(get_plotlyjs()).encode()) if has_figures(nb) else 0
+    assert size < MAX_EXECUTED_BYTES + plotlyjs, f"{name} is {size} bytes once executed (plotly.js twice?)"
     return nb
+
+
+def has_figures(nb) -> bool:
+    return any("application/vnd.plotly.v1+json" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+               for o in c.get("outputs", []))
+
+
+def check_offline_html(nb, name: str) -> None:
+    """What an HTML export (nbconvert copies the ``text/html`` outputs) needs to draw the figures offline: plotly.js
+    itself, once, before the first figure, and nothing fetched from a CDN."""
+    html = [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if "text/html" in o.get("data", {})]
+    html = ["".join(h) if isinstance(h, list) else h for h in html]
+    if not has_figures(nb):
+        return
+    source = get_plotlyjs()
+    holding = [i for i, h in enumerate(html) if source in h]
+    figures = [i for i, h in enumerate(html) if "Plotly.newPlot" in h]
+    assert len(holding) == 1 and holding[0] <= min(figures), f"{name}: plotly.js is not embedded once, first"
+    fetched = ("src=\"https://cdn.plot.ly", "import \"https://cdn.plot.ly")  # the `notebook_connected` renderer's
+    assert not any(f in h for h in html for f in fetched), f"{name}: a figure loads plotly.js from its CDN"
 
 
 def printed(nb) -> str:

@@ -4,11 +4,14 @@ Builds the wheel (``pip wheel --no-deps``) from a copy of the working tree, crea
 environment, installs the wheel with ``torch==2.13.0`` (the CPU build; the wheel's ``torch<2.14`` accepts
 it) and lets pip resolve everything else, which gives the newest TransformerLens 4.x. Then, from a
 folder outside the checkout and without ``PYTHONPATH``, it runs ``af1 zoo list``, a small ``af1 search``,
-a small ``af1 lens`` and ``af1 demo``, and checks that the installed package reads its data from
-site-packages.
+a small ``af1 lens``, ``af1 demo``, the README's ``af1 sweep --config circuits/sweep/examples/styles.toml`` (made
+small by flags), ``af1 compare``, ``af1 notebooks``, ``af1 --version`` and ``--quiet --log-file``, and checks that the
+installed package reads its data from site-packages.
 
 Wall time with a warm pip cache, measured on 2 CPU cores shared with other work (load average 3-5):
-52-84 s (wheel 2-5 s, venv 3-6 s, install 22-43 s, the four commands 18-25 s).
+52-84 s (wheel 2-5 s, venv 3-6 s, install 22-43 s, the four commands 18-25 s) before the sweep, compare and
+notebooks commands were added; with them, under a load average of 8-9, 5.7 min (wheel 23 s, venv 22 s, install 137 s,
+the commands 158 s: sweep 42 s, compare 9 s).
 The first run downloads TransformerLens 4.x and its dependencies into pip's cache.
 """
 
@@ -108,6 +111,11 @@ def test_wheel_carries_task_data_and_zoo_models(installed):
     assert "circuits/data/tasks/catalogue.toml" in expected and "circuits/data/tasks/add.toml" in expected
     assert "circuits/data/examples/mul.toml" in expected and "circuits/data/examples/capital.toml" in expected
     assert "circuits/zoo/models/arith-gpt2/model.safetensors" in expected
+    # what the README uses: the sweep configs and the notebooks
+    expected |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "circuits" / "sweep" / "examples").glob("*.toml")}
+    expected |= {f"circuits/notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert "circuits/sweep/examples/styles.toml" in expected
+    assert "circuits/notebooks/01_circuit_hunting.ipynb" in expected
     assert any(n.startswith("circuits/data/frozen/") and n.endswith(".jsonl") for n in expected)
     assert expected - names == set(), "files of the checkout missing from the wheel"
     assert not any(n.startswith(("datasets/", "tests/")) for n in names)
@@ -167,4 +175,23 @@ def test_cli_runs_outside_the_checkout(installed):
     # the command of the issue: failed with "No such file or directory: .../site-packages/datasets/tasks.json"
     af1("demo", "--n-prompts", "20", "--no-progress", "--out", "demo")
     assert (work / "demo" / "report.html").is_file() and (work / "demo" / "necessity" / "report.html").is_file()
+
+    # the README's sweep command: its --config names the shipped example by the path of the checkout (found in the
+    # installed package, as --task examples/mul.toml is); made small by the flags on top
+    af1("sweep", "--config", "circuits/sweep/examples/styles.toml", "--tasks", "add_sub", "--seeds", "0",
+        "--n-prompts", "20", "--wait", "3", "--transfer", "1", "--no-progress", "--out", "sweep")
+    table = (work / "sweep" / "table.csv").read_text().splitlines()
+    assert len(table) == 2 and table[1].startswith("arith-styles,add_sub,cama,0,ok,")
+    # runs side by side, the notebooks copied out of the package, the version, scripted output
+    compared = af1("compare", "search", "sweep", "--out", "compared")
+    assert "arith-gpt2" in compared and "arith-styles" in compared and (work / "compared" / "report.html").is_file()
+    af1("notebooks", "nbs")
+    assert sorted(p.name for p in (work / "nbs").glob("*.ipynb")) == sorted(
+        p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert (work / "nbs" / "01_circuit_hunting.ipynb").read_bytes() == (
+        ROOT / "notebooks" / "01_circuit_hunting.ipynb").read_bytes()
+    version = _run([str(installed["af1"]), "--version"], COMMAND_TIMEOUT_S, cwd=work, env=env).stdout
+    assert version.startswith("af1 0.") and "transformer-lens 4." in version
+    assert af1("zoo", "list", "--quiet", "--log-file", "zoo.log") == ""
+    assert "arith-gpt2" in (work / "zoo.log").read_text()
     print("wheel test seconds:", {k: round(v, 1) for k, v in times.items()})
