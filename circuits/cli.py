@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("circuits.commands.sweep", "models x tasks x ablations x seeds: the comparison tables, resumable"),
     "groundtruth": ("circuits.commands.groundtruth",
                     "search + pruning on the planted zoo models, scored against the planted structure"),
+    "cache": ("circuits.commands.cache", "list or clear the cached means and checked prompts later commands reuse"),
 }
 
 THREADS_ENV = "AF1_THREADS"
@@ -84,6 +85,9 @@ def set_threads(threads: int | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import time
+
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -96,10 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_handler(logging.DEBUG if debug else logging.INFO)
     try:
         set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
+        from circuits import timing
+
         module = importlib.import_module(COMMANDS[args.command][0])
         spec = module.spec(args)
         module.check(spec)
-        return int(module.run(spec) or 0)
+        with timing.command(started) as times:
+            code = int(module.run(spec) or 0)
+        if times.runs:
+            print(times.line())  # where the whole command's time went, its last line
+        return code
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place every failure becomes one line
         if debug:
             traceback.print_exc()

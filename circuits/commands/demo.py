@@ -72,6 +72,7 @@ def _random_model_prompts(n_prompts: int):
 
 
 def run(spec: DemoSpecs) -> int:
+    from circuits import timing
     from circuits.models.loading import load_model, zoo_names
     from circuits.prompts.spec import PromptSpec
     from circuits.search.analysis import search_af1
@@ -81,8 +82,10 @@ def run(spec: DemoSpecs) -> int:
         from circuits import zoo
 
         name = zoo.DEFAULT_MODEL
-        model = load_model(name)
-        prompts = PromptSpec(spec.task, spec.n_prompts).prepare(model, means="cama", progress=spec.progress)
+        with timing.phase("load"):
+            model = load_model(name)
+        with timing.phase("prompts"):
+            prompts = PromptSpec(spec.task, spec.n_prompts).prepare(model, means="cama", progress=spec.progress)
         task = spec.task
     else:
         print("af1 demo: the model zoo (circuits.zoo) is not installed; running the search on a small "
@@ -100,7 +103,8 @@ def run(spec: DemoSpecs) -> int:
     print()
     print(result.table())
     print(result.summary_line())
-    print(f"{len(result.results)} configurations in {result.seconds:.1f} s; report: {spec.out}/report.html")
+    print(f"{len(result.results)} configurations, searched in {result.seconds:.1f} s (the search alone; the last "
+          f"line times the whole command); report: {spec.out}/report.html")
 
     # Which blocks the last token needs to read the other tokens in (cheap: one pass per block).
     from pathlib import Path

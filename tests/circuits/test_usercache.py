@@ -1,0 +1,114 @@
+"""The user's results cache (:mod:`circuits.store.usercache`): a second command on the same model and task fits no
+means, the cached means are bit-identical to a fresh fit, a corrupted entry is detected and refitted, ``af1 cache
+clear`` empties it, its size stays bounded and nothing is written beside ``--out``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from circuits import cli
+from circuits.store import files, usercache
+
+SEARCH = ["search", "--model", "arith-gpt2", "--task", "add_sub", "--n-prompts", "30", "--grid", "full",
+          "--no-progress", "--out"]
+PRUNE = ["prune", "--model", "arith-gpt2", "--task", "add_sub", "--n-prompts", "30", "--wait", "0", "--transfer", "1",
+         "--no-progress", "--out"]
+
+
+def entry_files(root: Path, kind: str = "means") -> list[Path]:
+    return sorted((root / "results" / kind).glob("*" + usercache.DATA))
+
+
+def test_a_second_command_fits_no_means_and_reuses_them_bit_identically(tmp_path, results_cache, counted, capsys):
+    import interventions as iv
+    from circuits.models.loading import load_model
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    assert cli.main([*SEARCH, str(runs / "a")]) == 0
+    assert counted["MeanCache.fit"] == 1
+    [entry] = entry_files(results_cache)
+    counted["MeanCache.fit"] = 0
+    capsys.readouterr()
+    assert cli.main([*PRUNE, str(runs / "b")]) == 0  # another command, same model, task and fit set
+    out = capsys.readouterr().out
+    assert counted["MeanCache.fit"] == 0
+    assert "means: reused from the cache" in out and "fit cached" in out
+    # each run directory still records and binds the means it used: the same bytes as the cache's
+    a, b = (iv.MeanCache.load(runs / d / files.MEANS) for d in ("a", "b"))
+    assert a.sha256 == b.sha256
+    for d in ("a", "b"):
+        recorded = json.loads((runs / d / files.ARTIFACTS).read_text())[files.MEANS]
+        assert recorded == hashlib.sha256((runs / d / files.MEANS).read_bytes()).hexdigest()
+    # bit-identical to a fresh fit on the fit set the run recorded
+    from safetensors.torch import load_file
+
+    from circuits.means import fitted_on
+
+    fit_tokens = load_file(runs / "b" / files.PREPARED)["fit_tokens"]
+    assert fitted_on(b, fit_tokens)
+    fresh = iv.MeanCache.fit(load_model("arith-gpt2"), fit_tokens, batch_size=128, progress=False)
+    assert fresh.sha256 == b.sha256
+    for name, t in fresh.tensors().items():
+        assert t.dtype == b.tensors()[name].dtype and t.equal(b.tensors()[name]), name
+    # nothing written beside the run directories, nothing outside the cache's results folder
+    assert sorted(p.name for p in runs.iterdir()) == ["a", "b"]
+    assert [p.name for p in results_cache.iterdir()] == ["results"]
+    assert entry.exists()
+
+
+def test_a_corrupted_entry_is_detected_refitted_and_replaced(tmp_path, results_cache, counted, capfd):
+    assert cli.main([*SEARCH, str(tmp_path / "a")]) == 0
+    [entry] = entry_files(results_cache)
+    data = bytearray(entry.read_bytes())
+    data[-5] ^= 0xFF  # one flipped bit in a mean
+    entry.write_bytes(bytes(data))
+    counted["MeanCache.fit"] = 0
+    capfd.readouterr()
+    assert cli.main([*SEARCH, str(tmp_path / "b")]) == 0
+    err = capfd.readouterr().err
+    assert "does not match its recorded hash" in err
+    assert counted["MeanCache.fit"] == 1  # refitted
+    import interventions as iv
+
+    fresh, first = (iv.MeanCache.load(tmp_path / d / files.MEANS) for d in ("b", "a"))
+    assert fresh.sha256 == first.sha256
+    assert entry.read_bytes() != bytes(data)  # replaced by the fresh fit
+    counted["MeanCache.fit"] = 0
+    assert cli.main([*SEARCH, str(tmp_path / "c")]) == 0
+    assert counted["MeanCache.fit"] == 0
+
+
+def test_cache_list_and_clear(tmp_path, results_cache, capsys):
+    assert cli.main(["cache", "list"]) == 0
+    assert "empty" in capsys.readouterr().out
+    assert cli.main([*SEARCH, str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    assert cli.main(["cache", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "means of add_sub" in listed and str(results_cache) in listed
+    assert cli.main(["cache", "clear"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert not entry_files(results_cache) and not usercache.entries()
+
+
+def test_the_cache_stays_under_its_bound_oldest_first(results_cache, monkeypatch):
+    import os
+
+    monkeypatch.setenv(usercache.LIMIT_ENV, str(2.5 / 1024))  # 2.5 KiB
+    for i in range(4):
+        assert usercache.put("means", {"i": i}, bytes([i]) * 1000, f"entry {i}") is not None
+        path = usercache.entries()[-1].path.with_suffix(usercache.DESCRIPTION)
+        os.utime(path, (1000 + i, 1000 + i))
+    kept = usercache.entries()
+    assert sum(e.size for e in kept) <= 2.5 * 1024 and len(kept) == 2
+    assert usercache.get("means", {"i": 3}) == bytes([3]) * 1000 and usercache.get("means", {"i": 0}) is None
+    monkeypatch.setenv(usercache.LIMIT_ENV, "0")  # off: nothing read or written
+    assert usercache.get("means", {"i": 3}) is None and usercache.put("means", {"i": 9}, b"x", "x") is None
+    monkeypatch.setenv(usercache.LIMIT_ENV, "lots")
+    with pytest.raises(Exception, match="AF1_CACHE_LIMIT_MB='lots' is not a number"):
+        usercache.limit_bytes()
