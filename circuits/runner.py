@@ -59,7 +59,7 @@ from circuits.models import memory
 from circuits.models.spec import LoadedModel, ModelSpec
 from circuits.options import RunOptions
 from circuits.prompts.fitset import FitSet
-from circuits.prompts.prepared import Prepared
+from circuits.prompts.prepared import Prepared, remember
 from circuits.prompts.ready import ReadyPrompts
 from circuits.prompts.spec import PromptSpec
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
@@ -159,6 +159,8 @@ def evaluate(analysis: Analysis[Any, Any], model: Any, prompts: ReadyPrompts, co
         with times.phase("analysis"):
             if prompts.prepared is not None:
                 dest.keep_prepared(prompts.prepared, ctx.keep)
+                if analysis.base_correct_only:  # the check of which prompts the model answers, for the next command
+                    remember(prompts.prepared, ctx.keep)
             ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
             dest.write_prompts(analysis.prompt_records(ctx))
             result = analysis.run(model, config, ctx)

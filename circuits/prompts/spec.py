@@ -172,8 +172,11 @@ class PromptSpec:
 
         prompts = prepared.prepare(self, model, means=means, out=out, progress=progress, batch_size=batch_size)
         kept = prepared.prepared_of(prompts)
-        lines = [f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)"] \
-            if kept is not None and kept.source is not None else []
+        lines = []
+        if kept is not None and kept.source is not None:
+            by = "an earlier run of this command" if kept.source.parent == Path(str(out)) else \
+                "an earlier command on this model and prompt spec; af1 cache clear removes it"
+            lines.append(f"prompts and fit set: reloaded from {kept.source} (prepared by {by})")
         lines.append(f"{name} on {self.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
                      f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
                      f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))")

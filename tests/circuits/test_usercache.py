@@ -30,14 +30,20 @@ def test_a_second_command_fits_no_means_and_reuses_them_bit_identically(tmp_path
     runs = tmp_path / "runs"
     runs.mkdir()
     assert cli.main([*SEARCH, str(runs / "a")]) == 0
-    assert counted["MeanCache.fit"] == 1
+    assert counted["MeanCache.fit"] == 1 and counted["filter_correct"] and counted["base_correct"] == 1
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert first.startswith("time: load ") and ", fit " in first and "whole command" in first, first
     [entry] = entry_files(results_cache)
-    counted["MeanCache.fit"] = 0
-    capsys.readouterr()
+    assert len(entry_files(results_cache, "prompts")) == 1
+    for k in counted:
+        counted[k] = 0
     assert cli.main([*PRUNE, str(runs / "b")]) == 0  # another command, same model, task and fit set
     out = capsys.readouterr().out
-    assert counted["MeanCache.fit"] == 0
-    assert "means: reused from the cache" in out and "fit cached" in out
+    # neither the means nor the prompt check are computed again
+    assert counted == {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
+    assert "means: reused from the cache" in out and "prepared by an earlier command" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("time: load ") and ", fit cached " in last, last
     # each run directory still records and binds the means it used: the same bytes as the cache's
     a, b = (iv.MeanCache.load(runs / d / files.MEANS) for d in ("a", "b"))
     assert a.sha256 == b.sha256
@@ -59,6 +65,8 @@ def test_a_second_command_fits_no_means_and_reuses_them_bit_identically(tmp_path
     assert sorted(p.name for p in runs.iterdir()) == ["a", "b"]
     assert [p.name for p in results_cache.iterdir()] == ["results"]
     assert entry.exists()
+    assert json.loads((runs / "a" / files.SUMMARY).read_text())["base_accuracy"] == \
+        json.loads((runs / "b" / files.SUMMARY).read_text())["base_accuracy"]
 
 
 def test_a_corrupted_entry_is_detected_refitted_and_replaced(tmp_path, results_cache, counted, capfd):
