@@ -45,7 +45,8 @@ class Timings:
     def line(self) -> str:
         """One line: ``time: load 1.2 s, prompts 0.8 s, fit cached 0.1 s, analysis 4.3 s, report 0.2 s; whole
         command 7.1 s`` (``fit 49.0 s`` when fitted; with several runs, how many fitted and how many were
-        cached; ``other``: the time outside the runs' phases, imports and printing)."""
+        cached; ``other``: the time outside the runs' phases, imports and printing; the whole command is counted from
+        when :func:`command` was given its start, the Python interpreter's own start not included)."""
         s = self.seconds
         parts = [f"load {s['load']:.1f} s", f"prompts {s['prompts']:.1f} s"]
         if self.fitted and self.cached:
@@ -60,7 +61,8 @@ class Timings:
         total = time.perf_counter() - self.started
         other = total - sum(s.values())
         runs = f" ({self.runs} runs)" if self.runs > 1 else ""
-        return f"time{runs}: {', '.join(parts)}, other {max(other, 0.0):.1f} s; whole command {total:.1f} s"
+        return (f"time{runs}: {', '.join(parts)}, other {max(other, 0.0):.1f} s (imports, printing); whole command "
+                f"{total:.1f} s")
 
 
 _CURRENT: ContextVar[Timings | None] = ContextVar("af1_timings", default=None)
