@@ -105,6 +105,8 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
     outer = timing.current()
     with contextlib.ExitStack() as stack:
         times = outer if outer is not None else stack.enter_context(timing.command())
+        if outer is None:
+            times.whole = "whole run"
         times.runs += 1
         with hold(options.out, analysis.name, options.held) as held:
             with times.phase("load"):

@@ -25,13 +25,15 @@ and report."""
 @dataclass
 class Timings:
     """Seconds per phase (:data:`PHASES`) of the runs of one command, how many runs fitted their means and how many
-    reused them (from the run directory or the user's cache), and when the command started."""
+    reused them (from the run directory or the user's cache), when the command started and what the total is called
+    (``whole``: ``"whole command"``, ``"whole run"`` for a run of the Python API)."""
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     runs: int = 0
     fitted: int = 0
     cached: int = 0
     started: float = field(default_factory=time.perf_counter)
+    whole: str = "whole command"
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -61,7 +63,7 @@ class Timings:
         total = time.perf_counter() - self.started
         other = total - sum(s.values())
         runs = f" ({self.runs} runs)" if self.runs > 1 else ""
-        return (f"time{runs}: {', '.join(parts)}, other {max(other, 0.0):.1f} s (imports, printing); whole command "
+        return (f"time{runs}: {', '.join(parts)}, other {max(other, 0.0):.1f} s (imports, printing); {self.whole} "
                 f"{total:.1f} s")
 
 

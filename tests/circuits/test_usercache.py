@@ -120,3 +120,28 @@ def test_the_cache_stays_under_its_bound_oldest_first(results_cache, monkeypatch
     monkeypatch.setenv(usercache.LIMIT_ENV, "lots")
     with pytest.raises(Exception, match="AF1_CACHE_LIMIT_MB='lots' is not a number"):
         usercache.limit_bytes()
+
+
+def test_the_api_reuses_means_across_calls_and_logs_where_the_time_went(model, results_cache, counted, caplog):
+    """Two ``search_af1`` calls of the Python API on the same model and fit set, without a directory: the second fits
+    nothing and gets the same faithfulness; each call logs its time line (``fit`` then ``fit cached``)."""
+    import logging
+
+    import torch
+
+    from circuits.search import search_af1
+    from tests.conftest import disjoint_fit_tokens, random_tokens
+
+    tokens = random_tokens(24, 6, seed=3, values=5)
+    with torch.inference_mode():
+        answers = model(tokens)[:, -1].argmax(-1)
+    fit = disjoint_fit_tokens(tokens)
+    with caplog.at_level(logging.INFO, logger="circuits"):
+        first = search_af1(model, tokens, answers, fit_tokens=fit, grid="full", progress=False, n_boot=50)
+        assert counted["MeanCache.fit"] == 1
+        second = search_af1(model, tokens, answers, fit_tokens=fit, grid="full", progress=False, n_boot=50)
+    assert counted["MeanCache.fit"] == 1  # the second call fitted nothing
+    assert [r.faithfulness for r in first.results] == [r.faithfulness for r in second.results]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("time: ")]
+    assert len(lines) == 2 and ", fit " in lines[0] and ", fit cached " in lines[1], lines
+    assert "whole run" in lines[1]
