@@ -4,7 +4,9 @@ and checked when a run resumes.
 :func:`plan_means` decides the means before anything is written and enforces what :mod:`circuits.prompts.fitset`
 promises (no scored prompt among the fit prompts, at least ``min_count`` fit prompts behind every mean a
 scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run
-wrote (bound to the fit set by the fit prompts' digests) or fits a new one; :func:`keep_means` saves it;
+wrote (bound to the fit set by the fit prompts' digests), else the one the user's results cache holds under
+:func:`means_key` (:mod:`circuits.store.usercache`: fitted once for every command and the API, verified by hash
+and by the fit prompts' digests on reuse), or fits a new one and keeps it there; :func:`keep_means` saves it;
 :func:`check_current` refuses directories written when the means were fitted on the scored prompts themselves.
 """
 
@@ -59,12 +61,13 @@ def check_current(path: Path) -> None:
 
 
 def means_cache(model: Any, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir: RunDir | None, *, batch_size: int,
-                progress: bool, key: Mapping[str, Any] | None = None) -> iv.MeanCache:
+                progress: bool, key: Mapping[str, Any] | None = None, label: str | None = None) -> iv.MeanCache:
     """The means cache fitted on ``fit_tokens``, without writing anything to ``run_dir``: the one this run wrote to
     ``run_dir`` (checked against its recorded content hash and against the fit set it must have been
     fitted on), else the one an earlier command fitted under ``key`` (:func:`means_key`) in the user's cache
     (:mod:`circuits.store.usercache`, verified by hash; ``None``: not looked up), else a fresh
-    :meth:`~interventions.MeanCache.fit`, then kept in the user's cache. :func:`keep_means` saves it in the run."""
+    :meth:`~interventions.MeanCache.fit`, then kept in the user's cache (``label``: the model's name there).
+    :func:`keep_means` saves it in the run."""
     recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
     path = run_dir.checked_artifact(files.MEANS) if run_dir is not None and recorded else None
     if path is not None:
@@ -81,7 +84,7 @@ def means_cache(model: Any, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir:
     if cache is None:
         cache = iv.MeanCache.fit(model, fit_tokens, batch_size=batch_size, progress=progress)
         if key is not None:
-            store_means(key, cache)
+            store_means(key, cache, label)
     target = run_dir.path / files.MEANS if run_dir is not None else None
     if target is not None and target.exists():
         raise CorruptRunError(
@@ -100,8 +103,11 @@ def means_key(model: Any, fit: FitSet, spec: Any, means: str | None) -> dict[str
     from circuits.prompts.prepared import dataset_key, task_key
 
     ad = iv.adapt(model)
-    key: dict[str, Any] = {"kind": "means", "version": __version__,
-                           "model": {**ad.model_identity(), "device": ad.device().type},
+    try:
+        device = ad.device().type
+    except (AttributeError, RuntimeError, NotImplementedError):  # a remote model: no device here
+        device = "remote"
+    key: dict[str, Any] = {"kind": "means", "version": __version__, "model": {**ad.model_identity(), "device": device},
                            "fit": fit.identity(), "conditional": means == "cama"}
     if spec is not None and getattr(spec, "format", None) is not None:
         key["task"] = (task_key(spec.task, spec.source) if spec.prompts is None
@@ -141,8 +147,9 @@ def cached_means(key: Mapping[str, Any], fit_tokens: Int[torch.Tensor, "n_fit po
     return cache
 
 
-def store_means(key: Mapping[str, Any], cache: iv.MeanCache) -> None:
-    """Keep ``cache`` in the user's cache under ``key`` (atomically; bounded in size)."""
+def store_means(key: Mapping[str, Any], cache: iv.MeanCache, label: str | None = None) -> None:
+    """Keep ``cache`` in the user's cache under ``key`` (atomically; bounded in size); ``label``: the model's name
+    in ``af1 cache list``."""
     import tempfile
 
     from circuits.store import usercache
@@ -155,8 +162,8 @@ def store_means(key: Mapping[str, Any], cache: iv.MeanCache) -> None:
         data = path.read_bytes()
     cache.source = None
     fit = key.get("fit", {})
-    about = f"means of {fit.get('task') or 'given prompts'} ({fit.get('n_fit')} fit prompts), " \
-            f"{'conditional' if key.get('conditional') else 'plain'}"
+    about = f"means of {label or 'a model'} on {fit.get('task') or 'given prompts'} ({fit.get('n_fit')} fit " \
+            f"prompts), {'conditional' if key.get('conditional') else 'plain'}"
     usercache.put("means", key, data, about)
 
 
@@ -230,7 +237,8 @@ def load_means(model: Any, ctx: RunContext, cache: iv.MeanCache | None, run_dir:
     if ctx.fit is not None:
         if cache is None:
             key = means_key(model, ctx.fit, ctx.spec, means)
-            cache = means_cache(model, ctx.fit.tokens, run_dir, batch_size=batch_size, progress=progress, key=key)
+            cache = means_cache(model, ctx.fit.tokens, run_dir, batch_size=batch_size, progress=progress, key=key,
+                                label=ctx.meta.get("model"))
         elif not fitted_on(cache, ctx.fit.tokens):
             raise FitSetError("the given MeanCache was not fitted on the given fit set (without the scored "
                               "prompts): pass one of them, or fit the cache on fit.tokens")

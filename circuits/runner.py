@@ -162,7 +162,7 @@ def evaluate(analysis: Analysis[Any, Any], model: Any, prompts: ReadyPrompts, co
             if prompts.prepared is not None:
                 dest.keep_prepared(prompts.prepared, ctx.keep)
                 if analysis.base_correct_only:  # the check of which prompts the model answers, for the next command
-                    remember(prompts.prepared, ctx.keep)
+                    remember(prompts.prepared, ctx.keep, ctx.meta.get("model"))
             ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
             dest.write_prompts(analysis.prompt_records(ctx))
             result = analysis.run(model, config, ctx)

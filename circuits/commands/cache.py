@@ -59,7 +59,8 @@ def run(spec: CacheSpec) -> int:
         return 0
     found = [e for e in usercache.entries() if spec.kind is None or e.kind == spec.kind]
     if not found:
-        print(f"the cache {root} is empty ({bound})")
+        print(f"the cache {root} holds no {spec.kind}" if spec.kind and usercache.entries() else
+              f"the cache {root} is empty ({bound})")
         return 0
     width = max(len(e.kind) for e in found)
     for e in found:

@@ -225,16 +225,18 @@ def cached(key: Mapping[str, Any]) -> Prepared | None:
         return None
 
 
-def remember(prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> None:
+def remember(prepared: Prepared, keep: Bool[torch.Tensor, " n"], label: str | None = None) -> None:
     """Keep ``prepared`` with ``keep`` (``[n]`` bool: the prompts the unmodified model answers, as the runner
-    checked them) in the user's cache, for the next command on the same model and prompt spec."""
+    checked them) in the user's cache, for the next command on the same model and prompt spec (``label``: the
+    model's name in ``af1 cache list``)."""
     from circuits.store import usercache
 
     if usercache.limit_bytes() == 0 or prepared.source is not None and prepared.keep is not None and \
             torch.equal(prepared.keep.bool().cpu(), keep.bool().cpu()) and _in_cache(prepared.source):
         return
     p = prepared.prompts
-    about = f"prompts of {p.task} ({len(p)} of {p.n_checked} checked, base accuracy {p.base_accuracy:.1%})"
+    about = (f"prompts of {label or 'a model'} on {p.task} ({len(p)} of {p.n_checked} checked, base accuracy "
+             f"{p.base_accuracy:.1%})")
     usercache.put("prompts", {**prepared.key, **CHECKED}, to_bytes(prepared, keep), about)
 
 

@@ -98,7 +98,8 @@ def test_cache_list_and_clear(tmp_path, results_cache, capsys):
     capsys.readouterr()
     assert cli.main(["cache", "list"]) == 0
     listed = capsys.readouterr().out
-    assert "means of add_sub" in listed and str(results_cache) in listed
+    assert "means of arith-gpt2 on add_sub (10000 fit prompts), conditional" in listed and str(results_cache) in listed
+    assert "prompts of arith-gpt2 on add_sub (30 of 90 checked, base accuracy 98.9%)" in listed
     assert cli.main(["cache", "clear"]) == 0
     assert "removed" in capsys.readouterr().out
     assert not entry_files(results_cache) and not usercache.entries()
