@@ -109,11 +109,21 @@ class PromptSpec:
         """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional
         means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
         prompts reading an entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
-        ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set."""
+        ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set. Prompts an
+        earlier command prepared and checked on the same model under the same spec are reloaded from the user's
+        results cache instead (:func:`circuits.prompts.prepared.cached`)."""
         import torch
 
-        from circuits.prompts import sampling
+        from circuits.prompts import prepared, sampling
         from circuits.prompts.fitset import draw_fit_set, split_whole
+        from circuits.store import usercache
+
+        if usercache.limit_bytes() > 0:
+            found = prepared.cached(prepared.spec_key(model, self, means))
+            if found is not None:
+                get_logger("runner").info("prompts and fit set: reloaded from the cache %s (prepared by an earlier "
+                                          "command on this model and prompt spec)", usercache.results_root())
+                return replace(found.prompts, extra={**found.prompts.extra, prepared.EXTRA: found})
 
         if self.prompts is not None:
             from circuits.prompts.datasets import prepare_dataset_prompts

@@ -146,3 +146,22 @@ def test_the_api_reuses_means_across_calls_and_logs_where_the_time_went(model, r
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("time: ")]
     assert len(lines) == 2 and ", fit " in lines[0] and ", fit cached " in lines[1], lines
     assert "whole run" in lines[1]
+
+
+def test_prompts_prepared_from_python_after_a_command_are_reloaded(tmp_path, results_cache, counted):
+    """``PromptSpec(...).prepare(model)`` after ``af1 search`` on the same model and spec checks no prompt and draws
+    no fit set: the same prompts and fit set, from the cache."""
+    from safetensors.torch import load_file
+
+    from circuits.models.loading import load_model
+    from circuits.prompts.spec import PromptSpec
+
+    assert cli.main([*SEARCH, str(tmp_path / "a")]) == 0
+    for k in counted:
+        counted[k] = 0
+    p = PromptSpec("add_sub", n_prompts=30).prepare(load_model("arith-gpt2"), means="cama")
+    assert counted["filter_correct"] == 0 and counted["draw_fit_set"] == 0
+    kept = load_file(tmp_path / "a" / files.PREPARED)
+    assert p.tokens.equal(kept["tokens"]) and p.fit.tokens.equal(kept["fit_tokens"])
+    assert PromptSpec("add_sub", n_prompts=29).prepare(load_model("arith-gpt2"), means="cama") is not None
+    assert counted["filter_correct"] > 0  # another spec: prepared anew
