@@ -165,3 +165,24 @@ def test_prompts_prepared_from_python_after_a_command_are_reloaded(tmp_path, res
     assert p.tokens.equal(kept["tokens"]) and p.fit.tokens.equal(kept["fit_tokens"])
     assert PromptSpec("add_sub", n_prompts=29).prepare(load_model("arith-gpt2"), means="cama") is not None
     assert counted["filter_correct"] > 0  # another spec: prepared anew
+
+
+def test_a_warm_demo_checks_no_prompt_and_fits_no_means(tmp_path, results_cache, counted, capsys):
+    """``af1 demo`` twice (another --out): the second reloads the prompts, their check and the means of both of its
+    searches from the cache and finds the same faithfulness."""
+    argv = ["demo", "--n-prompts", "20", "--no-progress", "--out"]
+    assert cli.main([*argv, str(tmp_path / "cold")]) == 0
+    cold = capsys.readouterr().out.strip().splitlines()[-1]
+    assert counted["MeanCache.fit"] >= 1 and counted["filter_correct"] >= 1 and ", fit " in cold
+    for k in counted:
+        counted[k] = 0
+    assert cli.main([*argv, str(tmp_path / "warm")]) == 0
+    warm = capsys.readouterr().out.strip().splitlines()[-1]
+    assert counted["MeanCache.fit"] == counted["filter_correct"] == counted["draw_fit_set"] == 0
+    assert warm.startswith("time (3 runs): ") and ", fit cached " in warm, warm
+
+    def faithfulness(d: str) -> list[float]:
+        lines = (tmp_path / d / files.SEARCH_RESULTS).read_text().splitlines()
+        return sorted(json.loads(x)["faithfulness"] for x in lines)
+
+    assert faithfulness("cold") == faithfulness("warm")
