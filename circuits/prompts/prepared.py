@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Bool
 
 from circuits.errors import CorruptRunError
+from circuits.logs import get_logger
 from circuits.store import files
 from circuits.tasks.tokens import answer_value
 
@@ -219,10 +220,17 @@ def cached(key: Mapping[str, Any]) -> Prepared | None:
         return None
     path = usercache.results_root() / "prompts" / (usercache.key_sha256(full) + usercache.DATA)
     try:
-        return parse(data, key, path)
+        found = parse(data, key, path)
     except CorruptRunError:
+        found = None
+    if found is None:
+        get_logger("cache").warning("cached prompts %s... do not hold together: preparing them again", path.stem[:12])
         usercache.discard("prompts", full)
         return None
+    get_logger("runner").info("prompts and fit set: reloaded from the cache %s (prepared and checked by an earlier "
+                              "command on this model and prompt spec; af1 cache clear removes it)",
+                              usercache.results_root())
+    return found
 
 
 def remember(prepared: Prepared, keep: Bool[torch.Tensor, " n"], label: str | None = None) -> None:

@@ -121,8 +121,6 @@ class PromptSpec:
         if usercache.limit_bytes() > 0:
             found = prepared.cached(prepared.spec_key(model, self, means))
             if found is not None:
-                get_logger("runner").info("prompts and fit set: reloaded from the cache %s (prepared by an earlier "
-                                          "command on this model and prompt spec)", usercache.results_root())
                 return replace(found.prompts, extra={**found.prompts.extra, prepared.EXTRA: found})
 
         if self.prompts is not None:
@@ -183,10 +181,9 @@ class PromptSpec:
         prompts = prepared.prepare(self, model, means=means, out=out, progress=progress, batch_size=batch_size)
         kept = prepared.prepared_of(prompts)
         lines = []
-        if kept is not None and kept.source is not None:
-            by = "an earlier run of this command" if kept.source.parent == Path(str(out)) else \
-                "an earlier command on this model and prompt spec; af1 cache clear removes it"
-            lines.append(f"prompts and fit set: reloaded from {kept.source} (prepared by {by})")
+        if kept is not None and kept.source is not None and kept.source.parent == Path(str(out)):
+            lines.append(f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this "
+                         f"command)")  # from the results cache: prepared.cached says so
         lines.append(f"{name} on {self.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
                      f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
                      f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))")

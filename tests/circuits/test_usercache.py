@@ -41,7 +41,7 @@ def test_a_second_command_fits_no_means_and_reuses_them_bit_identically(tmp_path
     out = capsys.readouterr().out
     # neither the means nor the prompt check are computed again
     assert counted == {"filter_correct": 0, "base_correct": 0, "draw_fit_set": 0, "MeanCache.fit": 0}
-    assert "means: reused from the cache" in out and "prepared by an earlier command" in out
+    assert "means: reused from the cache" in out and "checked by an earlier command" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("time: load ") and ", fit cached " in last, last
     # each run directory still records and binds the means it used: the same bytes as the cache's
