@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "search + pruning on the planted zoo models, scored against the planted structure"),
     "compare": ("circuits.commands.compare", "several runs' results side by side: one table and one figure"),
     "notebooks": ("circuits.commands.notebooks", "copy the example notebooks that ship with the package into a folder"),
+    "cache": ("circuits.commands.cache", "list or clear the cached means and checked prompts later commands reuse"),
 }
 
 THREADS_ENV = "AF1_THREADS"
@@ -178,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown is not None:
         print(f"af1: error: {unknown}", file=sys.stderr)
         return 2
+
+    import time
+
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(words)
     if args.command is None:
@@ -194,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         transcript = Transcript(["af1", *words], quiet=quiet, log_file=log_file)
         with transcript:
-            code = run_command(args, debug)
+            code = run_command(args, debug, started)
             transcript.end(code)
     except OSError as err:  # the log file cannot be written
         print(f"af1 {args.command}: error: --log-file {log_file}: {err.strerror or err}; give a writable file",
@@ -203,15 +208,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def run_command(args: argparse.Namespace, debug: bool) -> int:
-    """The parsed command's ``spec``, ``check`` and ``run``; every failure as one line on stderr and its exit code."""
+def run_command(args: argparse.Namespace, debug: bool, started: float) -> int:
+    """The parsed command's ``spec``, ``check`` and ``run`` (``started``: ``time.perf_counter()`` when the command
+    began, for its timing line); every failure as one line on stderr and its exit code."""
     try:
         with sigterm_as_interrupt():
             set_threads(getattr(args, "threads", None) if args.command != "zoo" else None)
+            from circuits import timing
+
             module = importlib.import_module(COMMANDS[args.command][0])
             spec = module.spec(args)
             module.check(spec)
-            return int(module.run(spec) or 0)
+            with timing.command(started) as times:
+                code = int(module.run(spec) or 0)
+            if times.runs:
+                print(times.line())  # where the whole command's time went, its last line
+            return code
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the one place every failure becomes one line
         if debug:
             traceback.print_exc()

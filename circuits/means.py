@@ -4,31 +4,36 @@ and checked when a run resumes.
 :func:`plan_means` decides the means before anything is written and enforces what :mod:`circuits.prompts.fitset`
 promises (no scored prompt among the fit prompts, at least ``min_count`` fit prompts behind every mean a
 scored prompt reads); :func:`load_means` then fits or reloads them. :func:`means_cache` loads the cache a run
-wrote (bound to the fit set by the fit prompts' digests) or fits a new one; :func:`keep_means` saves it;
+wrote (bound to the fit set by the fit prompts' digests), else the one the user's results cache holds under
+:func:`means_key` (:mod:`circuits.store.usercache`: fitted once for every command and the API, verified by hash
+and by the fit prompts' digests on reuse), or fits a new one and keeps it there; :func:`keep_means` saves it;
 :func:`check_current` refuses directories written when the means were fitted on the scored prompts themselves.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Int
 
 import interventions as iv
 from circuits.errors import CorruptRunError, FitSetError, RunMismatchError
+from circuits.logs import get_logger
 from circuits.prompts.fitset import DEFAULT_MIN_COUNT, FitSet
 from circuits.store import files
 from circuits.store.runs import RunDir, read_json_object
+from circuits.timing import note_means
 from circuits.validation import check_positive
 from interventions.coverage import Coverage, entry_counts, row_digests
-from interventions.types import Model
+from interventions.types import JsonDict, JsonMapping, Model
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuits.analyses import RunContext
 
-__all__ = ["OUTDATED_MEANS", "check_current", "fitted_on", "keep_means", "load_means", "means_cache", "plan_means"]
+__all__ = ["OUTDATED_MEANS", "cached_means", "check_current", "fitted_on", "keep_means", "load_means", "means_cache",
+           "means_key", "plan_means", "store_means"]
 
 
 OUTDATED_MEANS = "fitted on the prompts"
@@ -56,10 +61,13 @@ def check_current(path: Path) -> None:
 
 
 def means_cache(model: Model, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_dir: RunDir | None, *, batch_size: int,
-                progress: bool) -> iv.MeanCache:
-    """The means cache fitted on ``fit_tokens``, without writing anything: the one this run wrote to
+                progress: bool, key: JsonMapping | None = None, label: str | None = None) -> iv.MeanCache:
+    """The means cache fitted on ``fit_tokens``, without writing anything to ``run_dir``: the one this run wrote to
     ``run_dir`` (checked against its recorded content hash and against the fit set it must have been
-    fitted on), else a fresh :meth:`~interventions.MeanCache.fit`. :func:`keep_means` saves it."""
+    fitted on), else the one an earlier command fitted under ``key`` (:func:`means_key`) in the user's cache
+    (:mod:`circuits.store.usercache`, verified by hash; ``None``: not looked up), else a fresh
+    :meth:`~interventions.MeanCache.fit`, then kept in the user's cache (``label``: the model's name there).
+    :func:`keep_means` saves it in the run."""
     recorded = run_dir is not None and files.MEANS in run_dir.artifacts()
     path = run_dir.checked_artifact(files.MEANS) if run_dir is not None and recorded else None
     if path is not None:
@@ -69,8 +77,14 @@ def means_cache(model: Model, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_di
                 f"{path} was not fitted on this run's fit set ({len(fit_tokens)} prompts): results resumed with it "
                 f"would mix two caches; move it away to recompute it, or use a new --out directory"
             )
+        note_means(fitted=False)
         return cache
-    cache = iv.MeanCache.fit(model, fit_tokens, batch_size=batch_size, progress=progress)
+    cache = cached_means(key, fit_tokens) if key is not None else None
+    note_means(fitted=cache is None)
+    if cache is None:
+        cache = iv.MeanCache.fit(model, fit_tokens, batch_size=batch_size, progress=progress)
+        if key is not None:
+            store_means(key, cache, label)
     target = run_dir.path / files.MEANS if run_dir is not None else None
     if target is not None and target.exists():
         raise CorruptRunError(
@@ -78,6 +92,79 @@ def means_cache(model: Model, fit_tokens: Int[torch.Tensor, "n_fit pos"], run_di
             f"resumed with it could mix two caches; move it away to recompute it, or use a new --out directory"
         )
     return cache
+
+
+def means_key(model: Model, fit: FitSet, spec: Any, means: str | None) -> JsonDict:
+    """What fitted means are a function of, as the user's cache keys them: the package version, the model
+    (shapes, fingerprint, SHA-256 of its weights, the device type), the fit tokens' SHA-256 and how they were
+    drawn (fit spec, task), the task's or prompt dataset's hash and the prompt format (of ``spec``, the prompt
+    spec, when the prompts came from one) and whether the means are conditional (CAMA) or plain."""
+    from circuits import __version__
+    from circuits.prompts.prepared import dataset_key, task_key
+
+    ad = iv.adapt(model)
+    try:
+        device = ad.device().type
+    except (AttributeError, RuntimeError, NotImplementedError):  # a remote model: no device here
+        device = "remote"
+    key: JsonDict = {"kind": "means", "version": __version__, "model": {**ad.model_identity(), "device": device},
+                           "fit": fit.identity(), "conditional": means == "cama"}
+    if spec is not None and getattr(spec, "format", None) is not None:
+        key["task"] = (task_key(spec.task, spec.source) if spec.prompts is None
+                       else {"prompts": dataset_key(spec.prompts)})
+        key["format"] = spec.format.identity()
+    return key
+
+
+def cached_means(key: JsonMapping, fit_tokens: Int[torch.Tensor, "n_fit pos"]) -> iv.MeanCache | None:
+    """The means the user's cache holds under ``key``, verified (the file's SHA-256, then the cache's own checks
+    and its fit prompts' digests); ``None`` when it holds none or the entry is corrupt (removed, with a line)."""
+    import tempfile
+
+    from circuits.store import usercache
+
+    data = usercache.get("means", key)
+    if data is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="af1-means-") as tmp:
+        path = Path(tmp) / files.MEANS
+        path.write_bytes(data)
+        try:
+            cache = iv.MeanCache.load(path)
+        except iv.InterventionError as err:
+            cache = None
+            reason = str(err)
+        else:
+            reason = "" if fitted_on(cache, fit_tokens) else "not fitted on this fit set"
+    if cache is None or reason:
+        get_logger("cache").warning("cached means %s... do not hold together (%s): fitting them again",
+                                    usercache.key_sha256(key)[:12], reason)
+        usercache.discard("means", key)
+        return None
+    cache.source = None
+    get_logger("runner").info("means: reused from the cache %s (fitted on the same model and fit set by an "
+                              "earlier command; af1 cache clear removes it)", usercache.results_root())
+    return cache
+
+
+def store_means(key: JsonMapping, cache: iv.MeanCache, label: str | None = None) -> None:
+    """Keep ``cache`` in the user's cache under ``key`` (atomically; bounded in size); ``label``: the model's name
+    in ``af1 cache list``."""
+    import tempfile
+
+    from circuits.store import usercache
+
+    if usercache.limit_bytes() == 0:
+        return
+    with tempfile.TemporaryDirectory(prefix="af1-means-") as tmp:
+        path = Path(tmp) / files.MEANS
+        cache.save(path)
+        data = path.read_bytes()
+    cache.source = None
+    fit = key.get("fit", {})
+    about = f"means of {label or 'a model'} on {fit.get('task') or 'given prompts'} ({fit.get('n_fit')} fit " \
+            f"prompts), {'conditional' if key.get('conditional') else 'plain'}"
+    usercache.put("means", key, data, about)
 
 
 def fitted_on(cache: iv.MeanCache, fit_tokens: Int[torch.Tensor, "n_fit pos"]) -> bool:
@@ -142,13 +229,16 @@ def plan_means(ctx: RunContext, *, conditional: bool, fit: FitSet | None, cache:
 
 
 def load_means(model: Model, ctx: RunContext, cache: iv.MeanCache | None, run_dir: RunDir | None, *,
-               batch_size: int, progress: bool) -> iv.MeanCache:
+               batch_size: int, progress: bool, means: str | None = None) -> iv.MeanCache:
     """The cache :func:`plan_means` decided on: the caller's (which, with a fit set, must be fitted on it),
-    else the one this run wrote to ``run_dir`` or a fresh fit on ``ctx.fit`` (:func:`means_cache`); checked
-    against the model."""
+    else the one this run wrote to ``run_dir``, the one the user's cache holds for this model and fit set, or a
+    fresh fit on ``ctx.fit`` (:func:`means_cache`); checked against the model. ``means``: the analysis's means
+    (``"cama"``: conditional; ``"mean"``, ``"head"``: plain), part of the user cache's key."""
     if ctx.fit is not None:
         if cache is None:
-            cache = means_cache(model, ctx.fit.tokens, run_dir, batch_size=batch_size, progress=progress)
+            key = means_key(model, ctx.fit, ctx.spec, means)
+            cache = means_cache(model, ctx.fit.tokens, run_dir, batch_size=batch_size, progress=progress, key=key,
+                                label=ctx.meta.get("model"))
         elif not fitted_on(cache, ctx.fit.tokens):
             raise FitSetError("the given MeanCache was not fitted on the given fit set (without the scored "
                               "prompts): pass one of them, or fit the cache on fit.tokens")

@@ -38,6 +38,7 @@ kept as thin wrappers of :func:`run`. File names live in :mod:`circuits.store.fi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +48,7 @@ import torch
 from jaxtyping import Bool, Int
 
 import interventions as iv
+from circuits import timing
 from circuits.analyses import Analysis, AnalysisConfig, MemoryStore, RunContext
 from circuits.destinations import LABELS, Directory, Memory, Run, command_of, destination, hold
 from circuits.errors import ArgumentError, PromptError
@@ -57,7 +59,7 @@ from circuits.models import memory
 from circuits.models.spec import LoadedModel, ModelSpec
 from circuits.options import RunOptions
 from circuits.prompts.fitset import FitSet
-from circuits.prompts.prepared import Prepared
+from circuits.prompts.prepared import Prepared, remember
 from circuits.prompts.ready import ReadyPrompts
 from circuits.prompts.spec import PromptSpec
 from interventions.types import JsonDict, JsonMapping, Model
@@ -101,14 +103,27 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
     requested = config.batch_size if options.batch_size is None else options.batch_size
     first = memory.AUTO_CPU_BATCH if requested == "auto" else int(requested)  # auto: sized once the model is loaded
     means = analysis.means(config)
-    with hold(options.out, analysis.name, options.held) as held:
-        loaded = model.load(estimate=prompts.spec, batch_size=first, means=means is not None)
-        ready = prompts.ready(loaded, name=model.label, means=means, out=options.out, progress=options.progress,
-                              batch_size=first)
-        meta: JsonDict = {**({"model": model.label} if model.label is not None else {}), **ready.meta,
-                                **({"command": list(options.command)} if options.command is not None else {})}
-        result = memory.run_batched(requested, loaded, ready.tokens, model.dtype, lambda size: evaluate(
-            analysis, loaded, ready, replace(config, batch_size=size), meta, options, held))  # type: ignore[type-var]
+    outer = timing.current()
+    with contextlib.ExitStack() as stack:
+        times = outer if outer is not None else stack.enter_context(timing.command())
+        if outer is None:
+            times.whole = "whole run"
+        times.runs += 1
+        with hold(options.out, analysis.name, options.held) as held:
+            with times.phase("load"):
+                loaded = model.load(estimate=prompts.spec, batch_size=first, means=means is not None)
+            with times.phase("prompts"):
+                ready = prompts.ready(loaded, name=model.label, means=means, out=options.out,
+                                      progress=options.progress, batch_size=first)
+            meta: JsonDict = {**({"model": model.label} if model.label is not None else {}), **ready.meta,
+                                    **({"command": list(options.command)} if options.command is not None else {})}
+            def attempt(size: int) -> Any:
+                sized = replace(config, batch_size=size)  # type: ignore[type-var]
+                return evaluate(analysis, loaded, ready, sized, meta, options, held, times)
+
+            result = memory.run_batched(requested, loaded, ready.tokens, model.dtype, attempt)
+        if outer is None:
+            get_logger("runner").info(times.line())
     usage = getattr(loaded, "usage", None)
     if getattr(loaded, "remote", False) and usage is not None:
         get_logger("runner").info("remote usage of this run (prompt preparation included): %s requests, %s prompt "
@@ -117,31 +132,43 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
 
 
 def evaluate(analysis: Analysis[Any, Any], model: Model, prompts: ReadyPrompts, config: AnalysisConfig,
-             meta: JsonMapping, options: RunOptions, held: Run | None) -> Any:
+             meta: JsonMapping, options: RunOptions, held: Run | None,
+             times: timing.Timings | None = None) -> Any:
     """Step 3 of :func:`run` with one batch size: the scored prompts, the means, the destination, the store, the
-    analysis and its outputs."""
-    ctx = scored_context(analysis, model, prompts.tokens, prompts.answers, config, meta=meta, prompts=prompts.records,
-                         progress=options.progress, keep=known_keep(prompts.prepared, prompts.tokens))
-    ctx.spec = prompts.spec
-    means = analysis.means(config)  # "cama": conditional, "mean"/"head": plain, None: no means
-    needs_means = means is not None
-    if needs_means:
-        plan_means(ctx, conditional=means == "cama", fit=prompts.fit, cache=options.cache,
-                   min_count=options.min_count)
-    with destination(options.out, analysis.name, held) as dest:
-        dest.open(analysis, lambda: analysis.identity(config, ctx, model))
+    analysis and its outputs (timed into ``times``: prompts, fit, analysis, report)."""
+    times = times if times is not None else timing.Timings()
+    with times.phase("prompts"):
+        ctx = scored_context(analysis, model, prompts.tokens, prompts.answers, config, meta=meta,
+                             prompts=prompts.records, progress=options.progress,
+                             keep=known_keep(prompts.prepared, prompts.tokens))
+        ctx.spec = prompts.spec
+        means = analysis.means(config)  # "cama": conditional, "mean"/"head": plain, None: no means
+        needs_means = means is not None
         if needs_means:
-            ctx.cache = load_means(model, ctx, options.cache, dest.run_dir, batch_size=config.batch_size,
-                                   progress=options.progress)
-            dest.keep_means(ctx.cache)
+            plan_means(ctx, conditional=means == "cama", fit=prompts.fit, cache=options.cache,
+                       min_count=options.min_count)
+    with destination(options.out, analysis.name, held) as dest:
+        with times.phase("analysis"):
+            dest.open(analysis, lambda: analysis.identity(config, ctx, model))
+        if needs_means:
+            with times.phase("fit"):
+                if options.cache is not None:
+                    timing.note_means(fitted=False)
+                ctx.cache = load_means(model, ctx, options.cache, dest.run_dir, batch_size=config.batch_size,
+                                       progress=options.progress, means=means)
+                dest.keep_means(ctx.cache)
             if options.on_means is not None:
                 options.on_means(ctx.cache)
-        if prompts.prepared is not None:
-            dest.keep_prepared(prompts.prepared, ctx.keep)
-        ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
-        dest.write_prompts(analysis.prompt_records(ctx))
-        result = analysis.run(model, config, ctx)
-        dest.write(analysis, result, ctx)
+        with times.phase("analysis"):
+            if prompts.prepared is not None:
+                dest.keep_prepared(prompts.prepared, ctx.keep)
+                if analysis.base_correct_only:  # the check of which prompts the model answers, for the next command
+                    remember(prompts.prepared, ctx.keep, ctx.meta.get("model"))
+            ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
+            dest.write_prompts(analysis.prompt_records(ctx))
+            result = analysis.run(model, config, ctx)
+        with times.phase("report"):
+            dest.write(analysis, result, ctx)
         return result
 
 

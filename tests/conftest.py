@@ -241,3 +241,19 @@ def token_devices(model, device: str = "meta"):
             yield seen
     finally:
         handle.remove()
+
+
+@pytest.fixture(autouse=True)
+def no_results_cache(monkeypatch):
+    """The user's results cache (:mod:`circuits.store.usercache`) is off in every test unless the test turns it on
+    (the ``results_cache`` fixture): a test's fits never come from another test's."""
+    monkeypatch.setenv("AF1_CACHE_LIMIT_MB", "0")
+
+
+@pytest.fixture
+def results_cache(monkeypatch, tmp_path_factory):
+    """An empty results cache of this test's own (``$AF1_CACHE_DIR``), 64 MB; returns the cache folder."""
+    root = tmp_path_factory.mktemp("af1-cache")
+    monkeypatch.setenv("AF1_CACHE_DIR", str(root))
+    monkeypatch.setenv("AF1_CACHE_LIMIT_MB", "64")
+    return root

@@ -30,5 +30,6 @@ def run(spec: CommandSpecs) -> int:
 
     result = spec.run(NECESSITY)
     print(result.table())
-    print(f"{result.n_prompts} prompts, {result.seconds:.1f} s; report: {spec.out}/report.html")
+    print(f"{result.n_prompts} prompts, necessity sweep {result.seconds:.1f} s (the sweep alone; the last line times "
+          f"the whole command); report: {spec.out}/report.html")
     return 0

@@ -59,6 +59,7 @@ def run(spec: CommandSpecs) -> int:
     print(
         f"af1 prune: AUC {result.auc:.3f}; {result.passes_total} confirmed passes "
         f"({result.passes_run} this run) + {result.attribution_passes_total} attribution passes; "
-        f"{result.seconds:.1f} s; results in {spec.out}"
+        f"pruning {result.seconds:.1f} s (the pruning alone; the last line times the whole command); results in "
+        f"{spec.out}"
     )
     return 0

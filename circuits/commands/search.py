@@ -40,5 +40,6 @@ def run(spec: CommandSpecs) -> int:
     print(result.summary_line())
     if result.n_resumed:
         print(f"resumed {result.n_resumed} configuration(s) from {spec.out}/results.jsonl")
-    print(f"{len(result.results)} configurations in {result.seconds:.1f} s; report: {spec.out}/report.html")
+    print(f"{len(result.results)} configurations, searched in {result.seconds:.1f} s (the search alone; the last "
+          f"line times the whole command); report: {spec.out}/report.html")
     return 0

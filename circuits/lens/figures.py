@@ -18,8 +18,8 @@ import numpy as np
 from circuits.lens.jsonable import json_ready
 from interventions.types import Figure, JsonDict, JsonMapping
 
-__all__ = ["InterchangeFigureData", "LensFigureData", "MAX_HEATMAP_PROMPTS", "METRICS", "TITLES", "figures",
-           "interchange_figure", "metric_figure", "rank_heatmap"]
+__all__ = ["InterchangeFigureData", "LensFigureData", "MAX_HEATMAP_PROMPTS", "MAX_TRACKED_LINES", "METRICS", "TITLES",
+           "figures", "interchange_figure", "metric_figure", "rank_heatmap", "tracked_figure"]
 
 METRICS = ("answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error")
 """The per-prompt metrics of early decoding, in the report's order."""
@@ -61,6 +61,11 @@ TITLES = {
     "abs_error": "|top numeric prediction - answer|",
 }
 MAX_HEATMAP_PROMPTS = 200
+MAX_TRACKED_LINES = 4
+"""Tracked prompt tokens drawn one by one in the tracked-token chart (two lines each: post-attention, post-MLP); the
+others are averaged into one (:func:`tracked_figure`)."""
+REST_KEY = "visible_rest"
+"""The row key of the averaged tracked tokens in :func:`tracked_figure`."""
 
 
 YLABELS = {
@@ -151,6 +156,28 @@ def rank_heatmap(result: LensFigureData) -> Figure:
     return fig
 
 
+def tracked_figure(result: LensFigureData, rows: Sequence[JsonMapping]) -> Figure:
+    """The share of prompts whose top-``k`` holds each tracked prompt token, over depth: the
+    :data:`MAX_TRACKED_LINES` tokens of the highest share anywhere drawn one by one (in the order tracked), the
+    others as one line of their mean share (a few-shot prompt tracks every token of its examples)."""
+    names = list(result.tracked)
+    peak = {t: max((float(r[f"visible_{t}"]) for r in rows if r.get(f"visible_{t}") is not None), default=0.0)
+            for t in names}
+    top = set(sorted(names, key=lambda t: -peak[t])[:MAX_TRACKED_LINES])
+    shown, rest = [t for t in names if t in top], [t for t in names if t not in top]
+    keys = [(f"visible_{t}", t) for t in shown]
+    title = f"Tracked prompt tokens in the top-{result.top_k} (share of prompts)"
+    if rest:
+        def mean_rest(r: JsonMapping) -> float | None:
+            vals = [float(r[f"visible_{t}"]) for t in rest if r.get(f"visible_{t}") is not None]
+            return float(np.mean(vals)) if vals else None
+
+        rows = [{**r, REST_KEY: mean_rest(r)} for r in rows]
+        keys.append((REST_KEY, f"mean of the other {len(rest)}"))
+        title += f": the {len(shown)} most visible of {len(names)} tracked tokens, the rest averaged"
+    return _line_chart(result, rows, title, keys, "share of prompts", fraction=True)
+
+
 def interchange_figure(interchanges: Sequence[InterchangeFigureData]) -> Figure:
     """The drop of the answer probability when one block's last-position attention output is patched."""
     import plotly.graph_objects as go
@@ -179,8 +206,7 @@ def figures(result: LensFigureData, interchanges: Sequence[InterchangeFigureData
     rows = json_ready(result.rows(n_boot=n_boot, seed=seed)) if rows is None else rows
     figs = [metric_figure(result, m, rows=rows) for m in METRICS]
     if result.tracked:
-        figs.append(_line_chart(result, rows, f"Tracked prompt tokens in the top-{result.top_k} (share of prompts)",
-                                [(f"visible_{t}", t) for t in result.tracked], "share of prompts", fraction=True))
+        figs.append(tracked_figure(result, rows))
     figs.append(rank_heatmap(result))
     if interchanges:
         figs.append(interchange_figure(interchanges))

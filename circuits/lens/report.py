@@ -31,7 +31,7 @@ from .jsonable import json_ready
 from .result import LensResult
 
 __all__ = ["TITLES", "MAX_HEATMAP_PROMPTS", "figures", "interchange_figure", "lens_json", "metric_figure",
-           "rank_heatmap", "write_lens_outputs"]
+           "meta_text", "rank_heatmap", "write_lens_outputs"]
 
 def lens_json(
     result: LensResult,
@@ -85,9 +85,19 @@ def write_lens_outputs(
     result.interchanges = list(interchanges)
     write_arrays(out / files.LENS_ARRAYS, result.array_dict())
     figs = figures(result, interchanges, rows=doc["rows"])
-    notes = [" · ".join(f"{k}: {v}" for k, v in (meta or {}).items() if k not in ("numbers", "format")),
+    notes = [" · ".join(f"{k}: {meta_text(k, v)}" for k, v in (meta or {}).items() if k not in ("numbers", "format")),
              f"Decoding: {result.decode}; {result.n_prompts} prompts; last position; post-attention and "
              f"post-MLP residual states of every block (0-indexed).",
              f"Prompts: {describe_prompts(meta or {})}."]
     html_path = write_page(out / files.REPORT, "Early decoding (logit lens)", figs, notes)
     return json_path, html_path
+
+
+def meta_text(key: str, value: Any) -> str:
+    """A value of the run's description as the report's header shows it: accuracies as percentages (``14.7%``),
+    other floats to four significant digits, anything else as it is."""
+    if isinstance(value, float) and key.endswith("accuracy"):
+        return f"{value:.1%}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

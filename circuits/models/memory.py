@@ -208,10 +208,11 @@ def model_devices(model: Model) -> list[torch.device]:
 
 
 def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int,
-                   fit: Any = None, fmt: Any = None) -> None:
+                   fit: Any = None, fmt: Any = None, device: str = "cuda") -> None:
     """Report ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
     or its config cannot be read; with ``fit`` (a :class:`~circuits.prompts.fitset.FitSpec`) also what fitting the
-    means will cost (:func:`fit_cost`); ``fmt``: the prompt format (few-shot prefixes lengthen every prompt).
+    means will cost (:func:`fit_cost`, on ``device``: ``"cpu"`` gives a CPU estimate); ``fmt``: the prompt format
+    (few-shot prefixes lengthen every prompt).
     The lines go to the ``circuits.models.memory`` logger at INFO (the ``af1`` command line shows them on stderr)."""
     from circuits.logs import get_logger
     from circuits.models.loading import zoo_names
@@ -223,14 +224,15 @@ def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batc
     from circuits.tasks import catalogue as tasks
 
     if fit is not None and task is not None and tasks.known_task(task):
-        log.info("%s: %s", name, fit_cost(task, fit.size, batch_size, estimate))
+        log.info("%s: %s", name, fit_cost(task, fit.size, batch_size, estimate, device=device))
 
 
-def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | None = None) -> str:
+def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | None = None, *,
+             device: str = "cuda") -> str:
     """One line: the prompts the means will be fitted on (at most ``size``; the task's whole operand space
     when smaller, before top-up draws), the forward passes in batches of ``batch_size`` and, with a memory
-    ``estimate`` (parameters, prompt length), the compute: ``2 * n_params`` FLOP per token, and its time at
-    :data:`GPU_FLOPS`."""
+    ``estimate`` (parameters, prompt length), the compute: ``2 * n_params`` FLOP per token, and its time on
+    ``device``: at :data:`GPU_FLOPS` on a GPU, at the rate :func:`cpu_flops` measures on ``"cpu"``."""
     from circuits.tasks import catalogue as tasks
 
     space = tasks.operand_space_count(task)
@@ -241,8 +243,44 @@ def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | N
     line = f"means: fit set of up to {n_fit} prompts ({what}), {passes} forward passes of {batch_size}"
     if estimate is not None:
         flop = 2.0 * estimate.n_params * n_fit * estimate.n_pos
-        line += f", {flop / 1e12:.1f} TFLOP: about {flop / GPU_FLOPS:.1f} s on a GPU at {GPU_FLOPS / 1e12:.0f} TFLOP/s"
+        amount = f"{flop / 1e12:.1f} TFLOP" if flop >= 1e11 else f"{flop / 1e9:.1f} GFLOP"
+        if str(device).split(":")[0] == "cpu":
+            rate = cpu_flops()
+            where = (f"on this CPU ({rate / 1e9:.0f} GFLOP/s measured now, {torch.get_num_threads()} thread(s); "
+                     f"other work on the machine slows it)")
+        else:
+            rate, where = GPU_FLOPS, f"on a GPU at {GPU_FLOPS / 1e12:.0f} TFLOP/s"
+        line += f", {amount}: about {duration_text(flop / rate)} {where}"
     return line
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` as ``under 0.1 s``, ``5.6 s``, ``4.5 min`` or ``2.1 h``."""
+    if seconds < 0.1:
+        return "under 0.1 s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+_CPU_RATE: list[float] = []
+
+
+def cpu_flops() -> float:
+    """Float32 matrix-multiply throughput of this CPU with torch's threads (FLOP/s), measured once per process
+    (a few hundred milliseconds at most): what a forward pass of a model reaches at best on it."""
+    if _CPU_RATE:
+        return _CPU_RATE[0]
+    import time
+
+    a, b = torch.randn(256, 1024), torch.randn(1024, 1024)
+    a @ b  # warm-up
+    reps, start = 0, time.perf_counter()
+    while reps < 3 or time.perf_counter() - start < 0.05:
+        a @ b
+        reps += 1
+    _CPU_RATE.append(2.0 * 256 * 1024 * 1024 * reps / (time.perf_counter() - start))
+    return _CPU_RATE[0]
 
 
 def free_cuda_bytes(devices: list[torch.device] | None = None) -> int:

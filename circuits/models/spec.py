@@ -57,8 +57,9 @@ class ModelSpec:
             return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype,
                                       remote=True)
         if estimate is not None and estimate.task is not None:
+            on = "cuda" if self.device_map is not None else self.device  # a device map places on GPUs
             memory.print_estimate(self.name, self.dtype, estimate.task, estimate.n_prompts, batch_size,
-                                  fit=estimate.fit if means else None, fmt=estimate.format)
+                                  fit=estimate.fit if means else None, fmt=estimate.format, device=on)
         spread = {k: v for k, v in (("device_map", self.device_map), ("max_memory", self.max_memory)) if v is not None}
         return loading.load_model(self.name, device=self.device, backend=self.backend, dtype=self.dtype, **spread)
 

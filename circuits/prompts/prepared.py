@@ -33,12 +33,13 @@ import torch
 from jaxtyping import Bool
 
 from circuits.errors import CorruptRunError
+from circuits.logs import get_logger
 from circuits.store import files
 from circuits.tasks.tokens import answer_value
 from interventions.types import JsonDict, JsonMapping, Model
 
-__all__ = ["FORMAT", "Prepared", "dataset_key", "keep_prepared", "load", "prepare", "prepared_of", "spec_key",
-           "task_key"]
+__all__ = ["CHECKED", "FORMAT", "Prepared", "cached", "dataset_key", "keep_prepared", "load", "parse", "prepare",
+           "prepared_of", "remember", "spec_key", "task_key", "to_bytes"]
 
 FORMAT = 1
 """Version of the file's layout (part of the key)."""
@@ -157,6 +158,8 @@ def prepare(spec: Any, model: Model, *, means: str | None, out: str | Path | Seq
     folders = [out] if isinstance(out, (str, Path)) else list(out or [])
     found = next((p for p in (load(f, key) for f in folders) if p is not None), None)
     if found is None:
+        found = cached(key)
+    if found is None:
         prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
         if not isinstance(getattr(prompts, "extra", None), dict) or not dataclasses.is_dataclass(prompts):
             return prompts  # not a Prompts (a caller's own loader): nothing to keep
@@ -169,9 +172,6 @@ def load(folder: str | Path, key: JsonMapping) -> Prepared | None:
     """The prepared prompts in ``folder`` when its ``prepared.safetensors`` is the file a run recorded in
     ``artifacts.json`` (by its SHA-256) and was written under ``key``; ``None`` otherwise. A recorded file whose
     content does not hold together raises :class:`~circuits.errors.CorruptRunError` naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load as load_bytes
-
     from circuits.store.runs import read_json_object
 
     path = Path(folder) / files.PREPARED
@@ -185,6 +185,16 @@ def load(folder: str | Path, key: JsonMapping) -> Prepared | None:
     data = path.read_bytes()
     if not isinstance(recorded, str) or hashlib.sha256(data).hexdigest() != recorded:
         return None
+    return parse(data, key, path)
+
+
+def parse(data: bytes, key: JsonMapping, path: Path) -> Prepared | None:
+    """The prepared prompts of a file's bytes ``data`` (read from ``path``) when they were written under ``key``
+    (``None`` otherwise); :class:`~circuits.errors.CorruptRunError` naming ``path`` when they do not hold
+    together."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_bytes
+
     try:
         tensors = load_bytes(data)
         meta = json.loads(_metadata(data)[META])
@@ -201,14 +211,72 @@ def keep_prepared(run_dir: Any, prepared: Prepared, keep: Bool[torch.Tensor, " n
     (:meth:`~circuits.store.runs.RunDir.checked_artifact` refuses another run's); prompts prepared by this run (or
     reloaded from another folder, a sweep's cell of the same prompts) are written to ``run_dir`` with ``keep``
     (``[n]`` bool, the prompts the runner kept) and their hash recorded."""
-    from safetensors.torch import save
-
     from circuits.store.atomic import write_bytes
 
     target = run_dir.path / files.PREPARED
     if prepared.source is not None and prepared.source == target:
         run_dir.checked_artifact(files.PREPARED)
         return
+    write_bytes(target, to_bytes(prepared, keep))
+    run_dir.record_artifact(files.PREPARED)
+
+
+CHECKED = {"keep": "base_correct"}
+"""What the user cache's key of prepared prompts adds to :func:`spec_key`: their ``keep`` is the runner's
+check of which prompts the unmodified model answers (an analysis that scores every prompt keeps them all, and is
+not cached)."""
+
+
+def cached(key: JsonMapping) -> Prepared | None:
+    """The prepared prompts an earlier command kept in the user's cache (:mod:`circuits.store.usercache`) under
+    ``key`` (and :data:`CHECKED`), verified by hash; ``None`` when there are none (or the entry was corrupt: removed,
+    with a line)."""
+    from circuits.store import usercache
+
+    full = {**key, **CHECKED}
+    data = usercache.get("prompts", full)
+    if data is None:
+        return None
+    path = usercache.results_root() / "prompts" / (usercache.key_sha256(full) + usercache.DATA)
+    try:
+        found = parse(data, key, path)
+    except CorruptRunError:
+        found = None
+    if found is None:
+        get_logger("cache").warning("cached prompts %s... do not hold together: preparing them again", path.stem[:12])
+        usercache.discard("prompts", full)
+        return None
+    get_logger("runner").info("prompts and fit set: reloaded from the cache %s (prepared and checked by an earlier "
+                              "command on this model and prompt spec; af1 cache clear removes it)",
+                              usercache.results_root())
+    return found
+
+
+def remember(prepared: Prepared, keep: Bool[torch.Tensor, " n"], label: str | None = None) -> None:
+    """Keep ``prepared`` with ``keep`` (``[n]`` bool: the prompts the unmodified model answers, as the runner
+    checked them) in the user's cache, for the next command on the same model and prompt spec (``label``: the
+    model's name in ``af1 cache list``)."""
+    from circuits.store import usercache
+
+    if usercache.limit_bytes() == 0 or prepared.source is not None and prepared.keep is not None and \
+            torch.equal(prepared.keep.bool().cpu(), keep.bool().cpu()) and _in_cache(prepared.source):
+        return
+    p = prepared.prompts
+    about = (f"prompts of {label or 'a model'} on {p.task} ({len(p)} of {p.n_checked} checked, base accuracy "
+             f"{p.base_accuracy:.1%})")
+    usercache.put("prompts", {**prepared.key, **CHECKED}, to_bytes(prepared, keep), about)
+
+
+def _in_cache(path: Path) -> bool:
+    from circuits.store import usercache
+
+    return usercache.results_root() in Path(path).parents
+
+
+def to_bytes(prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> bytes:
+    """The ``prepared.safetensors`` form of ``prepared`` with ``keep`` (``[n]`` bool, the prompts the runner kept)."""
+    from safetensors.torch import save
+
     p = prepared.prompts
     tensors = {"tokens": p.tokens.long().contiguous(), "answers": torch.as_tensor(p.answers).long().contiguous(),
                "keep": keep.to(torch.uint8).contiguous()}
@@ -220,8 +288,7 @@ def keep_prepared(run_dir: Any, prepared: Prepared, keep: Bool[torch.Tensor, " n
             "counts": _plain({k: getattr(p, k) for k in _COUNTS}),
             "fit": None if p.fit is None else {"spec": p.fit.spec.identity(), "task": p.fit.task,
                                                "whole": bool(p.fit.whole), "n_drawn": int(p.fit.n_drawn)}}
-    write_bytes(target, save(tensors, metadata={META: json.dumps(meta, sort_keys=True)}))
-    run_dir.record_artifact(files.PREPARED)
+    return save(tensors, metadata={META: json.dumps(meta, sort_keys=True)})
 
 
 def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: JsonDict) -> Any:

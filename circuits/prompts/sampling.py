@@ -28,6 +28,9 @@ from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.mod
 from interventions.types import JsonDict, Model
 
 MAX_CHECKED = 20_000
+ZERO_CHECKED = 100
+"""Prompts checked before a model that answers none of them is called one of zero base accuracy: with ``n`` checked
+and none correct, the accuracy is below ``3 / n`` at 95% confidence (the rule of three), 3% after 100."""
 """Default budget of :func:`prepare_prompts`: prompts whose correctness is checked (forward passes)."""
 DRY_DRAWS = 20_000
 """Prompts :func:`prepare_prompts` draws at most while none has numbers the tokenizer writes as it must (one token
@@ -274,8 +277,8 @@ def prepare_prompts(
             bar.refresh()
             if best >= n_prompts:
                 break
-            if n_checked and not n_correct:
-                break  # answers none of the first batch: more of the same will not help
+            if n_checked >= ZERO_CHECKED and not n_correct:
+                break  # answers none of enough prompts to say its accuracy is below 3 / n_checked
             if n_drawn >= space:
                 stop = "exhausted"
                 break
@@ -297,6 +300,12 @@ def prepare_prompts(
                    numbers=numbers, fmt=fmt)
 
 
+def zero_bound(n_checked: int) -> float:
+    """The 95% upper confidence bound of an accuracy measured as 0 of ``n_checked`` prompts: ``1 - 0.05 ** (1 / n)``
+    (exact binomial; about ``3 / n``, the rule of three)."""
+    return 1.0 - 0.05 ** (1.0 / max(1, int(n_checked)))
+
+
 def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
             need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
             n_checked: int, n_correct: int) -> Prompts:
@@ -314,8 +323,12 @@ def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len
                           f"numbers it writes as one token, or allow numbers of several tokens (--numbers multi)")
     base_acc = n_correct / n_checked
     if n_correct == 0:
+        few = "" if n_checked >= ZERO_CHECKED else (
+            f"; only {n_checked} could be checked ("
+            + ("--max-checked" if stop == "budget" else "the task has no more") + "), too few to say more")
         raise PromptError(f"task {task!r}: the model answers none of the {n_checked} checked prompts correctly "
-                          f"(base accuracy 0%); choose a model trained on this task or an easier task")
+                          f"(base accuracy below {zero_bound(n_checked):.1%} at 95% confidence{few}); choose a model "
+                          f"trained on this task or an easier task")
     _, pieces = max(by_len.items(), key=lambda kv: (sum(int(p.tokens.shape[0]) for p in kv[1]),
                                                      -int(kv[1][0].tokens.shape[1])))
     n_pos = int(pieces[0].tokens.shape[1])

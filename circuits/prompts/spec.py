@@ -117,11 +117,19 @@ class PromptSpec:
         """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional
         means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
         prompts reading an entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
-        ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set."""
+        ``Prompts.n_dropped_fit``) and replaced by the next ones drawn; ``Prompts.fit`` holds the fit set. Prompts an
+        earlier command prepared and checked on the same model under the same spec are reloaded from the user's
+        results cache instead (:func:`circuits.prompts.prepared.cached`)."""
         import torch
 
-        from circuits.prompts import sampling
+        from circuits.prompts import prepared, sampling
         from circuits.prompts.fitset import draw_fit_set, split_whole
+        from circuits.store import usercache
+
+        if usercache.limit_bytes() > 0:
+            found = prepared.cached(prepared.spec_key(model, self, means))
+            if found is not None:
+                return replace(found.prompts, extra={**found.prompts.extra, prepared.EXTRA: found})
 
         if self.prompts is not None:
             from circuits.prompts.datasets import prepare_dataset_prompts
@@ -181,8 +189,10 @@ class PromptSpec:
 
         prompts = prepared.prepare(self, model, means=means, out=out, progress=progress, batch_size=batch_size)
         kept = prepared.prepared_of(prompts)
-        lines = [f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this command)"] \
-            if kept is not None and kept.source is not None else []
+        lines = []
+        if kept is not None and kept.source is not None and kept.source.parent == Path(str(out)):
+            lines.append(f"prompts and fit set: reloaded from {kept.source} (prepared by an earlier run of this "
+                         f"command)")  # from the results cache: prepared.cached says so
         lines.append(f"{name} on {self.label}: base accuracy {prompts.base_accuracy:.1%} ({prompts.n_correct}/"
                      f"{prompts.n_checked} checked prompts); using {len(prompts)} prompts of "
                      f"{prompts.tokens.shape[1]} tokens ({prompts.n_layouts} layout(s))")

@@ -123,14 +123,36 @@ def test_sampling_continues_until_enough_correct_prompts(toks):
     assert p.summary()["n_drawn"] == p.n_drawn
 
 
-def test_zero_accuracy_stops_after_the_first_batch(toks):
+def test_zero_accuracy_is_called_only_after_enough_prompts(toks):
+    """A model that answers nothing is stopped once ``ZERO_CHECKED`` prompts say its accuracy is below 3%, not after
+    the first round (3 x 10 prompts); the message states the bound."""
     tok = toks["gpt2"]
     model = Oracle(tok, lambda a, b: False)
-    single, _ = _expected(tok, lambda a, b: False, "add", 3 * 10)
+    single, _ = _expected(tok, lambda a, b: False, "add", 3 * 10 + 4 * 3 * 10)  # the first round, then 4 times it
+    assert len(single) >= sampling.ZERO_CHECKED > len(_expected(tok, lambda a, b: False, "add", 30)[0])
+    bound = 1 - 0.05 ** (1 / len(single))
+    assert 2.5 / len(single) < bound < 3 / len(single)
     with pytest.raises(PromptError, match=rf"^task 'add': the model answers none of the {len(single)} checked "
-                                          rf"prompts correctly \(base accuracy 0%\)"):
+                                          rf"prompts correctly \(base accuracy below {bound:.1%} at 95% "
+                                          rf"confidence\); choose"):
         sampling.prepare_prompts(model, "add", 10, progress=False)
     assert model.rows == len(single)
+    # too few prompts to say more: the message says so
+    with pytest.raises(PromptError, match=r"none of the 20 checked .*below 13\.9% at 95% confidence; only 20 could "
+                                          r"be checked \(--max-checked\)"):
+        sampling.prepare_prompts(Oracle(tok, lambda a, b: False), "add", 10, max_checked=20, progress=False)
+
+
+def test_two_prompts_of_a_model_of_low_accuracy_are_found(toks):
+    """``--n-prompts 2`` on a model that answers about one prompt in eight: the first round (6 prompts, none answered
+    here) is not taken for zero accuracy; the search goes on until two are found."""
+    tok = toks["gpt2"]
+    first = {tuple(r["operands"]) for r in tasks.build_task("add", n=6, seed=0)}
+    rule = lambda a, b: (a, b) not in first and (a + b) % 8 == 0  # noqa: E731
+    p = sampling.prepare_prompts(Oracle(tok, rule), "add", 2, progress=False)
+    assert len(p) == 2 and p.n_correct >= 2 and p.n_checked > 6
+    single, correct = _expected(tok, rule, "add", p.n_drawn)
+    assert p.n_checked == len(single) and p.n_correct == len(correct)
 
 
 def test_budget_and_exhaustion_name_the_count_that_works(toks):

@@ -345,7 +345,8 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "zoo_names", lambda: ["tiny"])
     monkeypatch.setattr(sampling, "prepare_prompts", lambda m, task, n, seed, prepend_bos=None, **kw: Prompts(
         tokens=m.to_tokens(prompts[:n]), answers=torch.tensor([vocab[str(v)] for v in values[:n]]),
-        prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.5, n_checked=2 * n, n_correct=n))
+        prompts=prompts[:n], answer_values=values[:n], base_accuracy=0.14692982456140352, n_checked=2 * n,
+        n_correct=n))
     out = tmp_path / "lens"
     assert cli.main(["lens", "--model", "tiny", "--task", "add", "--n-prompts", "4", "--out", str(out),
                      "--no-interchange"]) == 0
@@ -354,7 +355,7 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     assert doc["answer_tokens"] == [vocab[str(v)] for v in values[:4]]
     assert [(r["layer"], r["sublayer"]) for r in doc["rows"]] == [(l, s) for l in range(4) for s in ("attn", "mlp")]
     keys = {"answer_prob", "answer_rank", "numeric_mass", "top1_numeric", "top10_numeric", "abs_error"}
-    assert all(keys <= set(r) for r in doc["rows"]) and doc["base_accuracy"] == 0.5
+    assert all(keys <= set(r) for r in doc["rows"]) and doc["base_accuracy"] == 0.14692982456140352
     with torch.no_grad():
         final = model(model.to_tokens(prompts[:4]))[:, -1].softmax(-1)
     expected = float(np.mean([float(final[i, vocab[str(v)]]) for i, v in enumerate(values[:4])]))
@@ -362,6 +363,7 @@ def test_lens_command_writes_schema_and_offline_report(tmp_path, monkeypatch):
     page = (out / "report.html").read_text()
     import re
 
+    assert "base_accuracy: 14.7%" in page and "0.1469" not in page  # the header rounds; lens.json keeps the number
     # offline: plotly.js in a file next to the report, shared by the reports of the directory
     assert re.search(r"<script src='plotly.min.js'>", page) and "plotly.js v" in (out / "plotly.min.js").read_text()
     assert page.count("Plotly.newPlot") >= 7  # 6 metrics + heatmap (+ visibility)
@@ -387,3 +389,35 @@ def test_zoo_model_answer_is_top1_at_last_mlp_for_correct_prompts():
     np.testing.assert_allclose(res.abs_error[correct, -1, -1], 0.0)
     # The answer is not readable right after the first attention sub-layer.
     assert res.answer_rank[:, 0, 0].mean() > res.answer_rank[:, -1, -1].mean()
+
+
+def test_the_tracked_token_chart_draws_a_bounded_number_of_lines():
+    """A 2-shot prompt tracks every token of its examples: the chart draws the few most visible one by one and the
+    mean of the rest, whatever their number."""
+    from types import SimpleNamespace
+
+    from circuits.lens.figures import MAX_TRACKED_LINES, REST_KEY, tracked_figure
+
+    names = [f"t{i}" for i in range(16)]
+    labels = [f"L{i} {s}" for i in range(3) for s in ("attn", "mlp")]
+    rng = np.random.default_rng(0)
+    share = {t: rng.uniform(0, 0.5, len(labels)) for t in names}
+    share["t9"][4] = 0.99  # the most visible, somewhere in the middle
+    rows = [{"label": lab, "sublayer": lab.split()[1], **{f"visible_{t}": float(share[t][i]) for t in names}}
+            for i, lab in enumerate(labels)]
+    rows[0]["visible_t3"] = None  # a token absent from every prompt at a row
+    result = SimpleNamespace(tracked=names, top_k=10, sublayers=("attn", "mlp"), labels=lambda: labels)
+    fig = tracked_figure(result, rows)
+    assert len(fig.data) == 2 * (MAX_TRACKED_LINES + 1)  # post-attention and post-MLP per line
+    peaks = {t: max(v for i, v in enumerate(share[t]) if not (i == 0 and t == "t3")) for t in names}
+    top = sorted(names, key=lambda t: -peaks[t])[:MAX_TRACKED_LINES]
+    drawn = [d.name.split(" (")[0] for d in fig.data]
+    assert set(drawn) == {*top, f"mean of the other {len(names) - len(top)}"} and "t9" in drawn
+    rest = [t for t in names if t not in top]
+    mlp_rest = next(d for d in fig.data if d.name.startswith("mean") and "MLP" in d.name)
+    for i, lab in enumerate(lab for lab in labels if lab.endswith("mlp")):
+        want = np.mean([share[t][labels.index(lab)] for t in rest])
+        assert mlp_rest.y[i] == pytest.approx(want)
+    assert REST_KEY not in rows[0]  # the caller's rows are left as they are
+    few = SimpleNamespace(tracked=names[:3], top_k=10, sublayers=("attn", "mlp"), labels=lambda: labels)
+    assert len(tracked_figure(few, rows).data) == 6  # three tokens: each drawn, nothing averaged

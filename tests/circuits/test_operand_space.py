@@ -114,7 +114,7 @@ def test_a_fit_set_is_drawn_from_a_large_space(tmp_path, monkeypatch):
     assert min(counts[e] for e in needed) >= 3
 
 
-def test_the_fit_cost_of_llama3_8b_on_three_digit_operands():
+def test_the_fit_cost_of_llama3_8b_on_three_digit_operands(monkeypatch):
     """The line printed before loading (circuits.models.memory.fit_cost): 10,000 fit prompts of 7 tokens (BOS and 6:
     Llama-3 writes 0..999 as one token each), 79 passes of 128, 2 x 8,030,261,248 FLOP per token."""
     import transformers as tf
@@ -129,6 +129,19 @@ def test_the_fit_cost_of_llama3_8b_on_three_digit_operands():
                     f"{tasks.operand_space_count(BIG).describe()} task prompts), 79 forward passes of 128, "
                     f"{flop / 1e12:.1f} TFLOP: about {flop / memory.GPU_FLOPS:.1f} s on a GPU at 200 TFLOP/s")
     assert "1124.2 TFLOP: about 5.6 s" in line
+    # on CPU: a CPU estimate at the rate measured on this machine, never a GPU's
+    monkeypatch.setattr(memory, "_CPU_RATE", [5e10])
+    cpu = memory.fit_cost(BIG, 10_000, 128, est, device="cpu")
+    assert "GPU" not in cpu and f"about {flop / 5e10 / 3600:.1f} h on this CPU (50 GFLOP/s measured now" in cpu
+    small = memory.estimate_memory(memory.shape_of_hf_config(tf.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=1000)),
+        "float32", n_pos=7, n_prompts=200, batch_size=128)
+    tiny = memory.fit_cost(BIG, 10_000, 128, small, device="cpu")
+    small_flop = 2.0 * small.n_params * 10_000 * 7
+    assert f"{small_flop / 1e9:.1f} GFLOP: about {small_flop / 5e10:.1f} s on this CPU" in tiny
+    assert "about 0.0 s" not in memory.fit_cost(BIG, 10, 128, small)
+    monkeypatch.setattr(memory, "_CPU_RATE", [])
+    assert 1e8 < memory.cpu_flops() < 1e14 and memory.cpu_flops() == memory._CPU_RATE[0]  # measured once
 
 
 def test_consecutive_windows_draw_the_stream_once(monkeypatch):
