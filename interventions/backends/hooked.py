@@ -25,7 +25,7 @@ class HookedAdapter(ModelAdapter):
     """Access to a TransformerLens ``HookedTransformer`` (3.x): every :class:`Capabilities`."""
 
     backend = "hooked"
-    capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=True)
+    capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=True, split_inputs=True)
 
     def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=self.info.n_layers)
