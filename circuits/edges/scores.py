@@ -149,13 +149,20 @@ def attribute(
     *,
     method: str = "eap-ig",
     steps: int = 5,
+    path: str = "inputs",
     batch_size: int = 16,
     on_batch: Callable[[int], None] | None = None,
 ) -> tuple[Scores, Float[torch.Tensor, " n"]]:
     """Per-edge scores (mean over prompts, logits) and the clean metric per prompt. ``method`` ``eap`` or
-    ``eap-ig`` (``steps`` points); ``on_batch(n_done)`` after each batch (a progress bar)."""
+    ``eap-ig`` (``steps`` points ``k/steps``, ``k = 1..steps``) along ``path``: ``inputs`` (the embedding's
+    output moves from the counterfactual to the clean one; the edges' differences are taken at the clean run)
+    or ``edges`` (every edge of the graph is removed by the same fraction ``1 - k/steps``, so the path runs from
+    the empty circuit to the model; each point's differences are its own, and the scores of all edges add up
+    to ``M(model) - M(empty circuit)`` as ``steps`` grows). ``on_batch(n_done)`` after each batch."""
     if method not in ("eap", "eap-ig"):
         raise ArgumentError(f"method {method!r} is not valid: choose eap or eap-ig")
+    if path not in ("inputs", "edges"):
+        raise ArgumentError(f"path {path!r} is not valid: choose inputs or edges")
     n_points = 1 if method == "eap" else steps
     acc = zeros(layout)
     clean_metric = []
@@ -168,26 +175,10 @@ def attribute(
         for rows in batches(len(tokens), batch_size):
             toks, ans = tokens[rows], answers[rows]
             cf = counter(rows)
-            clean: PassResult | None = None
-            grad_sum: dict = {}
-            for k in range(1, n_points + 1):
-                embed = None
-                if n_points > 1 and k < n_points:
-                    if clean is None:
-                        clean = edge_pass(adapter, layout, toks, ans)
-                    e_clean, e_cf = clean.outputs[:, 0], cf[:, 0].to(clean.outputs.dtype)
-                    embed = e_cf + (k / n_points) * (e_clean - e_cf)
-                res = edge_pass(adapter, layout, toks, ans, embed=embed, leaves=True)
-                for slot, g in res.grads.items():
-                    grad_sum[slot] = g / n_points if slot not in grad_sum else grad_sum[slot] + g / n_points
-                if k == n_points:
-                    clean = res
-            assert clean is not None
-            delta = cf.to(clean.outputs.dtype) - clean.outputs
-            part = contract(layout, delta, grad_sum)
+            part = _one_batch(adapter, layout, toks, ans, cf, n_points, path)
             for slot in acc:
-                acc[slot] += part[slot]
-            clean_metric.append(clean.metric.float().cpu())
+                acc[slot] += part[0][slot]
+            clean_metric.append(part[1].float().cpu())
             done += len(rows)
             if on_batch is not None:
                 on_batch(done)
@@ -196,3 +187,36 @@ def attribute(
             p.requires_grad_(flag)
     n = len(tokens)
     return {slot: t / n for slot, t in acc.items()}, torch.cat(clean_metric)
+
+
+def _one_batch(adapter: object, layout: Layout, toks: torch.Tensor, ans: torch.Tensor, cf: torch.Tensor,
+               n_points: int, path: str) -> tuple[Scores, torch.Tensor]:
+    """Summed scores of one batch of prompts and their clean metric (see :func:`attribute`)."""
+    if path == "edges" and n_points > 1:
+        acc = zeros(layout)
+        metric = None
+        for k in range(1, n_points + 1):
+            res = edge_pass(adapter, layout, toks, ans, counter=cf, removal=1 - k / n_points, leaves=True)
+            part = contract(layout, cf.to(res.outputs.dtype) - res.outputs, res.grads)
+            for slot in acc:
+                acc[slot] += part[slot] / n_points
+            metric = res.metric
+        assert metric is not None
+        return acc, metric
+    clean: PassResult | None = None
+    grad_sum: dict = {}
+    for k in range(1, n_points + 1):
+        embed = None
+        if k < n_points:
+            if clean is None:
+                with torch.no_grad():
+                    clean = edge_pass(adapter, layout, toks, ans)
+            e_clean, e_cf = clean.outputs[:, 0], cf[:, 0].to(clean.outputs.dtype)
+            embed = e_cf + (k / n_points) * (e_clean - e_cf)
+        res = edge_pass(adapter, layout, toks, ans, embed=embed, leaves=True)
+        for slot, g in res.grads.items():
+            grad_sum[slot] = g / n_points if slot not in grad_sum else grad_sum[slot] + g / n_points
+        if k == n_points:
+            clean = res
+    assert clean is not None
+    return contract(layout, cf.to(clean.outputs.dtype) - clean.outputs, grad_sum), clean.metric
