@@ -75,10 +75,13 @@ def split_inputs(adapter: Any) -> Iterator[None]:
         raise InterventionError(adapter.missing("split_inputs", "split_inputs"))
     model, cfg = adapter.model, adapter.model.cfg
     before = (bool(getattr(cfg, "use_split_qkv_input", False)), bool(getattr(cfg, "use_hook_mlp_in", False)))
+    mlps = not bool(getattr(cfg, "attn_only", False))
     try:
         model.set_use_split_qkv_input(True)
-        model.set_use_hook_mlp_in(True)
+        if mlps:
+            model.set_use_hook_mlp_in(True)
         yield
     finally:
         model.set_use_split_qkv_input(before[0])
-        model.set_use_hook_mlp_in(before[1])
+        if mlps:
+            model.set_use_hook_mlp_in(before[1])

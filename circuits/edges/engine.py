@@ -12,7 +12,8 @@ Each receiver input becomes ``clean input + sum over senders s of r_s * (counter
 ``out_s`` is sender ``s``'s output in this pass and ``counter_s`` its counterfactual output: ``r = 0`` is the
 model itself, ``r = 1`` on an edge is that edge patched. ``removal`` gives ``r``: a number (every edge of
 the graph alike) or one tensor per receiver group (:mod:`circuits.edges.graph` shapes). ``leaves=True``
-adds a zero tensor to every receiver input and returns the gradient of the summed metric there.
+adds a zero tensor to every receiver input and returns the gradient of the summed metric there. A model without
+MLPs (attention-only) keeps its MLP nodes in the graph with zero output and zero gradient.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def edge_pass(
     grads: dict[Slot, torch.Tensor] = {}
     leaf: dict[Slot, torch.Tensor] = {}
     diag = torch.arange(t)
+    has_mlp = not bool(getattr(model.cfg, "attn_only", False))
 
     def spread(x: torch.Tensor) -> torch.Tensor:  # [b, ...] -> every copy
         return x[:, None].expand(b, copies, *x.shape[1:]).reshape(b * copies, *x.shape[1:])
@@ -150,6 +152,8 @@ def edge_pass(
             else:
                 z = act
             outs.append(torch.einsum("bthe,hed->bhtd", z, w_o[layer].to(z.dtype)))
+            if not has_mlp:  # an attention-only model: its MLP nodes output nothing
+                outs.append(torch.zeros_like(outs[-1][:, :1]))
             return act
 
         return fn
@@ -159,8 +163,9 @@ def edge_pass(
 
     hooks: list[tuple[str, Any]] = [(parts.embed_out(), on_embed)]
     for layer in range(layout.n_layers):
-        hooks += [(parts.input_hook(k, layer), receiver((k, layer))) for k in ("q", "k", "v", "mlp")]
-        hooks += [(parts.z(layer), on_z(layer)), (parts.mlp_out(layer), on_mlp_out)]
+        kinds = ("q", "k", "v", "mlp") if has_mlp else ("q", "k", "v")
+        hooks += [(parts.input_hook(k, layer), receiver((k, layer))) for k in kinds]
+        hooks += [(parts.z(layer), on_z(layer))] + ([(parts.mlp_out(layer), on_mlp_out)] if has_mlp else [])
     hooks.append((parts.final_in(layout.n_layers), receiver(("logits", layout.n_layers))))
     with parts.split_inputs(adapter), adapter.hooks(hooks), torch.set_grad_enabled(leaves):
         logits = first(model(big.to(adapter.device())))
@@ -169,4 +174,6 @@ def edge_pass(
         slots = list(leaf)
         got = torch.autograd.grad(values.sum(), [leaf[s] for s in slots], allow_unused=True)
         grads = {s: (g if g is not None else torch.zeros_like(leaf[s])).detach() for s, g in zip(slots, got)}
+        for layer in range(layout.n_layers if not has_mlp else 0):
+            grads[("mlp", layer)] = torch.zeros(b, t, layout.d_model, dtype=values.dtype, device=values.device)
     return PassResult(metric=values.detach(), outputs=torch.cat(outs, dim=1).detach(), grads=grads)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
-from circuits.edges.engine import PassResult, edge_pass
+from circuits.edges.engine import Metric, PassResult, edge_pass, logit_diff
 from circuits.edges.graph import Layout, Scores, zeros
 from circuits.errors import ArgumentError
 
@@ -152,13 +152,15 @@ def attribute(
     path: str = "inputs",
     batch_size: int = 16,
     on_batch: Callable[[int], None] | None = None,
+    metric: Metric = logit_diff,
 ) -> tuple[Scores, Float[torch.Tensor, " n"]]:
     """Per-edge scores (mean over prompts, logits) and the clean metric per prompt. ``method`` ``eap`` or
     ``eap-ig`` (``steps`` points ``k/steps``, ``k = 1..steps``) along ``path``: ``inputs`` (the embedding's
     output moves from the counterfactual to the clean one; the edges' differences are taken at the clean run)
     or ``edges`` (every edge of the graph is removed by the same fraction ``1 - k/steps``, so the path runs from
     the empty circuit to the model; each point's differences are its own, and the scores of all edges add up
-    to ``M(model) - M(empty circuit)`` as ``steps`` grows). ``on_batch(n_done)`` after each batch."""
+    to ``M(model) - M(empty circuit)`` as ``steps`` grows). ``on_batch(n_done)`` after each batch; ``metric``: per
+    prompt, from the answer logits (default: the answer's logit difference)."""
     if method not in ("eap", "eap-ig"):
         raise ArgumentError(f"method {method!r} is not valid: choose eap or eap-ig")
     if path not in ("inputs", "edges"):
@@ -175,7 +177,7 @@ def attribute(
         for rows in batches(len(tokens), batch_size):
             toks, ans = tokens[rows], answers[rows]
             cf = counter(rows)
-            part = _one_batch(adapter, layout, toks, ans, cf, n_points, path)
+            part = _one_batch(adapter, layout, toks, ans, cf, n_points, path, metric)
             for slot in acc:
                 acc[slot] += part[0][slot]
             clean_metric.append(part[1].float().cpu())
@@ -190,19 +192,20 @@ def attribute(
 
 
 def _one_batch(adapter: object, layout: Layout, toks: torch.Tensor, ans: torch.Tensor, cf: torch.Tensor,
-               n_points: int, path: str) -> tuple[Scores, torch.Tensor]:
+               n_points: int, path: str, metric: Metric) -> tuple[Scores, torch.Tensor]:
     """Summed scores of one batch of prompts and their clean metric (see :func:`attribute`)."""
     if path == "edges" and n_points > 1:
         acc = zeros(layout)
-        metric = None
+        last = None
         for k in range(1, n_points + 1):
-            res = edge_pass(adapter, layout, toks, ans, counter=cf, removal=1 - k / n_points, leaves=True)
+            res = edge_pass(adapter, layout, toks, ans, counter=cf, removal=1 - k / n_points, leaves=True,
+                            metric=metric)
             part = contract(layout, cf.to(res.outputs.dtype) - res.outputs, res.grads)
             for slot in acc:
                 acc[slot] += part[slot] / n_points
-            metric = res.metric
-        assert metric is not None
-        return acc, metric
+            last = res.metric
+        assert last is not None
+        return acc, last
     clean: PassResult | None = None
     grad_sum: dict = {}
     for k in range(1, n_points + 1):
@@ -210,10 +213,10 @@ def _one_batch(adapter: object, layout: Layout, toks: torch.Tensor, ans: torch.T
         if k < n_points:
             if clean is None:
                 with torch.no_grad():
-                    clean = edge_pass(adapter, layout, toks, ans)
+                    clean = edge_pass(adapter, layout, toks, ans, metric=metric)
             e_clean, e_cf = clean.outputs[:, 0], cf[:, 0].to(clean.outputs.dtype)
             embed = e_cf + (k / n_points) * (e_clean - e_cf)
-        res = edge_pass(adapter, layout, toks, ans, embed=embed, leaves=True)
+        res = edge_pass(adapter, layout, toks, ans, embed=embed, leaves=True, metric=metric)
         for slot, g in res.grads.items():
             grad_sum[slot] = g / n_points if slot not in grad_sum else grad_sum[slot] + g / n_points
         if k == n_points:
