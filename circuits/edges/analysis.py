@@ -131,7 +131,7 @@ def write_edges(result: EdgesResult, run_dir: Any, ctx: RunContext) -> None:
     from circuits.store.files import REPORT
 
     buf = io.BytesIO()
-    np.savez_compressed(buf, **result.arrays())
+    np.savez_compressed(buf, **result.arrays())  # type: ignore[arg-type]
     write_bytes(run_dir.path / EDGES_ARRAYS, buf.getvalue())
     run_dir.write_json(EDGES_JSON, result.summary())
     result.to_mib(run_dir.path / MIB_FILE)

@@ -26,6 +26,7 @@ from circuits.edges.engine import edge_pass
 from circuits.edges.graph import Layout, Scores
 from circuits.edges.scores import Counter, batches
 from circuits.errors import ArgumentError
+from interventions.adapter import ModelAdapter
 
 MIB_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """MIB's circuit sizes: fractions of the candidate edges."""
@@ -72,7 +73,7 @@ def removal_of(layout: Layout, kept: np.ndarray) -> Scores:
 
 
 @torch.no_grad()
-def circuit_metrics(adapter: object, layout: Layout, tokens: Int[torch.Tensor, "n pos"],
+def circuit_metrics(adapter: ModelAdapter, layout: Layout, tokens: Int[torch.Tensor, "n pos"],
                     answers: Int[torch.Tensor, " n *k"], counter: Counter, removal: float | Scores, *,
                     batch_size: int = 16) -> Float[torch.Tensor, " n"]:
     """The metric per prompt with ``removal`` patched (a number: every edge alike)."""
@@ -130,7 +131,7 @@ class Curve:
 
 
 def faithfulness_curve(
-    adapter: object, layout: Layout, tokens: Int[torch.Tensor, "n pos"], answers: Int[torch.Tensor, " n *k"],
+    adapter: ModelAdapter, layout: Layout, tokens: Int[torch.Tensor, "n pos"], answers: Int[torch.Tensor, " n *k"],
     counter: Counter, table_scores: np.ndarray, *, full: Float[torch.Tensor, " n"],
     candidates: np.ndarray | None = None, fractions: Sequence[float] = MIB_SIZES, batch_size: int = 16,
     n_boot: int = 1000, seed: int = 0, on_point: Callable[[int], None] | None = None,

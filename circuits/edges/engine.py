@@ -28,6 +28,7 @@ from jaxtyping import Float, Int
 from circuits.edges.graph import Layout, Scores, Slot
 from circuits.faithfulness import last_token_metrics
 from interventions import parts
+from interventions.adapter import ModelAdapter
 from interventions.readout import answer_positions
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -79,7 +80,7 @@ def _patch(layout: Layout, slot: Slot, delta: torch.Tensor, removal: float | Sco
 
 
 def edge_pass(
-    adapter: Any,
+    adapter: ModelAdapter,
     layout: Layout,
     tokens: Int[torch.Tensor, "batch pos"],
     answers: Int[torch.Tensor, " batch *k"],

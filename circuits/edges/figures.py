@@ -56,7 +56,8 @@ def curve_figure(curve: Curve) -> Any:
 
     x = [p.fraction for p in curve.points]
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x + x[::-1], y=[p.ci_high for p in curve.points] + [p.ci_low for p in curve.points][::-1],
+    band = [p.ci_high for p in curve.points] + [p.ci_low for p in curve.points][::-1]
+    fig.add_trace(go.Scatter(x=x + x[::-1], y=band,
                              fill="toself", line={"width": 0}, name="95% interval", hoverinfo="skip",
                              fillcolor="rgba(31,119,180,0.2)"))
     fig.add_trace(go.Scatter(x=x, y=[p.faithfulness for p in curve.points], mode="lines+markers", name="faithfulness",

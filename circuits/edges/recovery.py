@@ -62,5 +62,6 @@ def recovery(layout: Layout, receivers: Sequence[str], table: Mapping[str, np.nd
         head_precision=len(hit) / len(found) if found else float("nan"),
         head_recall=len(hit) / len(planted) if planted else float("nan"),
         edge_precision=int((cross & big & last & at_planted).sum()) / n_big if n_big else float("nan"),
-        edge_recall=int((planted_edges & big).sum()) / int(planted_edges.sum()) if planted_edges.any() else float("nan"),
+        edge_recall=(int((planted_edges & big).sum()) / int(planted_edges.sum()) if planted_edges.any()
+                     else float("nan")),
         leak=float(score[cross & ~last].max() / score.max()) if (cross & ~last).any() else 0.0, rel=rel)

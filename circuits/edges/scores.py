@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from circuits.edges.engine import Metric, PassResult, edge_pass, logit_diff
 from circuits.edges.graph import Layout, Scores, zeros
 from circuits.errors import ArgumentError
+from interventions.adapter import ModelAdapter
 
 Counter = Callable[[Int[torch.Tensor, " batch"]], Float[torch.Tensor, "batch n_senders pos d_model"]]
 """The counterfactual outputs of the scored prompts with these row numbers."""
@@ -64,7 +65,7 @@ class MeanOutputs:
 
 
 @torch.no_grad()
-def mean_outputs(adapter: object, layout: Layout, fit: Int[torch.Tensor, "n_fit pos"],
+def mean_outputs(adapter: ModelAdapter, layout: Layout, fit: Int[torch.Tensor, "n_fit pos"],
                  batch_size: int = 64) -> MeanOutputs:
     """Every sender's mean output over the fit prompts ``fit`` (one layout), per position and per (position,
     token); sums in float64."""
@@ -95,10 +96,10 @@ def corrupted_rows(n: int) -> Int[torch.Tensor, " n"]:
     return torch.roll(torch.arange(n), -1)
 
 
-def counterfactual(kind: str, adapter: object, layout: Layout, tokens: Int[torch.Tensor, "n pos"],
+def counterfactual(kind: str, adapter: ModelAdapter, layout: Layout, tokens: Int[torch.Tensor, "n pos"],
                    means: MeanOutputs | None = None, min_count: int = 1) -> Counter:
     """The :data:`Counter` of counterfactual ``kind`` for the scored prompts ``tokens``."""
-    device = adapter.device()  # type: ignore[attr-defined]
+    device = adapter.device()
     shape = (layout.n_senders, layout.n_pos, layout.d_model)
     if kind == "zero":
         return lambda rows: torch.zeros(len(rows), *shape, device=device)
@@ -141,7 +142,7 @@ def contract(layout: Layout, delta: Float[torch.Tensor, "b s p d"], grads: dict)
 
 
 def attribute(
-    adapter: object,
+    adapter: ModelAdapter,
     layout: Layout,
     tokens: Int[torch.Tensor, "n pos"],
     answers: Int[torch.Tensor, " n *k"],
@@ -168,7 +169,7 @@ def attribute(
     n_points = 1 if method == "eap" else steps
     acc = zeros(layout)
     clean_metric = []
-    params = [p for p in getattr(adapter, "model").parameters()]
+    params = list(adapter.model.parameters())
     flags = [p.requires_grad for p in params]
     try:
         for p in params:
@@ -191,7 +192,7 @@ def attribute(
     return {slot: t / n for slot, t in acc.items()}, torch.cat(clean_metric)
 
 
-def _one_batch(adapter: object, layout: Layout, toks: torch.Tensor, ans: torch.Tensor, cf: torch.Tensor,
+def _one_batch(adapter: ModelAdapter, layout: Layout, toks: torch.Tensor, ans: torch.Tensor, cf: torch.Tensor,
                n_points: int, path: str, metric: Metric) -> tuple[Scores, torch.Tensor]:
     """Summed scores of one batch of prompts and their clean metric (see :func:`attribute`)."""
     if path == "edges" and n_points > 1:

@@ -13,13 +13,12 @@ from circuits.edges.analysis import layout_of
 from circuits.edges.circuit import af1_allowed, areas, removal_of, top_edges
 from circuits.edges.engine import edge_pass, logit_diff
 from circuits.edges.graph import INPUT_KINDS
-from circuits.faithfulness import last_token_metrics
 from tests.conftest import build_model, needs_hooked, random_tokens
 
 
 # --- an independent edge patching --------------------------------------------------------------------
 def sender_outputs(model, tokens):
-    """``[batch, n_senders, pos, d_model]``: embedding, every head's ``z @ W_O``, every MLP's output (run_with_cache)."""
+    """``[batch, n_senders, pos, d_model]``: embedding, each head's ``z @ W_O``, each MLP's output (run_with_cache)."""
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     outs = [cache["blocks.0.hook_resid_pre"][:, None]]
@@ -70,7 +69,8 @@ def exact_patch(model, tokens, answers, layout, row, table, delta, metric=logit_
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.hook_q_input",
                                                                   add((slice(None), p, unit)))])
             elif kind == "mlp":
-                logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.hook_mlp_in", add((slice(None), p)))])
+                logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.hook_mlp_in",
+                                                                  add((slice(None), p)))])
             else:
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post",
                                                                   add((slice(None), p)))])
