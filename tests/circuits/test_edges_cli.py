@@ -60,3 +60,19 @@ def test_edges_bad_input_is_one_line(tiny_loading, tmp_path, capsys, extra, mess
     code = cli.main(["edges", "--model", "tiny", "--task", "t", "--out", str(tmp_path / "x"), *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_edges_runs_as_a_sweep_cell(tmp_path):
+    """``analyses = ["edges"]``: a cell per model, task and seed; its row's faithfulness is the CPR, its folder
+    reopens as an EdgesResult (the sweep's wait/transfer restrict the candidates to that AF1 subgraph)."""
+    from circuits.sweep import SweepConfig, run_sweep
+
+    config = SweepConfig.from_mapping({"models": ["arith-gpt2"], "tasks": ["add"], "ablations": ["zero"],
+                                       "mode": "fixed", "wait": 1, "transfer": 1, "n_prompts": 8,
+                                       "analyses": ["edges"]})
+    rows = run_sweep(config, tmp_path / "sweep", progress=False)
+    row = next(r for r in rows if r.ablation == "edges")
+    assert row.status == "ok", row.error
+    r = results.load(tmp_path / "sweep" / row.path)
+    assert isinstance(r, EdgesResult) and r.config["wait"] == 1 and r.curve is not None
+    assert row.faithfulness == pytest.approx(r.curve.cpr)
