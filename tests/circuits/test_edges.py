@@ -201,3 +201,43 @@ def _hooked() -> bool:
     from tests.conftest import has_hooked_transformer
 
     return has_hooked_transformer()
+
+
+def test_graph_counts_and_names():
+    """Edge counts by hand (one block of a grouped-query model, 3 positions), names, and the table round trip."""
+    from circuits.edges.graph import Layout
+
+    lay = Layout(n_layers=1, n_heads=4, n_kv_heads=2, d_model=8, n_pos=3)
+    # senders: embed + 4 heads + mlp0; q: 1 sender x 3 pos x 4 heads; k, v: 1 x 6 (p <= q) x 2; mlp: 5 x 3;
+    # logits: 6 senders at the last position
+    assert lay.n_edges() == 12 + 2 * 12 + 15 + 6
+    assert lay.sender_names() == ["embed", "L0H0", "L0H1", "L0H2", "L0H3", "mlp0"]
+    assert lay.receiver_names()[4:8] == ["L0KV0", "L0KV1", "L0KV0", "L0KV1"]
+    scores = {s: torch.randn(lay.shape(s)) for s in lay.slots()}
+    table = lay.edge_table(scores)
+    back = lay.from_table(np.arange(lay.n_edges()), table["score"])
+    for s in lay.slots():
+        assert torch.equal(back[s][lay.valid(s)], scores[s][lay.valid(s)].float())
+    assert lay.memory_bytes(4) > lay.memory_bytes(1) > 0
+
+
+def test_mib_export_shares_key_value_scores_among_query_heads():
+    from circuits.edges.graph import Layout
+    from circuits.edges.result import EdgesResult
+
+    lay = Layout(n_layers=1, n_heads=4, n_kv_heads=2, d_model=8, n_pos=3)
+    scores = {s: torch.zeros(lay.shape(s)) for s in lay.slots()}
+    scores[("k", 0)][0, 0, 1, 2] = 1.0   # embed@0 -> L0KV1@2 through the key: query heads 2 and 3
+    scores[("k", 0)][0, 1, 1, 2] = 0.5   # embed@1 -> L0KV1@2: summed over positions
+    scores[("q", 0)][0, 2, 3] = -2.0
+    table = lay.edge_table(scores)
+    table["candidate"] = np.ones(len(table["score"]), dtype=np.int32)
+    r = EdgesResult(layout=lay, senders=lay.sender_names(), receivers=lay.receiver_names(), table=table,
+                    clean_metric=0.0, n_prompts=1, config={})
+    doc = r.to_mib(n_edges=3)
+    edges = doc["edges"]
+    assert edges["input->a0.h2<k>"]["score"] == pytest.approx(0.75) == edges["input->a0.h3<k>"]["score"]
+    assert edges["input->a0.h0<k>"]["score"] == 0 and edges["input->a0.h3<q>"]["score"] == -2.0
+    assert {n for n, e in edges.items() if e["in_graph"]} == {"input->a0.h2<k>", "input->a0.h3<k>", "input->a0.h3<q>"}
+    assert doc["nodes"]["a0.h3"]["in_graph"] and not doc["nodes"]["a0.h0"]["in_graph"]
+    assert len(edges) == 4 * 3 + 5 + 6  # MIB's graph of one block: q, k, v per head, mlp, logits
