@@ -110,12 +110,12 @@ def test_pass_reproduces_the_model(model):
     torch.testing.assert_close(same.metric, ref, atol=1e-4, rtol=1e-4)
 
 
-@needs_hooked
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "neox"])
-def test_single_edge_patching_matches_independent_patching(arch):
+def test_single_edge_patching_matches_independent_patching(arch, backend):
     """Every input kind (q, k, v on a grouped-query model's key/value heads, mlp, logits), cross-position edges
-    included: the pass's edge patching equals two-pass patching with TransformerLens's split inputs."""
-    model = build_model(arch, "hooked")
+    included, on both backends: the pass's edge patching equals two-pass patching with TransformerLens's split
+    inputs."""
+    model = build_model(arch, backend)
     ad, tokens, answers, layout = setup(model)
     clean = sender_outputs(model, tokens)
     counter = sender_outputs(model, tokens[sc.corrupted_rows(len(tokens))])
