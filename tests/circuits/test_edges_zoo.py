@@ -16,7 +16,6 @@ from circuits.edges.analysis import layout_of
 from circuits.edges.recovery import recovery
 from circuits.prompts.sampling import prepare_prompts
 from tests.circuits.test_edges import exact_patch, sender_outputs, spread
-from tests.conftest import needs_hooked
 
 
 def zoo_prompts(name: str, n: int):
@@ -26,7 +25,6 @@ def zoo_prompts(name: str, n: int):
     return model, ad, p.tokens, p.answers, layout_of(ad.info, int(p.tokens.shape[1]), 1, True)
 
 
-@needs_hooked
 def test_eap_ig_agrees_with_edge_patching_on_the_zoo():
     """arith-llama (grouped-query attention), corrupted counterfactual, 20 edges spread over the ranking (the
     10 largest and 10 more): EAP-IG with 40 steps correlates with exact single-edge patching (Pearson r >= 0.6),
@@ -53,7 +51,6 @@ GROUND_TRUTHS = {"arith-gpt2-gt-w2t2": 7, "arith-gpt2-gt-w3t1": 2, "arith-llama-
 L3H1's largest cross-position edge is 1e-4 of the largest score, under the threshold)."""
 
 
-@needs_hooked
 @pytest.mark.parametrize("name", sorted(GROUND_TRUTHS))
 def test_ground_truth_edges(name):
     """Cross-position edges into the last position with a non-negligible score (>= 1e-3 of the largest) end only
