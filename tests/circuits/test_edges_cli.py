@@ -62,12 +62,12 @@ def test_edges_bad_input_is_one_line(tiny_loading, tmp_path, capsys, extra, mess
     assert code == 2 and message in err and "Traceback" not in err
 
 
-def test_edges_runs_as_a_sweep_cell(tmp_path):
+def test_edges_runs_as_a_sweep_cell(tiny_loading, tmp_path):  # noqa: F811
     """``analyses = ["edges"]``: a cell per model, task and seed; its row's faithfulness is the CPR, its folder
     reopens as an EdgesResult (the sweep's wait/transfer restrict the candidates to that AF1 subgraph)."""
     from circuits.sweep import SweepConfig, run_sweep
 
-    config = SweepConfig.from_mapping({"models": ["arith-gpt2"], "tasks": ["add"], "ablations": ["zero"],
+    config = SweepConfig.from_mapping({"models": ["tiny"], "tasks": ["add"], "ablations": ["zero"],
                                        "mode": "fixed", "wait": 1, "transfer": 1, "n_prompts": 8,
                                        "analyses": ["edges"]})
     rows = run_sweep(config, tmp_path / "sweep", progress=False)
