@@ -247,6 +247,7 @@ REGISTRY: dict[str, str] = {
     "necessity": "circuits.necessity:NECESSITY",
     "prune": "circuits.prune.greedy:PRUNE",
     "lens": "circuits.lens.analysis:LENS",
+    "edges": "circuits.edges.analysis:EDGES",
 }
 """Every analysis by name, as ``module:attribute`` (imported when first asked for). Add an analysis with one
 line here (or :func:`register` at run time)."""

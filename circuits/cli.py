@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "search": ("circuits.commands.search", "AF1 search: latest wait and shortest transfer that stay faithful"),
     "necessity": ("circuits.commands.necessity", "per block, cut the last token's attention to earlier tokens"),
     "prune": ("circuits.commands.prune", "greedy head pruning of the transfer blocks inside an AF1 subgraph"),
+    "edges": ("circuits.commands.edges", "position-aware edge attribution (EAP/EAP-IG) and edge-patching circuits"),
     "lens": ("circuits.commands.lens", "early decoding (logit lens) after every attention and MLP sub-layer"),
     "sweep": ("circuits.commands.sweep", "models x tasks x ablations x seeds: the comparison tables, resumable"),
     "groundtruth": ("circuits.commands.groundtruth",

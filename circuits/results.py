@@ -32,6 +32,7 @@ CLASSES = {
     "necessity": "circuits.necessity:NecessityResult",
     "prune": "circuits.prune.result:PruneResult",
     "lens": "circuits.lens.result:LensResult",
+    "edges": "circuits.edges.result:EdgesResult",
     "sweep": "circuits.sweep.run:SweepResult",
     "groundtruth": "circuits.groundtruth.report:GroundTruthResult",
 }

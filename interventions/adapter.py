@@ -108,6 +108,8 @@ class Capabilities:
     * ``attention_masks``: attention takes a per-block mask of allowed keys
       (``blocks.{l}.attn.hook_attn_mask``), so :class:`~interventions.Peek` is applied as a mask
       rather than as an edit of the post-softmax pattern (:meth:`ModelAdapter.intervention_hooks`).
+    * ``split_inputs``: the model computes one input per query head, key/value head and MLP, and ``W_O``
+      is readable (:mod:`interventions.parts`): what an edge graph needs.
     """
 
     skips_blocks: bool = False
@@ -115,6 +117,7 @@ class Capabilities:
     frozen_bos_kv: bool = False
     configs_per_pass: bool = False
     attention_masks: bool = False
+    split_inputs: bool = False
 
 
 class HookScope:

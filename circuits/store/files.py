@@ -19,6 +19,10 @@ PRUNE_CURVE = "curve.jsonl"
 LENS = "lens.json"
 LENS_ARRAYS = "lens.npz"
 """The per-prompt arrays of ``af1 lens`` (what :meth:`circuits.lens.LensResult.load` reads back)."""
+EDGES = "edges.json"
+EDGES_ARRAYS = "edges.npz"
+MIB = "mib.json"
+"""``af1 edges``: its summary, one row per edge, the scores in MIB's circuit-track format."""
 SWEEP_CELLS = "cells.jsonl"
 """One line per finished sweep cell (:mod:`circuits.sweep.run`)."""
 CELLS_DIR = "cells"
@@ -37,6 +41,6 @@ NO_RESULTS = ".no-results.jsonl"
 
 RESULT_FILES = frozenset({
     PROMPTS, MEANS, PREPARED, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS,
-    LENS_ARRAYS,
+    LENS_ARRAYS, EDGES, EDGES_ARRAYS, MIB,
 })
 """Files only af1 writes: a directory holding any of them without ``run.json`` is refused."""

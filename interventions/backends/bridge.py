@@ -62,7 +62,7 @@ class BridgeAdapter(ModelAdapter):
     """
 
     backend = "bridge"
-    capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=False)
+    capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=False, split_inputs=True)
 
     def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         """Residual ``[batch, pos, d_model]`` after the last block; final norm and unembedding are skipped.

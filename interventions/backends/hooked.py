@@ -31,7 +31,7 @@ class HookedAdapter(ModelAdapter):
 
     backend = "hooked"
     model: HookedTransformer
-    capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=True)
+    capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=True, split_inputs=True)
 
     def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=self.info.n_layers)
