@@ -162,12 +162,13 @@ def test_other_tails_also_exact(model, data, tail):
 
 def test_fast_uses_fewer_forward_blocks(data, model):
     tokens, answers, cache = data
-    fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 32)
+    fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 64)  # no tail call split in chunks
     for w, t in S.configurations(N_LAYERS):
         fast.evaluate(w, t)
-    # 15 tails + 10 prefix blocks + 2 embedding passes (wait -1: transfer 0, then >= 1) + BOS pass,
+    # tails run together block by block: one call per block after each wait (3 + 2 + 1 + 0 for waits 0..3,
+    # 4 for wait -1) + 10 prefix blocks + 2 embedding passes (wait -1: transfer 0, then >= 1) + BOS pass,
     # versus 15 complete passes of 4 blocks each.
-    assert fast.passes == 15 + 10 + 2 + 1
+    assert fast.passes == 10 + 10 + 2 + 1
 
 
 def test_fast_runs_no_block_below_its_start(data, model):
@@ -185,7 +186,7 @@ def test_fast_runs_no_block_below_its_start(data, model):
 
     handles = [block.register_forward_pre_hook(count(i)) for i, block in enumerate(model.blocks)]
     try:
-        fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 32)
+        fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 64)  # no tail call split in chunks
         for w, t in S.configurations(N_LAYERS):
             fast.evaluate(w, t)
         fast_counts, counts[:] = list(counts), [0] * N_LAYERS
@@ -195,10 +196,10 @@ def test_fast_runs_no_block_below_its_start(data, model):
     finally:
         for h in handles:
             h.remove()
-    assert sum(fast_counts) == 4 + (4 + 3 + 2 + 1) + 20
-    # block k runs in the BOS pass, as the transfer block of waits -1..k-1, and in the tails of the
-    # (k+1)(k+2)/2 configurations whose tail starts (wait + 1 + transfer) at or below k
-    assert fast_counts == [1 + 1 + 1, 1 + 2 + 3, 1 + 3 + 6, 1 + 4 + 10]
+    assert sum(fast_counts) == 4 + (4 + 3 + 2 + 1) + 10
+    # block k runs in the BOS pass, as the transfer block of waits -1..k-1, and once (every configuration
+    # whose tail has reached it, together) in the tails of each wait -1..k-1
+    assert fast_counts == [1 + 1 + 1, 1 + 2 + 2, 1 + 3 + 3, 1 + 4 + 4]
     assert counts == [15] * N_LAYERS
 
 
