@@ -9,8 +9,8 @@
 # so the GGUF tests run in both; the GGUF file is converted once per checkout into .cache/af1-circuits (AF1_CACHE_DIR,
 # kept between runs: delete .cache/ to convert again). Each venv is created on first use and reinstalled when
 # pyproject.toml changes.
-# Before the tests, `test` lints interventions/ and circuits/ with ruff and type-checks them with mypy (settings in
-# pyproject.toml, [tool.ruff] and [tool.mypy]); either one's error fails the target. From a fresh state (no
+# Before the tests, `test` lints interventions/, circuits/ and tests/ with ruff and type-checks the packages with mypy
+# (settings in pyproject.toml, [tool.ruff] and [tool.mypy]; check_untyped_defs on); either one's error fails the target. From a fresh state (no
 # .ruff_cache, no .mypy_cache) ruff takes 0.1 s and mypy about a minute (55 s on 2 shared cores); with the
 # .mypy_cache it leaves, mypy takes 2 s.
 # The tests run on JOBS processes (pytest-xdist; default: one per core), the files of a module in one process so
@@ -50,7 +50,7 @@ demo: $(STAMP)
 	$(VENV)/bin/af1 demo
 
 test: $(STAMP) $(STAMP4)
-	$(VENV)/bin/ruff check interventions circuits
+	$(VENV)/bin/ruff check interventions circuits tests
 	$(VENV)/bin/mypy
 	AF1_CACHE_DIR=$(TEST_CACHE) $(VENV)/bin/python -m pytest -q $(XDIST)
 	AF1_CACHE_DIR=$(TEST_CACHE) $(VENV4)/bin/python -m pytest -q $(XDIST) tests/interventions tests/circuits tests/checkpoints \

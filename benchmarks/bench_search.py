@@ -80,10 +80,10 @@ def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = Fal
 def named(args: argparse.Namespace):
     """(name, model, tokens, answers, fit tokens) of ``--model`` on ``--task``: prompts it answers correctly
     (``--numbers``, ``--shots``) and the fit set of their means, as ``af1 search`` prepares them."""
-    from circuits.prompts.fitset import FitSpec
-    from circuits.tasks.formats import PromptFormat
     from circuits.models.loading import load_model
+    from circuits.prompts.fitset import FitSpec
     from circuits.prompts.spec import PromptSpec
+    from circuits.tasks.formats import PromptFormat
 
     model = load_model(args.model, backend=args.backend if args.backend != "hooked" else None)
     spec = PromptSpec(args.task, n_prompts=args.prompts, numbers=args.numbers, format=PromptFormat(shots=args.shots),

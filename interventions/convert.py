@@ -140,7 +140,7 @@ def _to_llama(c, sd):
         num_key_value_heads=nkv, head_dim=h, hidden_act=c["act_fn"],
         rms_norm_eps=c.get("eps", 1e-5), attention_bias=True, mlp_bias=True,
         tie_word_embeddings=False, rope_theta=float(c.get("rotary_base", 10000)),
-    )
+    )  # type: ignore[call-arg]  # transformers 4.x's name, which 5.x still reads into rope_parameters
     # transformers>=5 keeps rope settings in rope_parameters
     rp = getattr(config, "rope_parameters", None)
     if isinstance(rp, dict):
@@ -187,7 +187,7 @@ def _to_neox(c, sd):
         hidden_act=c["act_fn"], layer_norm_eps=c.get("eps", 1e-5), use_parallel_residual=True,
         rotary_pct=rotary_dim / h, rotary_emb_base=float(c.get("rotary_base", 10000)),
         tie_word_embeddings=False, attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
-    )
+    )  # type: ignore[call-arg]  # transformers 4.x's rotary names, which 5.x still reads into rope_parameters
     rp = getattr(config, "rope_parameters", None)
     if isinstance(rp, dict):
         rp["rope_theta"] = float(c.get("rotary_base", 10000))

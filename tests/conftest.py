@@ -193,7 +193,7 @@ FORMER_PLANTED_SPEC = {"self_all": [0, 1, 2, 5], "last_full": [3, 4]}
 """The attention-mask spec of the former ``arith-gpt2-af1`` (wait 2, transfer 2, every head of blocks 3-4)."""
 
 
-def planted_mask_folder(tmp_path) -> "Path":  # noqa: F821
+def planted_mask_folder(tmp_path) -> Path:  # noqa: F821
     """A copy of ``arith-gpt2``'s folder whose ``zoo.json`` records :data:`FORMER_PLANTED_SPEC` (a folder of the
     former mask-based kind, now that none is shipped)."""
     import json

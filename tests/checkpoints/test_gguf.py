@@ -27,16 +27,14 @@ import torch
 from circuits import cli
 from circuits.errors import ModelLoadError
 from circuits.models import gguf, loading, memory
+from tests.checkpoints.conftest import HAS_GGUF, HAS_WHEEL, needs_smollm2, needs_wheel  # noqa: F401
+from tests.checkpoints.conftest import SMOLLM2 as NAME
 from tests.conftest import BACKENDS
 
 PROMPTS = ("42+20-15=", "13+71-40=")
 LOGIT_ATOL = 1e-4
 """float32 tolerance on logits centred per position (compatibility mode and the hooked build centre the
 unembedding, which shifts each position's logits by a constant)."""
-
-
-from tests.checkpoints.conftest import HAS_GGUF, HAS_WHEEL, needs_smollm2, needs_wheel  # noqa: F401
-from tests.checkpoints.conftest import SMOLLM2 as NAME
 
 MODEL_BACKENDS = BACKENDS + (("nnsight",) if importlib.util.find_spec("nnsight") else ())
 

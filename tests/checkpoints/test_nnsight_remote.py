@@ -56,7 +56,7 @@ def test_remote_request_is_built_and_serialised_without_sending(standin_hub, cau
     assert len(payload) > 1000 and FAKE_KEY.encode() not in payload
     assert model.usage.requests == 0  # nothing came back, nothing is counted
     with pytest.raises(ValueError, match="has no weights here: decoding residual states"):
-        model.unembed
+        _ = model.unembed
 
 
 def test_remote_needs_the_key_in_the_environment(standin_hub, monkeypatch):

@@ -94,7 +94,7 @@ def independent_correct(hf, tokens, answers, fit_tokens, wait: int, transfer: in
     """Per prompt, whether every answer token is the argmax under the AF1 configuration, computed in plain
     transformers: CAMA from dictionary means of the fit prompts' residuals, peeking as attention masks, and the
     query heads ``zero_heads`` ((layer, head) pairs) zeroed at the input of their block's output projection."""
-    n_layers, (n, n_pos), k = len(hf.model.layers), tokens.shape, answers.shape[1]
+    n_layers, n_pos, k = len(hf.model.layers), tokens.shape[1], answers.shape[1]
     handles = []
     if wait >= 0:
         fit_states = layer_outputs(hf, fit_tokens, wait)
@@ -217,7 +217,6 @@ def test_pruning_with_answers_of_several_tokens_equals_plain_transformers(smol, 
     from circuits.prune import prune_heads
 
     model, hf = smol
-    n_layers, n_pos, k = len(hf.model.layers), prompts.tokens.shape[1], prompts.answers.shape[1]
     wait, transfer = 26, 1
     result = prune_heads(model, prompts.tokens, prompts.answers, wait=wait, transfer=transfer, cache=means,
                          min_count=1, target=0.5, confirm_top=1, progress=False, n_boot=10, batch_size=10)

@@ -28,7 +28,7 @@ class AnswerProbConfig:
     batch_size: int = 128
     seed: int = 0
 
-    def validate(self, info: Any = None) -> "AnswerProbConfig":
+    def validate(self, info: Any = None) -> AnswerProbConfig:
         if self.batch_size < 1:
             raise ArgumentError(f"batch_size={self.batch_size} must be >= 1")
         return self

@@ -101,8 +101,8 @@ def test_help_and_zoo_list_answer_at_once(argv):
     assert proc.returncode == 0 and seconds < 1.5, seconds
     if argv == ("zoo", "list"):
         assert "arith-gpt2 " in proc.stdout and "min acc" in proc.stdout
-    code = ("import sys, circuits.cli as c\ntry:\n    c.main(%r)\nexcept SystemExit:\n    pass\n"
-            "print('torch' in sys.modules)" % (list(argv),))
+    code = (f"import sys, circuits.cli as c\ntry:\n    c.main({list(argv)!r})\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
 

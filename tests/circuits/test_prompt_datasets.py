@@ -112,9 +112,10 @@ def test_a_lookup_task_file_runs_search_necessity_and_lens(tmp_path):
     operand of ``x+y-y=``, whose answers the file gives as text."""
     xs = [str(v) for v in range(10, 40)]
     path = tmp_path / "copy.toml"
-    path.write_text('name = "copy"\ntemplate = "{x}+{y}-{y}="\n[slots]\nx = { values = %s }\n'
+    table = ", ".join(f'"{v}" = "{v}"' for v in xs)
+    path.write_text(f'name = "copy"\ntemplate = "{{x}}+{{y}}-{{y}}="\n[slots]\nx = {{ values = {json.dumps(xs)} }}\n'
                     'y = { values = ["1", "2", "3", "4", "5", "6", "7", "8"] }\n[answer]\nlookup = "x"\n'
-                    'table = { %s }\n' % (json.dumps(xs), ", ".join(f'"{v}" = "{v}"' for v in xs)))
+                    f'table = {{ {table} }}\n')
     common = ["--model", "arith-gpt2", "--task", str(path), "--n-prompts", "12", "--no-progress"]
     assert cli.main(["search", *common, "--out", str(tmp_path / "s")]) == 0
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())

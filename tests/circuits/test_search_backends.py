@@ -3,7 +3,8 @@ it through the capabilities it declares (here: none), with the numbers of the na
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -287,7 +287,7 @@ def test_filter_correct_matches_a_row_by_row_check(tiny_model):
     kept, acc = tasks.filter_correct(tiny_model, ds, batch_size=4)
     expect = []
     with torch.no_grad():
-        for i, row in enumerate(ds):
+        for row in ds:
             logits = tiny_model(tiny_model.to_tokens(row["prompt"]))[0, -1]
             expect.append(int(logits.argmax()) == int(tasks.answer_token_ids(tiny_model, [row["answer"]])[0]))
     assert acc == pytest.approx(sum(expect) / len(ds))

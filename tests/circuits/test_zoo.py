@@ -8,7 +8,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # loading must never need the network
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ N_EVAL = 30  # first N prompts of each frozen set (of 300): a subset, checked ex
 N_CHECK = 20  # prompts per task on which the independent tasks.filter_correct path is compared
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model(name):
     return zoo.load(name)
 
@@ -78,7 +78,7 @@ def test_architecture_and_vocabulary(name):
         assert not cfg.gated_mlp and cfg.act_fn.startswith("gelu")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _measured(name):
     """Accuracy on the first ``N_EVAL`` prompts of each trained task's frozen set (vectorised evaluation)."""
     return zoo_train.evaluate_frozen(_model(name), zoo.card(name)["train"]["tasks"], n=N_EVAL)

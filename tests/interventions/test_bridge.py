@@ -177,7 +177,7 @@ def test_grouped_query_attention_is_per_query_head_on_every_backend():
         torch.testing.assert_close(b, without_heads(model, [(1, 1)])(tokens), atol=1e-5, rtol=1e-5)
         seen = []
         with iv.apply(model, [iv.Peek([1], "self", "all")]):
-            handle = model.hook_dict["blocks.1.attn.hook_pattern"].add_hook(lambda p, hook: seen.append(p.clone()))
+            model.hook_dict["blocks.1.attn.hook_pattern"].add_hook(lambda p, hook: seen.append(p.clone()))
             try:
                 peeked = model(tokens)
             finally:
