@@ -361,7 +361,7 @@ class FastEvaluator(Evaluator):
         return out[:, 0] if self.answers.ndim == 1 else out
 
     def unembed(self, rows: Float[torch.Tensor, "rows k d_model"]) -> Float[torch.Tensor, "rows k d_vocab"]:
-        """Final norm and unembedding of ``[rows, k, d_model]`` (:meth:`~interventions.adapter.ModelAdapter.unembed`)."""
+        """Final norm and unembedding of ``[rows, k, d_model]`` (the adapter's ``unembed``)."""
         r, k = int(rows.shape[0]), int(rows.shape[1])
         return self.adapter.unembed(rows.reshape(r * k, -1)).reshape(r, k, -1)
 
