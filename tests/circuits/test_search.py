@@ -82,6 +82,35 @@ def test_fast_equals_naive_every_config(model, data, ablation):
     assert n_configs == sum(N_LAYERS - w for w in range(-1, N_LAYERS)) == 15
 
 
+@pytest.mark.parametrize("n_answer", [1, 2])
+@pytest.mark.parametrize("ablation", ["cama", "mean", "zero"])
+def test_grouped_tails_equal_per_configuration_passes(model, data, ablation, n_answer):
+    """The search's evaluation (every transfer of a wait together, block by block, read out in chunks) against
+    one complete intervened pass per configuration: the same argmax token at every answer position of every
+    prompt in every configuration, and the answer logit, best other logit and log-sum-exp within 1e-4; for
+    answers of one and of two tokens (teacher forcing), on every tail this backend offers."""
+    from interventions.readout import answer_readout
+
+    tokens, answers, cache = data
+    if n_answer == 2:  # the prompt followed by its first answer token; the second answer token is the model's own
+        tokens = torch.cat([tokens, answers[:, None]], dim=1)
+        with torch.inference_mode():
+            second = iv.run(model, tokens, []).argmax(-1)[:, -1]
+        answers = torch.stack([answers, second.cpu()], dim=1)
+        cache = iv.MeanCache.fit(model, disjoint_fit_tokens(tokens), progress=False)
+    naive = S.NaiveEvaluator(model, tokens, answers, cache, ablation, 20)
+    ref = {c: answer_readout(naive.last_logits(*c), answers) for c in S.configurations(N_LAYERS)}
+    tails = [t for t in S.FastEvaluator.TAILS if t != "last" or iv.adapt(model).capabilities.frozen_bos_kv]
+    for tail in tails:
+        fast = S.FastEvaluator(model, tokens, answers, cache, ablation, 7, tail=tail)  # several prompt batches
+        for c in S.configurations(N_LAYERS):
+            got = fast.readout(*c)
+            assert got.shape == ref[c].shape
+            assert torch.equal(got[..., 3], ref[c][..., 3]), (tail, c)
+            torch.testing.assert_close(got[..., :3], ref[c][..., :3], atol=1e-4, rtol=0)
+        assert not fast.ready  # every configuration computed was read
+
+
 @pytest.mark.parametrize("ablation", ["mean", "zero"])
 def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, monkeypatch):
     """Under the plain-mean and zero baselines no prompt's tokens survive block ``wait >= 0``: the fast method
@@ -104,6 +133,17 @@ def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, 
             logits = fast.last_logits(w, t)
             assert logits.shape[0] == len(tokens) and bool((logits == logits[:1]).all())
     assert widths and set(widths) == {1}
+    # the whole grid, every transfer of a wait together: a block call holds one row per configuration at most
+    widths.clear()
+    fast = S.FastEvaluator(model, tokens, answers, cache, ablation, 20)
+    monkeypatch.setattr(fast.adapter, "run_from", record)
+    monkeypatch.setattr(fast.adapter, "run_last_from", lambda x, *a, **k: (widths.append(int(x.shape[0])),
+                                                                            type(fast.adapter).run_last_from(
+                                                                                fast.adapter, x, *a, **k))[1])
+    for w, t in S.configurations(N_LAYERS):
+        if w >= 0:
+            fast.evaluate(w, t)
+    assert widths and max(widths) <= N_LAYERS < len(tokens)
 
 
 def test_naive_evaluator_matches_faithfulness_module(model, data):
