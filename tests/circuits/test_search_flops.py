@@ -24,11 +24,11 @@ def test_fast_flops_equal_a_count_by_enumeration():
     n, pos, k, distinct = 5, 6, 2, 3
     prefix = tails = unembed = 0
     for w in range(-1, 3):
-        for block in range(w + 1, 3):  # transfer blocks of the prefix: every position of every prompt
+        for _block in range(w + 1, 3):  # transfer blocks of the prefix: every position of every prompt
             prefix += by_hand_block(n * pos, pos)
         for t in range(0, 3 - w):
             rows = (distinct if t == 0 else n) * k
-            for block in range(w + 1 + t, 3):  # self-peek tail: BOS and itself
+            for _block in range(w + 1 + t, 3):  # self-peek tail: BOS and itself
                 tails += by_hand_block(rows, 2)
             unembed += 2 * rows * 8 * 11
     assert fast_flops(TINY, n, pos, k, n_distinct=distinct) == {"prefix": prefix, "tails": tails, "unembed": unembed}
