@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from circuits.search.rule import configurations
 
@@ -80,13 +81,12 @@ class Dims:
     gated: bool
 
     @classmethod
-    def of(cls, cfg: object) -> Dims:
+    def of(cls, cfg: Any) -> Dims:
         """The dims of a TransformerLens config (``model.cfg``)."""
-        n_heads = int(getattr(cfg, "n_heads"))
-        return cls(n_layers=int(getattr(cfg, "n_layers")), d_model=int(getattr(cfg, "d_model")), n_heads=n_heads,
-                   n_kv_heads=int(getattr(cfg, "n_key_value_heads", None) or n_heads),
-                   d_head=int(getattr(cfg, "d_head")), d_mlp=int(getattr(cfg, "d_mlp")),
-                   d_vocab=int(getattr(cfg, "d_vocab")), gated=bool(getattr(cfg, "gated_mlp", False)))
+        n_heads = int(cfg.n_heads)
+        return cls(n_layers=int(cfg.n_layers), d_model=int(cfg.d_model), n_heads=n_heads,
+                   n_kv_heads=int(getattr(cfg, "n_key_value_heads", None) or n_heads), d_head=int(cfg.d_head),
+                   d_mlp=int(cfg.d_mlp), d_vocab=int(cfg.d_vocab), gated=bool(getattr(cfg, "gated_mlp", False)))
 
     def block_flops(self, tokens: int, keys: int) -> int:
         """FLOP (2 per multiply-add) of one block over ``tokens`` query rows that each attend to ``keys`` keys:
