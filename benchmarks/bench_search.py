@@ -14,17 +14,20 @@ Prints, on the default zoo model on task prompts (when available), or on a rando
 * naive (batch 20) time / fast time
 * naive (same batch as fast) time / fast time  (unless ``--no-naive-eq``)
 
-and asserts that both methods give identical per-configuration correctness counts and last-position
-logits within 1e-4. The methods take turns (best of ``--repeats``) so background load hits all alike.
+and asserts that both methods give identical per-configuration correctness counts and argmax tokens, and
+answer-position readouts (answer logit, best other logit, log-sum-exp) within 1e-4. It then prints the compute
+limit: the fast full grid's FLOP (``circuits.search.cost.fast_flops``) at this machine's matmul rate, measured in
+the same run on the model's own shapes and thread count, and the ratio of the measured fast time to it. The
+methods take turns (best of ``--repeats``) so background load hits all alike.
 ``--naive-configs K`` times the per-configuration passes on ``K`` configurations spread evenly over
 the grid and scales their time to the full grid (said in the output), for deep models whose naive
 full grid takes many minutes. The output names the TransformerLens version and the fast tail.
 
 Usage: ``python benchmarks/bench_search.py [--prompts 400] [--batch 128] [--repeats 3] [--arch gpt2|llama]
 [--threads 1] [--backend hooked|bridge] [--random] [--layers 6] [--d-model 256] [--naive-configs 0]
-[--no-naive-eq] [--no-warmup] [--model NAME --task TASK --numbers multi --shots K --fit-size N]``. Measured figures: ``docs/backends.md``
-(Search benchmarks). ``--model smollm2-135m-instruct --task add_2d2d --numbers multi --shots 2`` runs it on the real
-pretrained model (answers of several tokens read under teacher forcing).
+[--no-naive-eq] [--no-warmup] [--model NAME --task TASK --numbers multi --shots K --fit-size N]``.
+Measured figures: ``docs/backends.md`` (Search benchmarks). ``--model smollm2-135m-instruct --task add_2d2d
+--numbers multi --shots 2`` runs it on the real pretrained model (answers of several tokens read under teacher forcing).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ import time
 import torch
 
 import interventions as iv
-from circuits.faithfulness import last_token_metrics
 from circuits.search import FastEvaluator, NaiveEvaluator, configurations
+from circuits.search.cost import Dims, fast_flops, naive_flops
+from interventions.readout import answer_readout, readout_metrics
 
 
 def build(arch: str, n_prompts: int, backend: str = "hooked", random: bool = False, n_layers: int = 6,
@@ -138,16 +142,64 @@ def random_state(cfg: dict) -> dict[str, torch.Tensor]:
 
 
 def full_grid(evaluator, answers: torch.Tensor, keep: set) -> dict:
-    """Every configuration's correctness count (``"counts"``), and the logits of the configurations in ``keep``
-    (the others' logits are dropped as soon as they are counted: a 30-block model's grid of 496 configurations
-    with a 49,152-token vocabulary would hold gigabytes)."""
-    counts, logits = {}, {}
+    """Every configuration's correctness count (``"counts"``), and the readout (answer logit, best other logit,
+    log-sum-exp, argmax per prompt and answer token: :func:`interventions.readout.answer_readout`) of the
+    configurations in ``keep``, evaluated as the search does (``evaluator.evaluate`` order, readouts only)."""
+    counts, readouts = {}, {}
     for c in configurations(evaluator.n_layers):
-        out = evaluator.last_logits(*c)
-        counts[c] = int(last_token_metrics(out, answers)[0].sum())
+        out = evaluator.readout(*c)
+        counts[c] = int(readout_metrics(out, answers)[0].sum())
         if c in keep:
-            logits[c] = out
-    return {"counts": counts, "logits": logits}
+            readouts[c] = out
+    return {"counts": counts, "readouts": readouts}
+
+
+def matmul_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
+    """FLOP per second of this machine (this thread count) on one block's matrices of ``dims`` (q, k, v, o,
+    MLP) applied to ``rows`` rows, best of ``repeats``."""
+    g = torch.Generator().manual_seed(0)
+    d, hd, kvd = dims.d_model, dims.n_heads * dims.d_head, dims.n_kv_heads * dims.d_head
+    shapes = [(hd, d), (kvd, d), (kvd, d), (d, hd)] + [(dims.d_mlp, d)] * (2 if dims.gated else 1) + [(d, dims.d_mlp)]
+    weights = [torch.randn(o, i, generator=g) for o, i in shapes]
+    inputs = {i: torch.randn(rows, i, generator=g) for _, i in shapes}
+    flops = sum(2 * rows * o * i for o, i in shapes)
+    return flops / best_time(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], repeats)
+
+
+def unembed_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
+    """FLOP per second of unembedding ``rows`` rows (``[rows, d_model] x [d_model, d_vocab]``), best of ``repeats``."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(dims.d_vocab, dims.d_model, generator=g), torch.randn(rows, dims.d_model, generator=g)
+    return dims.unembed_flops(rows) / best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+
+
+def best_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def compute_limit(model, tokens: torch.Tensor, answers: torch.Tensor, batch: int) -> dict:
+    """The fast full grid's FLOP by phase (:func:`circuits.search.cost.fast_flops`), this machine's matmul rate on
+    each phase's shapes (prefix: a batch of prompts at full width; tails: the answer rows of half a wait's
+    configurations; unembedding: ``batch`` prompts' answer rows), the time at those rates (the limit) and the
+    per-configuration passes' FLOP."""
+    dims = Dims.of(model.cfg)
+    n, pos = int(tokens.shape[0]), int(tokens.shape[1])
+    k = 1 if answers.ndim == 1 else int(answers.shape[1])
+    distinct = len(torch.unique(tokens[:, -k:], dim=0))
+    flops = fast_flops(dims, n, pos, k, n_distinct=distinct)
+    rows = {"prefix": min(n, batch) * pos, "tails": min(n * k * max(1, dims.n_layers // 2), batch * pos),
+            "unembed": min(n, batch) * k}
+    rates = {"prefix": matmul_rate(dims, rows["prefix"]), "tails": matmul_rate(dims, rows["tails"]),
+             "unembed": unembed_rate(dims, rows["unembed"])}
+    seconds = {p: flops[p] / rates[p] for p in flops}
+    return {"flops": flops, "rates": rates, "seconds": seconds, "limit": sum(seconds.values()),
+            "naive_flops": naive_flops(dims, n, pos), "rows": rows}
 
 
 def spread(items: list, k: int) -> list:
@@ -200,7 +252,7 @@ def main() -> None:
 
     def naive(batch: int) -> dict:
         evaluator = NaiveEvaluator(model, tokens, answers, cache, "cama", batch)
-        return {c: evaluator.last_logits(*c) for c in sample}
+        return {c: answer_readout(evaluator.last_logits(*c), answers) for c in sample}
 
     fns = {"fast": lambda: full_grid(FastEvaluator(model, tokens, answers, cache, "cama", args.batch), answers,
                                      set(sample)),
@@ -225,14 +277,17 @@ def main() -> None:
     worst, worst_rel = 0.0, 0.0
     for ref in fns.keys() - {"fast"}:
         for c, other in outputs[ref].items():
-            logits = outputs["fast"]["logits"][c]
+            mine = outputs["fast"]["readouts"][c]
             n_fast = outputs["fast"]["counts"][c]
-            n_ref = int(last_token_metrics(other, answers)[0].sum())
+            n_ref = int(readout_metrics(other, answers)[0].sum())
             assert n_fast == n_ref, f"config {c}: fast {n_fast} vs {ref} {n_ref} correct"
-            diff = float((logits - other).abs().max())
-            worst, worst_rel = max(worst, diff), max(worst_rel, diff / max(float(other.abs().max()), 1e-30))
+            assert torch.equal(mine[..., 3], other[..., 3]), f"config {c}: fast and {ref} argmax tokens differ"
+            # the answer's logit, the best other logit and the log-sum-exp of every logit
+            diff = float((mine[..., :3] - other[..., :3]).abs().max())
+            worst, worst_rel = max(worst, diff), max(worst_rel, diff / max(float(other[..., :2].abs().max()), 1e-30))
     # float32 rounding grows with depth and logit size: 30 blocks of SmolLM2 differ by 1.5e-4 at logits near 30
     assert worst <= 1e-4 or worst_rel <= 1e-5, f"logits differ by {worst:.2e} ({worst_rel:.1e} of the largest)"
+    limit = compute_limit(model, tokens, answers, args.batch)
 
     import importlib.metadata
 
@@ -248,9 +303,19 @@ def main() -> None:
     print(f"fast (batch {args.batch})         {best['fast']:9.2f} s")
     print(f"naive (batch 20)           {best['naive20']:9.2f} s   ratio {best['naive20'] / best['fast']:.1f}x")
     if "naive_eq" in best:
-        print(f"naive (batch {args.batch})          {best['naive_eq']:9.2f} s   ratio {best['naive_eq'] / best['fast']:.1f}x")
-    print(f"identical correctness counts in all {len(sample)} compared configurations; "
-          f"max |logit difference| {worst:.1e} ({worst_rel:.1e} of the largest logit)")
+        print(f"naive (batch {args.batch})          {best['naive_eq']:9.2f} s   "
+              f"ratio {best['naive_eq'] / best['fast']:.1f}x")
+    print(f"identical correctness counts and argmax tokens in all {len(sample)} compared configurations; max "
+          f"|logit difference| {worst:.1e} ({worst_rel:.1e} of the largest logit; answer, best other, log-sum-exp)")
+    f = limit["flops"]
+    print(f"compute limit: fast full grid {sum(f.values()):.3g} FLOP (prefix {f['prefix']:.3g}, "
+          f"tails {f['tails']:.3g}, unembedding {f['unembed']:.3g}); matmul rate of this machine on the model's "
+          f"shapes, "
+          f"{torch.get_num_threads()} thread(s): " + ", ".join(
+              f"{p} {limit['rates'][p] / 1e9:.1f} GFLOP/s ({limit['rows'][p]} rows)" for p in f))
+    print(f"time at that rate {limit['limit']:.2f} s; fast measured / limit = {best['fast'] / limit['limit']:.2f}x; "
+          f"per-configuration passes {limit['naive_flops']:.3g} FLOP = {limit['naive_flops'] / sum(f.values()):.1f}x "
+          f"the fast FLOP")
     counts = outputs["fast"]["counts"]
     top = max(counts, key=lambda c: (counts[c], c[0], -c[1]))
     print(f"fast full grid: most correct prompts at (wait, transfer) = {top}: {counts[top]} of {len(tokens)}")

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "BridgeAdapter": "backends", "HookedAdapter": "backends", "NNsightAdapter": "backends",
     "bridge_from_hooked": "convert", "bridge_from_hooked_state": "convert",
     "REGISTRY": "base", "Intervention": "base", "MeanCache": "cache", "HeadAblation": "heads",
+    "HeadAblationGroups": "heads",
     "Peek": "peek", "allowed_keys": "peek",
     "CacheMismatchError": "errors", "InterventionError": "errors", "InterventionNotAppliedError": "errors",
     "UncoveredEntryError": "entries",

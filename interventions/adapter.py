@@ -354,14 +354,22 @@ class ModelAdapter:
         raise NotImplementedError(self.missing("bos_key_values", "frozen_bos_kv"))
 
     def run_last_from(
-        self, resid: Float[torch.Tensor, "batch 1 d_model"], start: int, bos_kv: Any, position: int
-    ) -> Float[torch.Tensor, "batch 1 d_vocab"]:
+        self, resid: Float[torch.Tensor, "batch 1 d_model"], start: int, bos_kv: Any, position: int,
+        stop: int | None = None,
+    ) -> Float[torch.Tensor, "batch 1 d_out"]:
         """Logits of one token at token position ``position`` (>= 1) attending to itself and to BOS,
         whose keys and values are ``bos_kv`` (from :meth:`bos_key_values`): blocks ``start..n_layers-1``
         (0-indexed) on ``resid``, the token's residual entering block ``start``, then the final norm and
-        unembedding. Hooks of those blocks fire for the token's row (the pattern has 2 key positions:
-        BOS, then the token). Capability ``frozen_bos_kv``."""
+        unembedding. With ``stop``: blocks ``start..stop-1`` only, returning the residual entering block
+        ``stop`` (``[batch, 1, d_model]``). Hooks of those blocks fire for the token's row (the pattern has
+        2 key positions: BOS, then the token). Capability ``frozen_bos_kv``."""
         raise NotImplementedError(self.missing("run_last_from", "frozen_bos_kv"))
+
+    def unembed(self, resid: Float[torch.Tensor, "rows d_model"]) -> Float[torch.Tensor, "rows d_vocab"]:
+        """Logits of residual rows after the last block (``[rows, d_model]``, any rows of any prompts): the
+        final norm and the unembedding, as the end of a forward pass applies them (their hooks fire).
+        Row by row the same as :meth:`run_from` with ``start = n_layers``; backends may do it faster."""
+        return self.run_from(resid[:, None], self.info.n_layers)[:, 0]
 
     def missing(self, method: str, capability: str | None = None) -> str:
         """The error message for a method this backend does not implement."""

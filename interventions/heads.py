@@ -79,3 +79,62 @@ class HeadAblation(Intervention):
             return body
 
         return [(hooks.z(layer), make(layer, heads)) for layer, heads in self.by_layer().items()]
+
+
+@dataclass(frozen=True)
+class HeadAblationGroups(Intervention):
+    """Several head ablations in one forward pass: the batch is ``len(groups)`` equal blocks of rows (block
+    ``i`` = rows ``i * b .. (i + 1) * b - 1`` for a batch of ``len(groups) * b``), and block ``i`` has the heads
+    ``groups[i]`` removed exactly as :class:`HeadAblation` removes them (``method="zero"``: zeros in ``hook_z``;
+    ``"mean"``: the cache's per-position means). Same numbers as one pass per group with
+    ``HeadAblation(groups[i])`` over the same prompts; a group may be empty (nothing removed)."""
+
+    groups: tuple[tuple[Head, ...], ...] = ()
+    method: HeadMethod = "zero"
+    cache: MeanCache | None = None
+
+    def __post_init__(self) -> None:
+        groups = tuple(tuple(HeadAblation(heads=g, method=self.method, cache=self.cache).heads)
+                       for g in to_tuple(self.groups, "groups"))
+        if not groups:
+            raise InterventionError("HeadAblationGroups needs at least one group of heads")
+        object.__setattr__(self, "groups", groups)
+
+    def validate(self, info: ModelInfo) -> None:
+        for group in self.groups:
+            for layer, head in group:
+                info.check_head(layer, head)
+
+    def masks(self, n_heads: int) -> dict[int, torch.Tensor]:
+        """Per layer with any removed head: ``[groups, n_heads]``, true where that group removes that head."""
+        out: dict[int, torch.Tensor] = {}
+        for i, group in enumerate(self.groups):
+            for layer, head in group:
+                out.setdefault(layer, torch.zeros(len(self.groups), n_heads, dtype=torch.bool))[i, head] = True
+        return dict(sorted(out.items()))
+
+    def hooks(self, ctx: ForwardContext, info: ModelInfo) -> list[tuple[str, HookBody]]:
+        n_groups = len(self.groups)
+
+        def make(layer: int, mask: torch.Tensor) -> HookBody:
+            cache = self.cache
+            fit_pos = cache.n_pos if cache is not None else 0
+            table = on_device(cache.layer("z_mean", layer)) if cache is not None and self.method == "mean" else None
+
+            def body(z: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
+                if z.shape[0] % n_groups:
+                    raise InterventionError(f"HeadAblationGroups: a batch of {z.shape[0]} rows does not split into "
+                                            f"{n_groups} equal groups")
+                rows = mask.to(z.device).repeat_interleave(z.shape[0] // n_groups, dim=0)[:, None, :, None]
+                if table is None:
+                    return z.masked_fill(rows, 0.0)
+                if z.shape[1] != fit_pos:
+                    raise InterventionError(
+                        f"HeadAblationGroups(method='mean'): prompt length {z.shape[1]} differs from the "
+                        f"cache's fit layout of {fit_pos} tokens"
+                    )
+                return torch.where(rows, table(z)[None], z)
+
+            return body
+
+        return [(hooks.z(layer), make(layer, mask)) for layer, mask in self.masks(info.n_heads).items()]

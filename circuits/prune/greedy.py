@@ -20,7 +20,7 @@ from circuits.prompts.fitset import FitSet, FitSpec, fit_set_of
 from circuits.prompts.ready import ReadyPrompts
 from circuits.prune.attribution import head_attribution
 from circuits.prune.config import NOT_IDENTITY, PruneConfig
-from circuits.prune.heads import head_attention, key_labels, pruned_subgraph, transfer_heads
+from circuits.prune.heads import candidate_logits, head_attention, key_labels, pruned_subgraph, transfer_heads
 from circuits.prune.result import CurvePoint, PruneResult, area_under_curve, summary_dict
 from circuits.runner import RunOptions, run
 from circuits.store import files
@@ -147,9 +147,10 @@ def run_prune(model: Model, cfg: PruneConfig, ctx: RunContext) -> PruneResult:
             else:
                 order = list(remaining)
             confirm = order if confirm_top is None else order[:confirm_top]
-            metrics: dict[Head, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-            for head in confirm:
-                metrics[head] = evaluate(removed + [head])
+            # the candidates' ablations share forward passes (rows of one pass, each block its own heads)
+            logits = candidate_logits(model, tok, answer_width(ans), base, removed, confirm, method, cache,
+                                      batch_size=batch_size)
+            metrics = {head: last_token_metrics(logits[head], ans) for head in confirm}
             passes_run += len(confirm)
             scores = {h: (float(m[0].float().mean()), float(m[2].float().mean())) for h, m in metrics.items()}
             best = min(confirm, key=lambda h: criterion(h, *scores[h]))

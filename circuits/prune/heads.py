@@ -83,3 +83,32 @@ def key_labels(model: Model, tokens: Tokens) -> list[str]:
         else:
             labels.append(f"pos {pos}")
     return labels
+
+
+@torch.inference_mode()
+def candidate_logits(
+    model: Model, tokens: Tokens, n_answer: int, base: Sequence[iv.Intervention], removed: Sequence[Head],
+    candidates: Sequence[Head], method: str, cache: iv.MeanCache | None, *, batch_size: int = 128,
+) -> dict[Head, Float[torch.Tensor, "batch *k d_vocab"]]:
+    """Answer logits of every prompt with ``removed`` plus one candidate head removed, for each of ``candidates``
+    (what :func:`pruned_subgraph` of ``removed + [candidate]`` gives, pass by pass), several candidates per
+    forward pass: the prompts repeated once per candidate, each block of rows with its own heads removed
+    (:class:`interventions.HeadAblationGroups`), about ``batch_size`` rows per pass (one candidate per pass
+    when the prompts fill a batch). ``[batch, d_vocab]``, or ``[batch, k, d_vocab]`` for ``n_answer = k > 1``."""
+    n = int(tokens.shape[0])
+    chunk = min(n, batch_size)
+    per_pass = max(1, batch_size // chunk)
+    out: dict[Head, list[torch.Tensor]] = {h: [] for h in candidates}
+    for c in range(0, len(candidates), per_pass):
+        group = list(candidates[c : c + per_pass])
+        ablation = iv.HeadAblationGroups(groups=tuple(tuple(sorted([*removed, h])) for h in group), method=method,
+                                         cache=cache)
+        for start in range(0, n, chunk):
+            batch = tokens[start : start + chunk]
+            rows = [(batch.repeat(len(group), 1), [*base, ablation])]
+            # the last position only where one answer token is read (as circuits.faithfulness.last_logits)
+            logits = iv.run_many(model, rows)[0] if n_answer == 1 else iv.run_many(model, rows, logits="all")[0]
+            last = logits[:, -1] if n_answer == 1 else logits[:, -n_answer:]
+            for i, h in enumerate(group):
+                out[h].append(last[i * len(batch) : (i + 1) * len(batch)].float())
+    return {h: torch.cat(parts) for h, parts in out.items()}

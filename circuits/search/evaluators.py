@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +20,9 @@ from jaxtyping import Float, Int
 import interventions as iv
 from circuits.errors import ArgumentError, PromptError
 from circuits.faithfulness import answer_width, last_token_metrics
+from circuits.search.tails import PHASES, WaitTails
 from circuits.validation import check_choice
-from interventions.readout import answer_positions, readout_metrics
+from interventions.readout import answer_positions, answer_readout, readout_metrics
 from interventions.types import Model, Tokens
 
 PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer prob, logit diff
@@ -157,6 +159,14 @@ class FastEvaluator(Evaluator):
     ``wait + 1`` with the same residual (BOS's own state, then a per-position mean or zeros: nothing of the
     prompt's tokens is left), so every prompt gets the same logits: one prompt is computed and repeated.
 
+    The configurations of one wait are evaluated together, block by block (:class:`WaitTails`): every
+    answer row that enters block ``s``, from any transfer of the wait and any prompt batch, goes through
+    block ``s`` in one call (chunked to about one batch's memory); every tail ends after the last block,
+    where the rows are unembedded in chunks and reduced at once to the four readout numbers
+    (:func:`interventions.readout.answer_readout`). ``transfers_per_pass`` (default: every remaining
+    transfer of the wait) bounds how many transfers are evaluated together; results wait in
+    :attr:`ready` until asked for.
+
     The tail is chosen by the adapter's :class:`~interventions.adapter.Capabilities`: ``"last"`` needs
     ``frozen_bos_kv``; ``"pair"`` needs ``positions`` when the model's positions are rotary (the last
     token is run at its true position ``n_pos - 1``); ``"full"`` needs nothing. ``tail=None`` takes the
@@ -165,7 +175,7 @@ class FastEvaluator(Evaluator):
 
     TAILS = ("last", "pair", "full")
 
-    def __init__(self, *args: Any, tail: str | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, tail: str | None = None, transfers_per_pass: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.n_pos = int(self.tokens.shape[1])
         if bool((self.tokens[:, 0] != self.tokens[0, 0]).any()):
@@ -190,6 +200,7 @@ class FastEvaluator(Evaluator):
                 f"tail={self.tail!r} needs the {need} capability, which this {ad.backend} adapter lacks "
                 f"({'a frozen BOS key-value cache' if self.tail == 'last' else 'rotary positions'}): use "
                 f"tail={other!r} or leave tail=None")
+        self.transfers_per_pass = transfers_per_pass
         self.device, self.dtype = ad.device(), ad.dtype()
         # The model's own BOS state (and, for tail="last", its key and value) in every block. BOS
         # attends only to itself (also under every AF1 intervention), so they are the same in every
@@ -213,14 +224,19 @@ class FastEvaluator(Evaluator):
         self.wait: int | None = None
         self.states: list[torch.Tensor] = []
         self.depth = 0  # transfer blocks applied to self.states
+        self.ready: dict[tuple[int, int], torch.Tensor] = {}
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
     def start(self, wait: int, sl: slice | torch.Tensor) -> Float[torch.Tensor, "batch pos d_model"]:
         """Residual after block ``wait`` of prompts ``sl``, ablated (``wait >= 0``), or the embeddings
         (``wait = -1``)."""
+        t0 = time.perf_counter()
         toks = self.tokens[sl].to(self.device)
         if wait < 0:
             self.passes += 1
-            return self.adapter.embed(toks)
+            out = self.adapter.embed(toks)
+            self.seconds["lookup"] += time.perf_counter() - t0
+            return out
         b = toks.shape[0]
         resid = torch.empty(b, self.n_pos, self.bos.shape[-1], device=self.device, dtype=self.dtype)
         resid[:, 0] = self.bos[wait]
@@ -232,17 +248,24 @@ class FastEvaluator(Evaluator):
             resid[:, 1:] = self.cache.on("pos_mean", self.device, self.dtype)[wait, 1:]
         else:
             resid[:, 1:] = 0.0
+        self.seconds["lookup"] += time.perf_counter() - t0
         return resid
 
     def begin_wait(self, wait: int) -> None:
         self.wait = wait
         self.states = []
         self.depth = 0
+        self.ready = {}
+
+    def shared(self, wait: int) -> bool:
+        """Whether every prompt enters block ``wait + 1`` with the same residual (the mean/zero baselines)."""
+        return wait >= 0 and self.ablation in ("mean", "zero")
 
     @torch.inference_mode()
     def advance(self) -> None:
         """Apply one more transfer block (last token full peek, others self peek) to every batch."""
         assert self.wait is not None, "advance() follows begin_wait()"
+        t0 = time.perf_counter()
         layer = self.wait + 1 + self.depth
         peek = [iv.Peek([layer], mode="self", queries="others", n_last=self.n_answer)]
         for i, resid in enumerate(self.states):
@@ -250,86 +273,109 @@ class FastEvaluator(Evaluator):
                 self.states[i] = self.adapter.run_from(resid, layer, layer + 1)
             self.passes += 1
         self.depth += 1
+        self.seconds["prefix"] += time.perf_counter() - t0
+
+    def group(self, wait: int, transfer: int) -> list[int]:
+        """The transfers of ``wait`` evaluated together with ``transfer``: it and the next ones (all
+        remaining, or up to ``transfers_per_pass`` in all)."""
+        last = self.n_layers - 1 - wait
+        if self.transfers_per_pass is not None:
+            last = min(last, transfer + self.transfers_per_pass - 1)
+        return list(range(transfer, last + 1))
+
+    @torch.inference_mode()
+    def final_rows(self, wait: int, transfers: list[int]) -> dict[int, tuple[Float[torch.Tensor, "rows k d_model"],
+                                                                            Int[torch.Tensor, " batch"] | None]]:
+        """Per transfer in ``transfers`` (increasing, none below :attr:`depth`): the residual of the answer
+        positions after the last block, ``[rows, k, d_model]``, computed block by block for all of them
+        together (see the class docstring), and which row each prompt reads (``None``: row ``i`` is prompt
+        ``i``; otherwise ``[batch]`` indices: under the baselines one row serves every prompt, and with
+        ``transfer = 0`` one row serves every prompt of the same answer-position tokens)."""
+        if wait != self.wait:
+            self.begin_wait(wait)
+        if transfers[0] < self.depth:
+            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order "
+                               f"({transfers[0]} < {self.depth})")
+        shared = self.shared(wait)
+        if shared and not self.states:
+            self.states = [self.start(wait, slice(0, 1))]
+        tails = WaitTails(self.adapter, self.tail, self.n_pos, self.n_answer, bos_kv=self.bos_kv, rotary=self.rotary,
+                          chunk=self.batch_size, seconds=self.seconds)
+        inverse: torch.Tensor | None = None
+        for s in range(wait + 1, self.n_layers + 1):
+            t = s - wait - 1
+            if t in transfers:
+                if t == 0 and not shared:
+                    # No transfer block: the answer positions' states after `wait` are each a function of
+                    # their own token (and BOS): one prompt per distinct answer-position token(s).
+                    last = self.tokens[:, -self.n_answer:]
+                    uniq, inverse = torch.unique(last, dim=0, return_inverse=True)
+                    rep = torch.empty(len(uniq), dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
+                    tails.add(0, [self.start(wait, rep[i : i + self.batch_size])
+                                  for i in range(0, len(rep), self.batch_size)])
+                else:
+                    if not self.states:
+                        self.states = [self.start(wait, sl) for sl in self.batches()]
+                    while self.depth < t:
+                        self.advance()
+                    tails.add(t, self.states)
+            if s == self.n_layers:
+                break
+            tails.run_block(s)
+        self.passes += tails.calls
+        out: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {t: (r, None) for t, r in tails.final().items()}
+        if shared:  # one prompt computed: every prompt reads its rows
+            out = {t: (r, torch.zeros(int(self.tokens.shape[0]), dtype=torch.long)) for t, (r, _) in out.items()}
+        elif 0 in out:
+            assert inverse is not None
+            out[0] = (out[0][0], inverse)
+        return out
+
+    @torch.inference_mode()
+    def readout(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch *k 4"]:
+        """:func:`interventions.readout.answer_readout` of every prompt under ``(wait, transfer)``."""
+        if wait != self.wait:
+            self.begin_wait(wait)
+        if (wait, transfer) not in self.ready:
+            rows = self.final_rows(wait, self.group(wait, transfer))
+            t0 = time.perf_counter()
+            self.ready = {(wait, t): self.read(r, index) for t, (r, index) in rows.items()}
+            self.seconds["unembed"] += time.perf_counter() - t0
+        return self.ready.pop((wait, transfer))
+
+    def read(self, rows: Float[torch.Tensor, "rows k d_model"],
+             index: Int[torch.Tensor, " batch"] | None) -> Float[torch.Tensor, "batch *k 4"]:
+        """The readout of every prompt from final residual rows (``index``: see :meth:`final_rows`): unembedded
+        in chunks of ``batch_size`` prompts, each chunk reduced to four numbers per answer token before the
+        next is unembedded. Rows shared by several prompts are unembedded once."""
+        n, k = int(self.tokens.shape[0]), self.n_answer
+        answers = self.answers.reshape(n, k)
+        step = max(1, self.batch_size)
+        if index is None:
+            parts = [answer_readout(self.unembed(rows[i : i + step]), answers[i : i + step]) for i in range(0, n, step)]
+        else:
+            logits = self.unembed(rows)
+            parts = [answer_readout(logits[index[i : i + step].to(logits.device)], answers[i : i + step])
+                     for i in range(0, n, step)]
+        out = torch.cat([p.cpu() for p in parts])
+        return out[:, 0] if self.answers.ndim == 1 else out
+
+    def unembed(self, rows: Float[torch.Tensor, "rows k d_model"]) -> Float[torch.Tensor, "rows k d_vocab"]:
+        """Final norm and unembedding of ``[rows, k, d_model]`` (the adapter's ``unembed``)."""
+        r, k = int(rows.shape[0]), int(rows.shape[1])
+        return self.adapter.unembed(rows.reshape(r * k, -1)).reshape(r, k, -1)
+
+    def evaluate(self, wait: int, transfer: int) -> PerPrompt:
+        return readout_metrics(self.readout(wait, transfer), self.answers)
 
     @torch.inference_mode()
     def last_logits(self, wait: int, transfer: int) -> Float[torch.Tensor, "batch *k d_vocab"]:
-        if wait != self.wait:
+        """The answer logits of ``(wait, transfer)`` alone (all ``d_vocab`` of them; the search reads
+        :meth:`readout`)."""
+        if wait != self.wait or transfer < self.depth:
             self.begin_wait(wait)
-        if wait >= 0 and self.ablation in ("mean", "zero"):
-            # The same residual for every prompt after `wait` (see the class docstring): one prompt for all.
-            if not self.states:
-                self.states = [self.start(wait, slice(0, 1))]
-            if transfer < self.depth:
-                raise RuntimeError(f"transfers of one wait must be evaluated in increasing order "
-                                   f"({transfer} < {self.depth})")
-            while self.depth < transfer:
-                self.advance()
-            one = self.tail_logits(self.states, wait + 1 + transfer)
-            return one.expand(int(self.tokens.shape[0]), *one.shape[1:]).contiguous()
-        if transfer == 0:
-            # No transfer block: every block after `wait` self-peeks, so the answer depends only on the
-            # answer positions' states after `wait` (each a function of its own token: a cached mean, a
-            # constant or an embedding) and BOS. Evaluate one prompt per distinct last token(s).
-            last = self.tokens[:, -1] if self.n_answer == 1 else self.tokens[:, -self.n_answer:]
-            uniq, inverse = torch.unique(last, dim=0, return_inverse=True)
-            rep = torch.empty(len(uniq), dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
-            starts = [self.start(wait, rep[s : s + self.batch_size]) for s in range(0, len(rep), self.batch_size)]
-            logits = self.tail_logits(starts, wait + 1)
-            return logits[inverse.to(logits.device)]
-        if not self.states:
-            self.states = [self.start(wait, sl) for sl in self.batches()]
-        if transfer < self.depth:
-            raise RuntimeError(f"transfers of one wait must be evaluated in increasing order "
-                               f"({transfer} < {self.depth})")
-        while self.depth < transfer:
-            self.advance()
-        start = wait + 1 + transfer
-        return self.tail_logits(self.states, start)
-
-    def tail_logits(self, resids: list[Float[torch.Tensor, "batch pos d_model"]],
-                    start: int) -> Float[torch.Tensor, "n *k d_vocab"]:
-        """Logits at the answer positions after blocks ``start..n_layers-1`` (0-indexed) with every token
-        self-peeking, for the prompts of every batch in ``resids`` (residuals entering block ``start``),
-        concatenated: ``[n, d_vocab]`` for one answer token, ``[n, k, d_vocab]`` for ``k``. Under self-peek
-        each answer position reads only BOS and itself, so the "pair" and "last" tails run each of them on
-        its own, at its true position; they keep only the rows they need and run them in chunks of
-        ``batch_size * (n_pos // rows kept)`` prompts (about the memory of one batch)."""
-        k = self.n_answer
-        if self.tail == "full" and start < self.n_layers:
-            out = torch.cat([self.full_chunk(resid, start) for resid in resids])
-        else:
-            per_position = []
-            for pos in range(self.n_pos - k, self.n_pos):
-                cols = [0, pos] if self.tail == "pair" else [pos]
-                rows = torch.cat([resid[:, cols] for resid in resids])
-                step = self.batch_size * max(1, self.n_pos // len(cols))
-                per_position.append(torch.cat([self.tail_chunk(rows[i : i + step], start, pos)
-                                               for i in range(0, len(rows), step)]))
-            out = torch.stack(per_position, dim=1)
-        return out[:, 0] if k == 1 else out
-
-    def full_chunk(self, x: Float[torch.Tensor, "batch pos d_model"],
-                   start: int) -> Float[torch.Tensor, "batch k d_vocab"]:
-        """The ``"full"`` tail over every position of ``x`` (the residual entering block ``start``), with every
-        token self-peeking: ``[batch, k, d_vocab]`` at the answer positions."""
-        self.passes += 1
-        layers = list(range(start, self.n_layers))
-        with iv.apply(self.model, [iv.Peek(layers, mode="self", queries="all")], check_fired=True):
-            return self.adapter.run_from(x, start)[:, -self.n_answer:].float()
-
-    def tail_chunk(self, x: Float[torch.Tensor, "batch rows d_model"], start: int, pos: int
-                   ) -> Float[torch.Tensor, "batch d_vocab"]:
-        """One tail pass (see :meth:`tail_logits`) over ``x``: ``[BOS, row]`` (``"pair"``) or ``[row]``
-        (``"last"``, and any tail after the last block) of the residual entering block ``start``, for the answer
-        position ``pos`` (0-indexed in the prompt); the logits of that row."""
-        self.passes += 1
-        ad = self.adapter
-        if start >= self.n_layers:
-            return ad.run_from(x[:, -1:], self.n_layers)[:, -1].float()
-        at = pos if self.rotary else None  # the row's position inside the blocks
-        # With only BOS and one answer row "self peek" is the ordinary causal row: no mask is needed.
-        if self.tail == "pair":
-            positions = None if at is None else torch.tensor([0, at])
-            return ad.run_from(x, start, positions=positions)[:, -1].float()
-        # "last": BOS enters only through its (constant) key and value
-        return ad.run_last_from(x, start, self.bos_kv, 1 if at is None else at)[:, -1].float()
+        rows, index = self.final_rows(wait, [transfer])[transfer]
+        logits = self.unembed(rows).float()
+        if index is not None:
+            logits = logits[index.to(logits.device)]
+        return logits[:, 0] if self.answers.ndim == 1 else logits

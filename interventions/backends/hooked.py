@@ -32,6 +32,8 @@ class HookedAdapter(ModelAdapter):
     backend = "hooked"
     model: HookedTransformer
     capabilities = Capabilities(skips_blocks=True, positions=True, frozen_bos_kv=True, split_inputs=True)
+    _unembed_t: torch.Tensor | None = None
+    _unembed_key: tuple[Any, ...] | None = None
 
     def run_to_resid(self, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         return self.model(tokens, stop_at_layer=self.info.n_layers)
@@ -58,22 +60,47 @@ class HookedAdapter(ModelAdapter):
         return [(e.past_keys[0, 0].clone(), e.past_values[0, 0].clone()) for e in cache.entries]
 
     def run_last_from(
-        self, resid: Float[torch.Tensor, "batch 1 d_model"], start: int, bos_kv: Any, position: int
-    ) -> Float[torch.Tensor, "batch 1 d_vocab"]:
+        self, resid: Float[torch.Tensor, "batch 1 d_model"], start: int, bos_kv: Any, position: int,
+        stop: int | None = None,
+    ) -> Float[torch.Tensor, "batch 1 d_out"]:
         from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 
-        check_block_range(self.info.n_layers, start, None)
+        check_block_range(self.info.n_layers, start, stop)
         b = resid.shape[0]
+        end = self.info.n_layers if stop is None else stop
         kv: list[Any] = [None] * self.info.n_layers
-        for i in range(start, self.info.n_layers):
+        for i in range(start, end):
             k, v = bos_kv[i]
             kv[i] = TransformerLensKeyValueCacheEntry(
                 past_keys=k.expand(b, 1, *k.shape), past_values=v.expand(b, 1, *v.shape), frozen=True
             )
         # After one cached position the token sits at position 1: rotate it on to ``position``.
         shifts = torch.tensor([position - 1])
-        with self.rotary_shift(range(start, self.info.n_layers), shifts):
-            return self.model(resid, start_at_layer=start, past_kv_cache=kv)
+        with self.rotary_shift(range(start, end), shifts):
+            return self.model(resid, start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv)
+
+    def unembed(self, resid: Float[torch.Tensor, "rows d_model"]) -> Float[torch.Tensor, "rows d_vocab"]:
+        """:meth:`ModelAdapter.unembed` as ``HookedTransformer.forward`` ends (final norm, ``unembed`` with
+        its ``hook_in``/``hook_out``, logit soft cap), with the transposed unembedding kept between calls:
+        TransformerLens's ``Unembed`` copies ``W_U.T`` (``d_model x d_vocab``, 113 MB for a 49,152-token
+        vocabulary) on every call, which dominated the fast search's tails. Same product, same numbers."""
+        from transformer_lens.utilities.activation_functions import apply_softcap
+
+        model, u = self.model, self.model.unembed
+        x = model.ln_final(resid) if model.cfg.normalization_type is not None else resid
+        x = u.hook_in(x)
+        logits = u.hook_out(torch.nn.functional.linear(x, self.unembedding_t(), u.b_U))
+        return apply_softcap(logits, model.cfg.output_logits_soft_cap)
+
+    def unembedding_t(self) -> Float[torch.Tensor, "d_vocab d_model"]:
+        """``W_U.T`` as a contiguous tensor, copied once per version of ``W_U`` (a changed or replaced weight
+        is copied again)."""
+        w = self.model.unembed.W_U
+        key = (id(w), w.data_ptr(), w._version, w.device, w.dtype)
+        if self._unembed_t is None or self._unembed_key != key:
+            self._unembed_t = w.detach().T.contiguous()
+            self._unembed_key = key
+        return self._unembed_t
 
     @contextlib.contextmanager
     def rotary_shift(self, layers: range, shifts: Int[torch.Tensor, " m"] | None) -> Iterator[None]:

@@ -367,3 +367,29 @@ def test_cli_prune_runs_resumes_and_reports_errors(tmp_path, monkeypatch, capsys
     assert "different command" in capsys.readouterr().err
     assert cli.main([*argv[:-1], str(tmp_path / "w"), "--wait", "3"]) == 2
     assert "wait=3 is out of range: valid -1..2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["zero", "mean"])
+def test_candidates_share_passes_with_the_numbers_of_one_pass_each(model, method):
+    """A removal step's candidates evaluated together (three per forward pass, each block of rows with its own
+    heads removed) give every candidate's logits as its own pass with HeadAblation does, and take a third
+    of the passes."""
+    from circuits.prune.heads import candidate_logits
+
+    tokens, cache, answers = setup(model, n=16)
+    wait, transfer = 0, 2
+    base = iv.af1_subgraph(N_LAYERS, wait, transfer, cache)
+    removed = [(1, 0), (2, 3)]
+    candidates = [h for h in transfer_heads(N_LAYERS, model.cfg.n_heads, wait, transfer) if h not in removed]
+    counter = ForwardCounter(model)
+    try:
+        got = candidate_logits(model, tokens, 1, base, removed, candidates, method, cache, batch_size=48)
+    finally:
+        counter.close()
+    assert counter.n == -(-len(candidates) // 3) == 2
+    for h in candidates:
+        ref_ivs = [*base, iv.HeadAblation(heads=sorted([*removed, h]), method=method, cache=cache)]
+        with torch.inference_mode():
+            ref = iv.run(model, tokens, ref_ivs)[:, -1].float()
+        assert torch.equal(got[h].argmax(-1), ref.argmax(-1)), h
+        torch.testing.assert_close(got[h], ref, atol=1e-5, rtol=0)

@@ -82,6 +82,35 @@ def test_fast_equals_naive_every_config(model, data, ablation):
     assert n_configs == sum(N_LAYERS - w for w in range(-1, N_LAYERS)) == 15
 
 
+@pytest.mark.parametrize("n_answer", [1, 2])
+@pytest.mark.parametrize("ablation", ["cama", "mean", "zero"])
+def test_grouped_tails_equal_per_configuration_passes(model, data, ablation, n_answer):
+    """The search's evaluation (every transfer of a wait together, block by block, read out in chunks) against
+    one complete intervened pass per configuration: the same argmax token at every answer position of every
+    prompt in every configuration, and the answer logit, best other logit and log-sum-exp within 1e-4; for
+    answers of one and of two tokens (teacher forcing), on every tail this backend offers."""
+    from interventions.readout import answer_readout
+
+    tokens, answers, cache = data
+    if n_answer == 2:  # the prompt followed by its first answer token; the second answer token is the model's own
+        tokens = torch.cat([tokens, answers[:, None]], dim=1)
+        with torch.inference_mode():
+            second = iv.run(model, tokens, []).argmax(-1)[:, -1]
+        answers = torch.stack([answers, second.cpu()], dim=1)
+        cache = iv.MeanCache.fit(model, disjoint_fit_tokens(tokens), progress=False)
+    naive = S.NaiveEvaluator(model, tokens, answers, cache, ablation, 20)
+    ref = {c: answer_readout(naive.last_logits(*c), answers) for c in S.configurations(N_LAYERS)}
+    tails = [t for t in S.FastEvaluator.TAILS if t != "last" or iv.adapt(model).capabilities.frozen_bos_kv]
+    for tail in tails:
+        fast = S.FastEvaluator(model, tokens, answers, cache, ablation, 7, tail=tail)  # several prompt batches
+        for c in S.configurations(N_LAYERS):
+            got = fast.readout(*c)
+            assert got.shape == ref[c].shape
+            assert torch.equal(got[..., 3], ref[c][..., 3]), (tail, c)
+            torch.testing.assert_close(got[..., :3], ref[c][..., :3], atol=1e-4, rtol=0)
+        assert not fast.ready  # every configuration computed was read
+
+
 @pytest.mark.parametrize("ablation", ["mean", "zero"])
 def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, monkeypatch):
     """Under the plain-mean and zero baselines no prompt's tokens survive block ``wait >= 0``: the fast method
@@ -104,6 +133,17 @@ def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, 
             logits = fast.last_logits(w, t)
             assert logits.shape[0] == len(tokens) and bool((logits == logits[:1]).all())
     assert widths and set(widths) == {1}
+    # the whole grid, every transfer of a wait together: a block call holds one row per configuration at most
+    widths.clear()
+    fast = S.FastEvaluator(model, tokens, answers, cache, ablation, 20)
+    monkeypatch.setattr(fast.adapter, "run_from", record)
+    monkeypatch.setattr(fast.adapter, "run_last_from", lambda x, *a, **k: (widths.append(int(x.shape[0])),
+                                                                            type(fast.adapter).run_last_from(
+                                                                                fast.adapter, x, *a, **k))[1])
+    for w, t in S.configurations(N_LAYERS):
+        if w >= 0:
+            fast.evaluate(w, t)
+    assert widths and max(widths) <= N_LAYERS < len(tokens)
 
 
 def test_naive_evaluator_matches_faithfulness_module(model, data):
@@ -162,12 +202,13 @@ def test_other_tails_also_exact(model, data, tail):
 
 def test_fast_uses_fewer_forward_blocks(data, model):
     tokens, answers, cache = data
-    fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 32)
+    fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 64)  # no tail call split in chunks
     for w, t in S.configurations(N_LAYERS):
         fast.evaluate(w, t)
-    # 15 tails + 10 prefix blocks + 2 embedding passes (wait -1: transfer 0, then >= 1) + BOS pass,
+    # tails run together block by block: one call per block after each wait (3 + 2 + 1 + 0 for waits 0..3,
+    # 4 for wait -1) + 10 prefix blocks + 2 embedding passes (wait -1: transfer 0, then >= 1) + BOS pass,
     # versus 15 complete passes of 4 blocks each.
-    assert fast.passes == 15 + 10 + 2 + 1
+    assert fast.passes == 10 + 10 + 2 + 1
 
 
 def test_fast_runs_no_block_below_its_start(data, model):
@@ -185,7 +226,7 @@ def test_fast_runs_no_block_below_its_start(data, model):
 
     handles = [block.register_forward_pre_hook(count(i)) for i, block in enumerate(model.blocks)]
     try:
-        fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 32)
+        fast = S.FastEvaluator(model, tokens, answers, cache, "cama", 64)  # no tail call split in chunks
         for w, t in S.configurations(N_LAYERS):
             fast.evaluate(w, t)
         fast_counts, counts[:] = list(counts), [0] * N_LAYERS
@@ -195,10 +236,10 @@ def test_fast_runs_no_block_below_its_start(data, model):
     finally:
         for h in handles:
             h.remove()
-    assert sum(fast_counts) == 4 + (4 + 3 + 2 + 1) + 20
-    # block k runs in the BOS pass, as the transfer block of waits -1..k-1, and in the tails of the
-    # (k+1)(k+2)/2 configurations whose tail starts (wait + 1 + transfer) at or below k
-    assert fast_counts == [1 + 1 + 1, 1 + 2 + 3, 1 + 3 + 6, 1 + 4 + 10]
+    assert sum(fast_counts) == 4 + (4 + 3 + 2 + 1) + 10
+    # block k runs in the BOS pass, as the transfer block of waits -1..k-1, and once (every configuration
+    # whose tail has reached it, together) in the tails of each wait -1..k-1
+    assert fast_counts == [1 + 1 + 1, 1 + 2 + 2, 1 + 3 + 3, 1 + 4 + 4]
     assert counts == [15] * N_LAYERS
 
 
