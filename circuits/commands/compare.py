@@ -1,9 +1,9 @@
 """``af1 compare RUN_DIR RUN_DIR ...``: several runs' results side by side, whichever command wrote them.
 
-Prints one table (:meth:`circuits.comparison.Comparison.text`); with ``--out DIR`` also writes ``compare.csv`` (the
-table of :meth:`~circuits.comparison.Comparison.to_pandas`) and ``report.html`` (the figure) there. Runs that do not
-compare (different measures or tasks, :mod:`circuits.comparison`) are refused in one line before anything is written.
-"""
+Prints one table (:meth:`circuits.results.comparison.Comparison.text`); with ``--out DIR`` also writes ``compare.csv``
+(the table of :meth:`~circuits.results.comparison.Comparison.to_pandas`) and ``report.html`` (the figure) there. Runs
+that do not compare (different measures or tasks, :mod:`circuits.results.comparison`) are refused in one line before
+anything is written."""
 
 from __future__ import annotations
 

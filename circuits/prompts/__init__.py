@@ -8,10 +8,9 @@
 * :mod:`.prepared`: a run's prepared prompts kept in its directory and reloaded by a rerun.
 
 May import: :mod:`circuits.tasks`, :mod:`circuits.store`, the package root's errors, input readers
-(:mod:`circuits.inputs`), vocabulary, validation and faithfulness, and :mod:`interventions`; not models' loading, the
-runner or the analyses. ``prepare_prompts`` and ``Prompts`` are importable from here, as before the move (resolved on
-first use: no torch import until then).
-"""
+(:mod:`circuits.tasks.inputs`), vocabulary, validation and faithfulness, and :mod:`interventions`; not models'
+loading, the runner or the analyses. ``prepare_prompts`` and ``Prompts`` are importable from here, as before the move
+(resolved on first use: no torch import until then). """
 
 import importlib
 from typing import Any

@@ -7,7 +7,7 @@ column) for anything else:
 * at most :data:`MAX_PROMPTS_FILE` bytes of UTF-8 text (a leading byte-order mark is dropped);
 * ``.jsonl``: one JSON object a line; lines end at ``\\n``, ``\\r\\n`` or ``\\r`` only, so U+2028, U+0085 and the other
   Unicode line separators inside a JSON string are text, not line ends; no key twice in one object, no integer
-  beyond +-10^18, no ``NaN``, no value nested deeper than :data:`circuits.inputs.MAX_DEPTH`;
+  beyond +-10^18, no ``NaN``, no value nested deeper than :data:`circuits.tasks.inputs.MAX_DEPTH`;
 * ``.csv``: a header naming each column once, then one row per record; a quoted field keeps its newlines (the
   file goes to the CSV reader whole, never split into lines first); every row has as many fields as the header;
 * every text field at most :data:`MAX_FIELD` characters; columns ``prompt`` (non-empty text) and ``answer``
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from circuits.errors import ArgumentError
-from circuits.inputs import MAX_INT, InputError, json_value, read_text, short, shown
+from circuits.tasks.inputs import MAX_INT, InputError, json_value, read_text, short, shown
 from circuits.tasks.package_data import find_file
 
 __all__ = ["LINE", "MAX_FIELD", "MAX_PROMPTS_FILE", "NOT_SLOTS", "PROMPT_SUFFIXES", "prompts_label", "read_prompts"]

@@ -8,7 +8,7 @@
 * :mod:`.tokens`, :mod:`.checks`, :mod:`.digits`: numbers and answers as tokens of a tokenizer; :mod:`.formats`:
   few-shot and chat formats.
 
-May import: :mod:`circuits.errors`, :mod:`circuits.inputs`, :mod:`circuits.vocab`, :mod:`circuits.validation`,
+May import: :mod:`circuits.errors`, :mod:`circuits.tasks.inputs`, :mod:`circuits.vocab`, :mod:`circuits.validation`,
 :mod:`circuits.logs` and (for token checks) :mod:`interventions`; nothing of models, prompts, store or the analyses.
 """
 

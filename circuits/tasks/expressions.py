@@ -4,7 +4,7 @@ pass 64 bits for the values at hand, on Python integers otherwise, so an answer 
 
 Limits, each a one-line :class:`~circuits.errors.ArgumentError` that gives the reason before the (shortened)
 expression: at most :data:`MAX_EXPRESSION` characters, nested at most :data:`MAX_EXPRESSION_DEPTH` deep,
-constants within +-10^18 (:data:`circuits.inputs.MAX_INT`).
+constants within +-10^18 (:data:`circuits.tasks.inputs.MAX_INT`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from circuits.errors import ArgumentError
-from circuits.inputs import MAX_INT, short
+from circuits.tasks.inputs import MAX_INT, short
 
 __all__ = ["MAX_EXPRESSION", "MAX_EXPRESSION_DEPTH", "evaluate", "expression_range", "expression_slots"]
 

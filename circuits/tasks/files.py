@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from circuits.errors import ArgumentError
-from circuits.inputs import MAX_INT, InputError, json_value, read_text, short
 from circuits.tasks.expressions import (
     MAX_EXPRESSION,
     MAX_EXPRESSION_DEPTH,
@@ -51,6 +50,7 @@ from circuits.tasks.expressions import (
     expression_range,
     expression_slots,
 )
+from circuits.tasks.inputs import MAX_INT, InputError, json_value, read_text, short
 from circuits.tasks.operand_space import NO_MAX, NO_MIN
 from interventions.types import JsonDict, JsonMapping
 

@@ -127,7 +127,7 @@ def test_compare_refuses_what_is_not_a_run_and_an_out_that_is_one(runs, tmp_path
 
 
 def test_a_fixed_run_compares_and_other_kinds_are_refused(runs):
-    from circuits.comparison import rows_of
+    from circuits.results.comparison import rows_of
 
     cell = runs["sweep"] / "cells" / "arith-llama" / "add" / "zero-seed0"  # a sweep cell: a run of its own (fixed)
     c = results.compare([runs["gpt2"], cell])

@@ -13,8 +13,11 @@ Every result class has ``load(run_dir)``, ``to_pandas()`` (pandas is imported on
 >>> c.to_pandas()                                                    # one table
 >>> c.plot()                                                         # one figure
 
-:func:`compare` reads search, fixed, sweep and necessity runs (:mod:`circuits.comparison`) and refuses, in one line,
-runs that measure different things or are on different tasks.
+:func:`compare` reads search, fixed, sweep and necessity runs (:mod:`circuits.results.comparison`) and refuses, in one
+line, runs that measure different things or are on different tasks.
+
+Lives here: reopening (this module) and comparing (:mod:`circuits.results.comparison`) finished runs. May import every
+analysis's result class, the sweep and the store; nothing below imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from circuits.comparison import Comparison
+from circuits.results.comparison import Comparison
 
 __all__ = ["CLASSES", "compare", "load"]
 
@@ -65,11 +68,12 @@ def load(run_dir: str | Path) -> Any:
 
 
 def compare(run_dirs: Sequence[str | Path]) -> Comparison:
-    """Several runs side by side (:class:`circuits.comparison.Comparison`: ``to_pandas()``, ``plot()``), each named
-    by its directory as given. :class:`~circuits.errors.ArgumentError` (one line) for a directory that is not a run,
-    fewer than two runs, or runs that do not compare (different measures or tasks, :mod:`circuits.comparison`)."""
-    from circuits.comparison import compare_runs, rows_of
+    """Several runs side by side (:class:`circuits.results.comparison.Comparison`: ``to_pandas()``,
+    ``plot()``), each named by its directory as given. :class:`~circuits.errors.ArgumentError` (one line) for a
+    directory that is not a run, fewer than two runs, or runs that do not compare (different measures or tasks,
+    :mod:`circuits.results.comparison`)."""
     from circuits.errors import ArgumentError
+    from circuits.results.comparison import compare_runs, rows_of
     from circuits.store import files
     from circuits.store.runs import read_json_object
 
