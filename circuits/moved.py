@@ -54,6 +54,11 @@ MOVED: dict[str, tuple[str, ...]] = {
 }
 """Old module path -> the module(s) holding its code now (the first one for a single module)."""
 
+CALLABLE: dict[str, str] = {"circuits.lens.interchange": "interchange"}
+"""Old module paths whose last part is also the name of a function its package exports: importing the old path
+binds it on the package (the import system does), so the module it gives is callable as that function, and
+``circuits.lens.interchange(...)`` keeps working after ``import circuits.lens.interchange``."""
+
 
 def warn(old: str, new: Sequence[str]) -> None:
     """The one deprecation message of an old path (``stacklevel`` points at the import statement's frame
@@ -78,6 +83,17 @@ class Forwarding(types.ModuleType):
                              f"{', '.join(self.targets)})")
 
 
+class CallableForwarding(Forwarding):
+    """A :class:`Forwarding` module that is also the function its package exports under the same name."""
+
+    def __init__(self, name: str, targets: Sequence[str], function: str):
+        super().__init__(name, targets)
+        self.function = function
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return getattr(self, self.function)(*args, **kwargs)
+
+
 class MovedLoader(importlib.abc.Loader):
     """Returns the module at the new path (one target) or a :class:`Forwarding` module (several)."""
 
@@ -86,6 +102,8 @@ class MovedLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         warn(self.old, self.targets)
+        if self.old in CALLABLE:
+            return CallableForwarding(self.old, self.targets, CALLABLE[self.old])
         if len(self.targets) == 1:
             return importlib.import_module(self.targets[0])
         return Forwarding(self.old, self.targets)
