@@ -154,7 +154,7 @@ def full_grid(evaluator, answers: torch.Tensor, keep: set) -> dict:
     return {"counts": counts, "readouts": readouts}
 
 
-def matmul_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
+def matmul_rate(dims: Dims, rows: int, repeats: int = 5) -> float:
     """FLOP per second of this machine (this thread count) on one block's matrices of ``dims`` (q, k, v, o,
     MLP) applied to ``rows`` rows, best of ``repeats``."""
     g = torch.Generator().manual_seed(0)
@@ -166,7 +166,7 @@ def matmul_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
     return flops / best_time(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], repeats)
 
 
-def unembed_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
+def unembed_rate(dims: Dims, rows: int, repeats: int = 5) -> float:
     """FLOP per second of unembedding ``rows`` rows (``[rows, d_model] x [d_model, d_vocab]``), best of ``repeats``."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(dims.d_vocab, dims.d_model, generator=g), torch.randn(rows, dims.d_model, generator=g)
