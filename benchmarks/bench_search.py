@@ -185,16 +185,18 @@ def best_time(fn, repeats: int) -> float:
 
 def compute_limit(model, tokens: torch.Tensor, answers: torch.Tensor, batch: int) -> dict:
     """The fast full grid's FLOP by phase (:func:`circuits.search.cost.fast_flops`), this machine's matmul rate on
-    each phase's shapes (prefix: a batch of prompts at full width; tails: the answer rows of half a wait's
-    configurations; unembedding: ``batch`` prompts' answer rows), the time at those rates (the limit) and the
+    each phase's shapes (prefix: a batch of prompts at full width; tails and unembedding: the answer rows of half
+    a wait's configurations, at most a batch's positions), the time at those rates (the limit) and the
     per-configuration passes' FLOP."""
     dims = Dims.of(model.cfg)
     n, pos = int(tokens.shape[0]), int(tokens.shape[1])
     k = 1 if answers.ndim == 1 else int(answers.shape[1])
     distinct = len(torch.unique(tokens[:, -k:], dim=0))
     flops = fast_flops(dims, n, pos, k, n_distinct=distinct)
+    # the rows of one call as the fast search makes it: a batch of prompts at full width; the answer rows of
+    # half a wait's configurations in a tail block; a wait's answer rows unembedded together (up to a batch's)
     rows = {"prefix": min(n, batch) * pos, "tails": min(n * k * max(1, dims.n_layers // 2), batch * pos),
-            "unembed": min(n, batch) * k}
+            "unembed": min(n * k * max(1, dims.n_layers // 2), batch * pos)}
     rates = {"prefix": matmul_rate(dims, rows["prefix"]), "tails": matmul_rate(dims, rows["tails"]),
              "unembed": unembed_rate(dims, rows["unembed"])}
     seconds = {p: flops[p] / rates[p] for p in flops}
