@@ -154,7 +154,7 @@ def full_grid(evaluator, answers: torch.Tensor, keep: set) -> dict:
     return {"counts": counts, "readouts": readouts}
 
 
-def matmul_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
+def matmul_rate(dims: Dims, rows: int, repeats: int = 5) -> float:
     """FLOP per second of this machine (this thread count) on one block's matrices of ``dims`` (q, k, v, o,
     MLP) applied to ``rows`` rows, best of ``repeats``."""
     g = torch.Generator().manual_seed(0)
@@ -166,7 +166,7 @@ def matmul_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
     return flops / best_time(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], repeats)
 
 
-def unembed_rate(dims: Dims, rows: int, repeats: int = 3) -> float:
+def unembed_rate(dims: Dims, rows: int, repeats: int = 5) -> float:
     """FLOP per second of unembedding ``rows`` rows (``[rows, d_model] x [d_model, d_vocab]``), best of ``repeats``."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(dims.d_vocab, dims.d_model, generator=g), torch.randn(rows, dims.d_model, generator=g)
@@ -185,16 +185,18 @@ def best_time(fn, repeats: int) -> float:
 
 def compute_limit(model, tokens: torch.Tensor, answers: torch.Tensor, batch: int) -> dict:
     """The fast full grid's FLOP by phase (:func:`circuits.search.cost.fast_flops`), this machine's matmul rate on
-    each phase's shapes (prefix: a batch of prompts at full width; tails: the answer rows of half a wait's
-    configurations; unembedding: ``batch`` prompts' answer rows), the time at those rates (the limit) and the
+    each phase's shapes (prefix: a batch of prompts at full width; tails and unembedding: the answer rows of half
+    a wait's configurations, at most a batch's positions), the time at those rates (the limit) and the
     per-configuration passes' FLOP."""
     dims = Dims.of(model.cfg)
     n, pos = int(tokens.shape[0]), int(tokens.shape[1])
     k = 1 if answers.ndim == 1 else int(answers.shape[1])
     distinct = len(torch.unique(tokens[:, -k:], dim=0))
     flops = fast_flops(dims, n, pos, k, n_distinct=distinct)
+    # the rows of one call as the fast search makes it: a batch of prompts at full width; the answer rows of
+    # half a wait's configurations in a tail block; a wait's answer rows unembedded together (up to a batch's)
     rows = {"prefix": min(n, batch) * pos, "tails": min(n * k * max(1, dims.n_layers // 2), batch * pos),
-            "unembed": min(n, batch) * k}
+            "unembed": min(n * k * max(1, dims.n_layers // 2), batch * pos)}
     rates = {"prefix": matmul_rate(dims, rows["prefix"]), "tails": matmul_rate(dims, rows["tails"]),
              "unembed": unembed_rate(dims, rows["unembed"])}
     seconds = {p: flops[p] / rates[p] for p in flops}

@@ -34,6 +34,9 @@ Two evaluation methods give the same numbers:
   distinct last token is evaluated. (5) The plain-mean and zero baselines leave nothing of a prompt after
   block ``wait >= 0`` (every position but BOS holds the same per-position mean, or zero; BOS its own state):
   every prompt then has the same residual, hence the same answer logits, and one prompt is computed for all.
+  (6) The transfers of one wait are evaluated together, block by block (:mod:`circuits.search.tails`): every
+  answer row entering block ``s`` goes through it in one call, and the final rows are unembedded in chunks and
+  reduced at once to the four readout numbers (:mod:`interventions.readout`); nothing else is unembedded.
 
 Both backends run the fast method through ``interventions.adapt(model)``: ``run_from`` (only the blocks
 after a given residual) and the adapter's ``capabilities`` choose the tail: ``tail="last"`` where the

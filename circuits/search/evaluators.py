@@ -339,9 +339,29 @@ class FastEvaluator(Evaluator):
         if (wait, transfer) not in self.ready:
             rows = self.final_rows(wait, self.group(wait, transfer))
             t0 = time.perf_counter()
-            self.ready = {(wait, t): self.read(r, index) for t, (r, index) in rows.items()}
+            self.ready = self.read_all(wait, rows)
             self.seconds["unembed"] += time.perf_counter() - t0
         return self.ready.pop((wait, transfer))
+
+    def read_all(self, wait: int, rows: dict[int, tuple[Float[torch.Tensor, "rows k d_model"],
+                                                      Int[torch.Tensor, " batch"] | None]]
+                 ) -> dict[tuple[int, int], Float[torch.Tensor, "batch *k 4"]]:
+        """The readout of every transfer in ``rows`` (:meth:`final_rows`). The rows of every prompt (no ``index``)
+        of all these transfers are unembedded together, in chunks of ``batch_size * n_pos`` rows (the logits of
+        one batch of a complete pass): one pass over the unembedding matrix serves many configurations."""
+        out = {(wait, t): self.read(r, index) for t, (r, index) in rows.items() if index is not None}
+        own = [t for t, (_, index) in rows.items() if index is None]
+        if own:
+            n, k = int(self.tokens.shape[0]), self.n_answer
+            flat = torch.cat([rows[t][0].reshape(n * k, -1) for t in own])
+            answers = self.answers.reshape(n * k).repeat(len(own))
+            step = max(1, self.batch_size) * self.n_pos
+            read = torch.cat([answer_readout(self.adapter.unembed(flat[i : i + step]), answers[i : i + step]).cpu()
+                              for i in range(0, len(flat), step)])
+            for j, t in enumerate(own):
+                r = read[j * n * k : (j + 1) * n * k].reshape(n, k, -1)
+                out[(wait, t)] = r[:, 0] if self.answers.ndim == 1 else r
+        return out
 
     def read(self, rows: Float[torch.Tensor, "rows k d_model"],
              index: Int[torch.Tensor, " batch"] | None) -> Float[torch.Tensor, "batch *k 4"]:
