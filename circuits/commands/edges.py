@@ -3,8 +3,9 @@
 Loads the model, builds the task's prompts (answered correctly by the model, one layout), fits the
 counterfactual's means on a fit set without them (``--counterfactual cama``/``mean``), scores every edge
 and evaluates the circuits of MIB's sizes by edge patching. Writes ``edges.npz`` (one row per edge),
-``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html`` to ``--out``; a rerun of a
-finished directory reopens it.
+``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html`` to ``--out``. The scores have no
+partial records: the same command again recomputes them (the same numbers, the files replaced atomically); other
+settings into a finished directory are refused, naming the settings that differ.
 """
 
 from __future__ import annotations
