@@ -20,8 +20,13 @@ FLAGS = ("method", "steps", "ig_path", "counterfactual", "aggregate_positions", 
 """The :class:`~circuits.edges.config.EdgesConfig` fields ``af1 edges`` sets (``--seed`` sets ``seed`` too)."""
 
 
+BATCH_SIZE = 16
+"""Default prompts per pass: each pass runs a copy of every prompt per query position, so a batch holds
+``batch * positions`` sequences (``--batch-size auto`` sizes it to the memory; an out-of-memory batch is halved)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    add_common_arguments(parser, batch_size=BATCH_SIZE)
     add_flags(parser, EdgesConfig, FLAGS)
 
 
