@@ -3,8 +3,9 @@
 Loads the model, builds the task's prompts (answered correctly by the model, one layout), fits the
 counterfactual's means on a fit set without them (``--counterfactual cama``/``mean``), scores every edge
 and evaluates the circuits of MIB's sizes by edge patching. Writes ``edges.npz`` (one row per edge),
-``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html`` to ``--out``; a rerun of a
-finished directory reopens it.
+``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html`` to ``--out``. The scores have no
+partial records: the same command again recomputes them (the same numbers, the files replaced atomically); other
+settings into a finished directory are refused, naming the settings that differ.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ FLAGS = ("method", "steps", "ig_path", "counterfactual", "aggregate_positions", 
 """The :class:`~circuits.edges.config.EdgesConfig` fields ``af1 edges`` sets (``--seed`` sets ``seed`` too)."""
 
 
+BATCH_SIZE = 16
+"""Default prompts per pass: each pass runs a copy of every prompt per query position, so a batch holds
+``batch * positions`` sequences (``--batch-size auto`` sizes it to the memory; an out-of-memory batch is halved)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    add_common_arguments(parser, batch_size=BATCH_SIZE)
     add_flags(parser, EdgesConfig, FLAGS)
 
 

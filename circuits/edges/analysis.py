@@ -109,6 +109,7 @@ def edges_identity(config: EdgesConfig, ctx: RunContext, model: Any) -> dict[str
     ad = iv.adapt(model)
     fields = _config_dict(config)
     fields.pop("batch_size")
+    fields.pop("top")  # what the summary lists, not a number
     return {
         **{k: v for k, v in ctx.meta.items() if k in ("model", "task", "seed", "numbers", "format")},
         "analysis": "edges",
