@@ -28,9 +28,14 @@ runner asks both the same way and tells neither kind from the other. Its steps:
       earlier version's means, build the run identity (:attr:`Analysis.identity`, which records the fit set) and
       check or write ``run.json``; without, nothing is written;
    d. the means (:func:`circuits.means.load_means`: the cache this run wrote is reloaded, checked by content hash
-      and fit-set digests, instead of refitted), then the prepared prompts and the store: resumed records
+      and fit-set digests, instead of refitted; else the one the user's results cache holds for this model and fit
+      set, :mod:`circuits.store.usercache`; else fitted and kept there), then the prepared prompts (kept in the
+      results cache too, with the check of which prompts the model answers) and the store: resumed records
       validated against the analysis's schema, appends crash-safe and fsynced;
    e. run the analysis, then write its outputs (:attr:`Analysis.write`: summary and report).
+
+Each step is timed into the :class:`circuits.timing.Timings` of the command running it (load, prompts, fit or
+cached, analysis, report): the command's last line; a run of the Python API logs its own line.
 
 :func:`execute` (from tensors) and :func:`run_analysis` (from specs or loaded values) are the earlier entry points,
 kept as thin wrappers of :func:`run`. File names live in :mod:`circuits.store.files`.

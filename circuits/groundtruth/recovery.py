@@ -262,17 +262,19 @@ def prune_folder(planted: tuple[int, int], at: tuple[int, int]) -> str:
 def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str],
              out_dir: str | Path | None, seed: int, threshold: float, target: float, progress: bool,
              log: Any) -> list[Recovery]:
-    from circuits import zoo
+    from circuits import timing, zoo
     from circuits.prompts.spec import PromptSpec
 
     rows = []
     for name in names:
         structure = planted_structure(name)
-        model = zoo.load_dir(model_folder(name))
+        with timing.phase("load"):
+            model = zoo.load_dir(model_folder(name))
         name = Path(name).name
         for task in tasks:
             # One prompt set for every ablation, drawn as CAMA needs it (each mean backed by enough fit prompts).
-            prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
+            with timing.phase("prompts"):
+                prompts = PromptSpec(task, n_prompts, seed).prepare(model, means="cama", progress=progress)
             for a in ablations:
                 where = Path(out_dir) / files.RUNS_DIR / name / task / a if out_dir is not None else None
                 # ablations were checked against ABLATIONS by run_recovery.

@@ -10,6 +10,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from circuits import timing
 from circuits.errors import ArgumentError
 from circuits.logs import get_logger
 from circuits.store import files
@@ -195,14 +196,16 @@ class _State:
         if cell.model != self.model_name:
             self.model_name, self.model, self.model_error, self.key = cell.model, None, None, None
             try:
-                self.model = cfg.model_spec(cell.model).load(estimate=prompt_spec, batch_size=cfg.batch_size)
+                with timing.phase("load"):
+                    self.model = cfg.model_spec(cell.model).load(estimate=prompt_spec, batch_size=cfg.batch_size)
             except Exception as err:  # noqa: BLE001 - see message(): a failing cell is recorded, the others run
                 self.model_error = message(err)
         key = (cell.model, cell.task, cell.seed)
         if self.model is not None and key != self.key:
             self.key, self.prompts, self.means, self.prompt_error = key, None, None, None
             try:
-                self.prompts = self.prepare(prompt_spec, key)
+                with timing.phase("prompts"):
+                    self.prompts = self.prepare(prompt_spec, key)
             except Exception as err:  # noqa: BLE001 - see message()
                 self.prompt_error = message(err)
 
