@@ -6,6 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Bool
 
 from . import adapter as hooks
 from .ablation import on_device
@@ -105,7 +106,7 @@ class HeadAblationGroups(Intervention):
             for layer, head in group:
                 info.check_head(layer, head)
 
-    def masks(self, n_heads: int) -> dict[int, torch.Tensor]:
+    def masks(self, n_heads: int) -> dict[int, Bool[torch.Tensor, "groups n_heads"]]:
         """Per layer with any removed head: ``[groups, n_heads]``, true where that group removes that head."""
         out: dict[int, torch.Tensor] = {}
         for i, group in enumerate(self.groups):

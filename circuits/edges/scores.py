@@ -33,7 +33,7 @@ Counter = Callable[[Int[torch.Tensor, " batch"]], Float[torch.Tensor, "batch n_s
 """The counterfactual outputs of the scored prompts with these row numbers."""
 
 
-def batches(n: int, size: int) -> Iterator[torch.Tensor]:
+def batches(n: int, size: int) -> Iterator[Int[torch.Tensor, " rows"]]:
     """Row numbers ``0..n-1`` in runs of ``size``."""
     for start in range(0, n, size):
         yield torch.arange(start, min(n, start + size))

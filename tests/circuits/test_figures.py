@@ -240,7 +240,9 @@ def test_sweep_has_one_heatmap_per_ablation_sized_to_its_tasks():
     assert 300 <= small[0].layout.height < large.layout.height <= 1400
     assert small[0].layout.height == 320 and large.layout.height == 200 + 10 * 44  # 44 px per task row
     assert [heatmap_height(n) for n in (20, 30, 40, 50, 100)] == [1080, 1080, 1080, 1300, 1400]  # never 2500 px
-    assert len(large.data[0].y) == 10 and large.data[0].texttemplate == "%{z:.2f}"
+    # Each tile shows its value to two decimals (a search sweep's tiles carry no interval).
+    assert len(large.data[0].y) == 10 and large.data[0].texttemplate == "%{text}"
+    assert [list(row) for row in large.data[0].text] == [[f"{0.1 * i:.2f}", "0.00"] for i in range(10)]
 
 
 def test_a_fixed_sweep_page_says_its_cells_have_no_report(tmp_path):

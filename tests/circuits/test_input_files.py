@@ -196,9 +196,13 @@ def test_bounds_beyond_64_bits_are_refused():
 
 
 # --- numbers that are never one token -------------------------------------------------------------------------------
-def test_a_task_whose_numbers_are_never_one_token_stops_and_says_why(gpt2, tmp_path):
+def test_a_task_whose_numbers_are_never_one_token_stops_and_says_why(gpt2, tmp_path, monkeypatch):
+    """The bound on drawing, for a tokenizer that reads large numbers as several known tokens (no ``<unk>``): this
+    test's tokenizer reads them as ``<unk>``, which the earlier check of unknown numbers refuses
+    (tests/circuits/test_number_tokens.py), so that check is switched off here to reach the drawing."""
     from circuits.prompts import sampling
 
+    monkeypatch.setattr(sampling, "check_number_tokens", lambda spec, model: None)
     assert sampling.DRY_DRAWS == 20_000
     path = task_file(tmp_path, 'name = "big"\ntemplate = "{A}+{B}="\nanswer = "A+B"\n[slots]\n'
                                'A = { range = [0, 999999999] }\nB = { range = [0, 999999999] }\n')

@@ -53,7 +53,7 @@ def fake_tasks(monkeypatch):
         return [FakeLayout(n - n // 3, 7, 0), FakeLayout(n // 3, 9, 1000)]
 
     def get_task(name):
-        return types.SimpleNamespace(name=name, slot_values=(), numeric=True, path=None)
+        return types.SimpleNamespace(name=name, slot_values=(), numeric=True, path=None, prefix="", operand_names=(), operand_ranges=())
 
     def task_label(name):
         return str(name)

@@ -68,7 +68,8 @@ def test_prompts_longer_than_the_positions_are_one_line(case, arith, tmp_path, c
 
 
 def test_a_5_mb_prefix_is_refused_at_once_without_tokenising_it(arith, tmp_path, capsys, monkeypatch):
-    """It ran 300 s to 2.6 GB without a message."""
+    """It ran 300 s to 2.6 GB without a message. A task file that large is now refused by its size before it is
+    parsed; a prefix that fits a task file but not the model is refused from its length, without tokenising it."""
     path = tmp_path / "huge.toml"
     path.write_text('name = "huge"\nprefix = "' + "1+1=2 " * 900_000 + '"\n' + TEMPLATE + SLOTS)
     assert path.stat().st_size > 5_000_000
@@ -77,6 +78,13 @@ def test_a_5_mb_prefix_is_refused_at_once_without_tokenising_it(arith, tmp_path,
     code = cli.main(["search", "--model", "arith-gpt2", "--task", str(path), "--n-prompts", "5", "--out", str(out),
                      "--no-progress"])
     seconds = time.perf_counter() - t0
-    one_line_error(capsys, code, "the text before every prompt of task", "has 5,400,000 characters, at least",
+    one_line_error(capsys, code, f"task file {path} is larger than 1,048,576 bytes")
+    assert seconds < 30, seconds
+    path.write_text('name = "huge"\nprefix = "' + "1+1=2 " * 150_000 + '"\n' + TEMPLATE + SLOTS)
+    t0 = time.perf_counter()
+    code = cli.main(["search", "--model", "arith-gpt2", "--task", str(path), "--n-prompts", "5", "--out", str(out),
+                     "--no-progress"])
+    seconds = time.perf_counter() - t0
+    one_line_error(capsys, code, "the text before every prompt of task", "has 900,000 characters, at least",
                    "more than the 32 positions of this model")
     assert seconds < 30, seconds
