@@ -159,10 +159,10 @@ def check_task(task: Any, n_prompts: int | None = None, source: str = "build", s
         raise ArgumentError(f"--source frozen: task {tasks.task_label(task)!r} has no frozen set at "
                             f"{tasks.frozen_path(spec)}; use --source build (or write one: "
                             f"circuits.tasks.write_frozen_sets)")
-    if source == "frozen":
-        tasks.frozen_set(spec)  # read and checked here: one line naming the file and the line
     if n_prompts is not None:
-        check_prompt_count(spec, n_prompts, source, shots)
+        check_prompt_count(spec, n_prompts, source, shots)  # a frozen set is read and checked there
+    elif source == "frozen":
+        tasks.read_frozen(tasks.frozen_path(spec), spec.n_operands)  # one line naming the file and the line
 
 
 def check_backend(remote: bool, backend: str | None, models: Sequence[str], batch_size: int | str | None,

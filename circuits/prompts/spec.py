@@ -250,8 +250,7 @@ def check_prompt_count(task: Any, n_prompts: int, source: str = "build", shots: 
         path = tasks.frozen_path(spec)
         if not path.is_file():
             return  # said by the caller's check of the frozen set, or by the run
-        with open(path, "rb") as f:
-            rows = sum(1 for line in f if line.strip())
+        rows = len(tasks.read_frozen(path, spec.n_operands))  # read and checked: one line naming the file and line
         if n_prompts > rows:
             raise ArgumentError(f"{flag} {n_prompts} exceeds the {rows} prompts of task {label!r}'s frozen set "
                                 f"({path.name}); give at most {rows}, or --source build")
