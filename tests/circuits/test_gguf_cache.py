@@ -55,6 +55,19 @@ def header_end() -> int:
     return 24 + kvs + len(tensor_info("token_embd.weight", (4, 2), 0))
 
 
+
+def count_hashes(monkeypatch) -> list[str]:
+    """From now on, the names of the files ``gguf.file_sha256`` hashes, in order."""
+    hashed: list[str] = []
+    real_sha256 = gguf.file_sha256
+
+    def counted(p):
+        hashed.append(Path(p).name)
+        return real_sha256(p)
+
+    monkeypatch.setattr(gguf, "file_sha256", counted)
+    return hashed
+
 def test_the_header_walker_reads_a_well_formed_file(tmp_path):
     path = tmp_path / "ok.gguf"
     path.write_bytes(gguf_bytes())
@@ -119,14 +132,7 @@ def test_a_converted_folder_edited_since_is_converted_again_with_one_warning(tmp
     writer = fake_writer(weights)
     monkeypatch.setattr(gguf, "write_folder", writer)
     folder = gguf.hf_folder(path)
-    hashed: list[str] = []
-    real_sha256 = gguf.file_sha256
-
-    def counted(p):
-        hashed.append(Path(p).name)
-        return real_sha256(p)
-
-    monkeypatch.setattr(gguf, "file_sha256", counted)
+    hashed = count_hashes(monkeypatch)
     assert writer.calls == 1 and gguf.hf_folder(path) == folder and writer.calls == 1  # a hit ...
     assert hashed == ["m.gguf"]  # ... reads the GGUF file's hash only: the folder's files are as recorded
     time.sleep(0.05)  # past the file system's timestamp granularity: the edit below moves the change time
@@ -174,14 +180,7 @@ def test_a_copied_cache_is_hashed_once_then_hit_cheaply(tmp_path, monkeypatch):
     gguf.hf_folder(path)
     shutil.copytree(tmp_path / "cache", tmp_path / "copy")
     monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "copy"))
-    hashed: list[str] = []
-    real_sha256 = gguf.file_sha256
-
-    def counted(p):
-        hashed.append(Path(p).name)
-        return real_sha256(p)
-
-    monkeypatch.setattr(gguf, "file_sha256", counted)
+    hashed = count_hashes(monkeypatch)
     gguf.hf_folder(path)
     assert sorted(hashed) == ["config.json", "m.gguf", "model.safetensors"]
     hashed.clear()
