@@ -124,10 +124,13 @@ def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, 
         widths.append(int(x.shape[0]))
         return run_from(x, *args, **kwargs)
 
-    monkeypatch.setattr(fast.adapter, "run_from", record)
-    monkeypatch.setattr(fast.adapter, "run_last_from", lambda x, *a, **k: (widths.append(int(x.shape[0])),
-                                                                            type(fast.adapter).run_last_from(
-                                                                                fast.adapter, x, *a, **k))[1])
+    def watch(fast):
+        """Record the rows of every block call ``fast`` makes (``run_from`` and ``run_last_from``)."""
+        monkeypatch.setattr(fast.adapter, "run_from", record)
+        monkeypatch.setattr(fast.adapter, "run_last_from", lambda x, *a, **k: (
+            widths.append(int(x.shape[0])), type(fast.adapter).run_last_from(fast.adapter, x, *a, **k))[1])
+
+    watch(fast)
     for w, t in S.configurations(N_LAYERS):
         if w >= 0:
             logits = fast.last_logits(w, t)
@@ -136,10 +139,7 @@ def test_the_baselines_compute_one_prompt_after_the_wait(model, data, ablation, 
     # the whole grid, every transfer of a wait together: a block call holds one row per configuration at most
     widths.clear()
     fast = S.FastEvaluator(model, tokens, answers, cache, ablation, 20)
-    monkeypatch.setattr(fast.adapter, "run_from", record)
-    monkeypatch.setattr(fast.adapter, "run_last_from", lambda x, *a, **k: (widths.append(int(x.shape[0])),
-                                                                            type(fast.adapter).run_last_from(
-                                                                                fast.adapter, x, *a, **k))[1])
+    watch(fast)
     for w, t in S.configurations(N_LAYERS):
         if w >= 0:
             fast.evaluate(w, t)
