@@ -42,7 +42,7 @@ from interventions.types import Model
 __all__ = ["PROMPT_SUFFIXES", "fit_from_task", "fit_source_label", "prompts_label", "prepare_dataset_prompts",
            "read_prompts"]
 
-FIT_FLAGS = "give the means their own fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK.toml: the task's)"
+FIT_FLAGS = "give a fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK.toml for the task's)"
 """How to give a prompt dataset's means more fit prompts, as the refusals say it."""
 
 
@@ -108,7 +108,7 @@ def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int
     scored = rows[picked].tolist()
     if len(scored) < n_prompts:
         held = "fit rows" if own is not None else "other rows"
-        why = (f"; {set_aside} read a (position, token) that fewer than {spec.min_count} {held} hold: {FIT_FLAGS}, "
+        why = (f"; {set_aside} read a (position, token) fewer than {spec.min_count} {held} hold: {FIT_FLAGS}, "
                f"or lower --fit-min-count" if set_aside else "")
         fewer = f"{'; or' if set_aside else ';'} lower --n-prompts to {len(scored)} or less" if scored else ""
         raise PromptError(f"{where}: {len(scored)} of {int(ok.sum())} correct rows usable ({lay.n_pos}-token layout), "

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from circuits.errors import ModelLoadError
-from interventions.types import Model
+
+if TYPE_CHECKING:
+    from interventions.types import Model  # torch is imported only where a model is
 
 __all__ = ["available", "load", "load_dir", "card", "model_dir", "path", "resolve", "DEFAULT_MODEL", "MODELS_DIR",
            "ALIASES"]

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from circuits.zoo.recipes import ORIGINAL_TASKS, get_config
 from circuits.zoo.structure import Structure
-from interventions.types import JsonDict
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict  # torch is imported only where a model is
 
 __all__ = ["GroundTruthConfig", "GROUND_TRUTHS", "MARGIN_PHASES", "PENALTY_PHASES", "STRONG_PENALTY_PHASES",
            "BASE_HINTS", "train_config", "phase_list"]

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError
-from interventions.types import JsonDict
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict  # torch is imported only where a model is
 
 __all__ = ["ORIGINAL_TASKS", "STYLE_TASKS", "PHASE2_STEPS", "Phase", "TrainConfig", "REGISTRY", "phase_configs",
            "get_config", "PlantedConfig", "PLANTED", "planted_train_config"]

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
-from interventions.types import JsonDict, Model
 
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Bool, Int
+
+    from interventions.types import JsonDict, Model  # torch is imported only where a model is
 
 __all__ = ["WINDOWS", "Structure", "window_keys", "allowed_mask", "ScoreHooks", "forbidden_mass"]
 
