@@ -78,16 +78,58 @@ def parse_operands(template: str, operand_names: Sequence[str], prompt: str) -> 
     return [int(match.group(n)) for n in operand_names]
 
 
-def _operand_candidates(spec: TaskSpec, ops: list[int], index: int) -> list[tuple[int, list[int], int]]:
-    """Every ``(value, operands, answer)`` with operand ``index`` set to another value of its range and
-    the answer within ``[answer_min, answer_max]``, values ascending."""
-    lo, hi = spec.operand_ranges[index]
-    values = np.array([v for v in range(int(lo), int(hi) + 1) if v != ops[index]], dtype=np.int64)
+ENUMERATED_VALUES = 100_000
+"""An operand range of at most this many values is enumerated (every other value a candidate); a larger one
+(a task file's slot over 0..10^9, say) is sampled: :data:`SAMPLED_VALUES` draws, in bounded time and memory."""
+SAMPLED_VALUES = 1_000
+"""Values drawn per row (same number of digits first, then the whole range) where a range is sampled."""
+
+
+def _operand_candidates(spec: TaskSpec, ops: list[int], index: int,
+                        values: np.ndarray | None = None) -> list[tuple[int, list[int], int]]:
+    """Every ``(value, operands, answer)`` with operand ``index`` set to another value of its range (or of
+    ``values``) and the answer within ``[answer_min, answer_max]``, in the order of the values."""
+    if values is None:
+        lo, hi = spec.operand_ranges[index]
+        values = np.arange(int(lo), int(hi) + 1, dtype=np.int64)
+    values = values[values != ops[index]]
     grid = np.tile(np.asarray(ops, dtype=np.int64), (len(values), 1))
     grid[:, index] = values
     ans = spec.answers(grid)
     keep = (ans >= spec.answer_min) & (ans <= spec.answer_max)
     return [(int(v), [int(x) for x in row], int(a)) for v, row, a in zip(values[keep], grid[keep], ans[keep])]
+
+
+def same_digit_bounds(value: int) -> tuple[int, int]:
+    """The integers written with as many characters as ``value`` (sign included): ``(lo, hi)``, inclusive."""
+    width = len(str(value))
+    if value >= 0:
+        return (0 if width == 1 else 10 ** (width - 1)), 10 ** width - 1
+    digits = width - 1
+    return -(10 ** digits - 1), (-1 if digits == 1 else -(10 ** (digits - 1)))
+
+
+def _pick_operand(spec: TaskSpec, ops: list[int], index: int,
+                  rng: np.random.Generator) -> tuple[list[int], int] | None:
+    """``(operands, answer)`` with operand ``index`` changed, drawn with ``rng``; a value with the same number
+    of digits where one qualifies; ``None`` if no value does."""
+    lo, hi = (int(x) for x in spec.operand_ranges[index])
+    if hi - lo < ENUMERATED_VALUES:
+        cands = _operand_candidates(spec, ops, index)
+        same = [c for c in cands if len(str(c[0])) == len(str(ops[index]))]
+        pool = same or cands
+        if not pool:
+            return None
+        _, new, a = pool[int(rng.integers(len(pool)))]
+        return new, a
+    s_lo, s_hi = same_digit_bounds(ops[index])
+    for a, b in ((max(lo, s_lo), min(hi, s_hi)), (lo, hi)):
+        if a <= b:
+            drawn = rng.integers(a, b, size=SAMPLED_VALUES, dtype=np.int64, endpoint=True)
+            cands = _operand_candidates(spec, ops, index, drawn)
+            if cands:
+                return cands[0][1], cands[0][2]
+    return None
 
 
 def counterfactual_rows(
@@ -99,6 +141,8 @@ def counterfactual_rows(
     ``change="operand"``: operand ``index`` (task order A, B, C; 0-indexed) is replaced by another value
     of its range, drawn with ``numpy.random.default_rng(seed)``, preferring values with the same number
     of digits (so the layout usually stays the same); the new answer must lie in the task's answer range.
+    A range of more than :data:`ENUMERATED_VALUES` values is sampled (:data:`SAMPLED_VALUES` draws per row),
+    so that time and memory stay bounded; a row none of whose draws qualifies is dropped.
     ``change="operator"``: the ``index``-th ``+``/``-`` symbol of the template is flipped; rows whose new
     answer is negative or above the task's maximum are dropped.
 
@@ -125,12 +169,10 @@ def counterfactual_rows(
         if change == "operand":
             if not 0 <= index < len(ops):
                 raise ArgumentError(f"index={index} is out of range: the task has operands 0..{len(ops) - 1}")
-            cands = _operand_candidates(sp, ops, index)
-            same = [c for c in cands if len(str(c[0])) == len(str(ops[index]))]
-            pool = same or cands
-            if not pool:
+            picked = _pick_operand(sp, ops, index, rng)
+            if picked is None:
                 continue
-            _, new, a = pool[int(rng.integers(len(pool)))]
+            new, a = picked
             out.append({**pair, "counter_prompt": sp.prompt(new), "counter_answer": a,
                         "counter_operands": new, "row": i})
         else:

@@ -421,3 +421,32 @@ def test_the_tracked_token_chart_draws_a_bounded_number_of_lines():
     assert REST_KEY not in rows[0]  # the caller's rows are left as they are
     few = SimpleNamespace(tracked=names[:3], top_k=10, sublayers=("attn", "mlp"), labels=lambda: labels)
     assert len(tracked_figure(few, rows).data) == 6  # three tokens: each drawn, nothing averaged
+
+
+def test_a_huge_operand_range_is_sampled_in_bounded_time():
+    """Slots over 0..10^9 (a task file may declare them): the counterfactual is drawn, not enumerated; it has the
+    same number of digits, another value, the task's answer, and the seed decides it."""
+    import time
+
+    from circuits.lens.counterfactual import same_digit_bounds
+
+    spec = SimpleNamespace(template="{A}+{B}=", expression="A+B", operand_names=("A", "B"),
+                           operand_ranges=((0, 10**9), (0, 10**9)), answer_min=0, answer_max=10**9)
+    ds = [{"prompt": f"{a}+{b}=", "answer": a + b, "operands": [a, b], "task": "t"}
+          for a, b in [(123456, 7), (5, 999_999_990), (400_000_000, 600_000_000)]]
+    start = time.perf_counter()
+    rows = counterfactual_rows(ds, change="operand", index=0, seed=3, spec=spec)
+    assert time.perf_counter() - start < 2.0
+    # the last row has no other A with A+B <= 10^9 but smaller ones: a same-width A below 4e8 qualifies
+    assert [r["row"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        a, b = r["operands"]
+        a2, b2 = r["counter_operands"]
+        assert b2 == b and a2 != a and len(str(a2)) == len(str(a)) and r["counter_answer"] == a2 + b <= 10**9
+    assert rows == counterfactual_rows(ds, change="operand", index=0, seed=3, spec=spec)
+    assert rows != counterfactual_rows(ds, change="operand", index=0, seed=4, spec=spec)
+    # a row no draw can serve (B leaves no room under the bound for any other A) is dropped, not waited on
+    tight = [{"prompt": "0+1000000000=", "answer": 10**9, "operands": [0, 10**9], "task": "t"}]
+    assert counterfactual_rows(tight, change="operand", index=0, spec=spec) == []
+    assert same_digit_bounds(7) == (0, 9) and same_digit_bounds(42) == (10, 99) and same_digit_bounds(-5) == (-9, -1)
+    assert same_digit_bounds(-42) == (-99, -10)
