@@ -50,7 +50,10 @@ def check(spec: CommandSpecs) -> None:
 
 def run(spec: CommandSpecs) -> int:
     from circuits.edges.analysis import EDGES
+    from circuits.edges.plan import plan_edges
 
+    config: EdgesConfig = spec.config
+    plan_edges(spec.model, spec.prompts, not config.aggregate_positions, spec.options.batch_size)  # before loading
     result = spec.run(EDGES)
     top = result.top(5)
     print("af1 edges: top edges: " + "; ".join(
