@@ -16,17 +16,18 @@ import torch
 from jaxtyping import Bool
 
 import interventions as iv
-from circuits.analyses import Analysis, DirStore, MemoryStore, ResultStore, RunContext
+from circuits.analyses import Analysis, Checkpoints, DirStore, MemoryStore, NoCheckpoints, ResultStore, RunContext
 from circuits.errors import ArgumentError, CorruptRunError, RunMismatchError
 from circuits.means import check_current, keep_means
 from circuits.prompts.prepared import Prepared, keep_prepared
 from circuits.store import files
 from circuits.store.atomic import clean_temporaries, refuse_links
+from circuits.store.checkpoints import read_checkpoint, write_checkpoint
 from circuits.store.lock import DirLock
 from circuits.store.runs import RunDir, read_json_object
 from interventions.types import JsonDict, JsonMapping
 
-__all__ = ["LABELS", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
+__all__ = ["LABELS", "DirCheckpoints", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
 
 LABELS = ("model", "task", "source", "numbers", "format")
 """The caller's names of the model and the prompts (``meta``): the model's signature and fingerprint and the
@@ -118,6 +119,10 @@ class Memory:
     def store(self, schema: Callable[[], Any]) -> ResultStore:
         return MemoryStore()
 
+    def checkpoints(self) -> Checkpoints:
+        """Nothing kept between batches."""
+        return NoCheckpoints()
+
     def keep_means(self, cache: iv.MeanCache) -> None:
         """Nothing to keep."""
 
@@ -151,6 +156,11 @@ class Directory(Memory):
         assert self.run_dir is not None
         return DirStore(self.run_dir, schema()) if self.results_file is not None else MemoryStore()
 
+    def checkpoints(self) -> Checkpoints:
+        """The run directory's checkpoint files, bound to the run's identity."""
+        assert self.run_dir is not None
+        return DirCheckpoints(self.run_dir)
+
     def keep_means(self, cache: iv.MeanCache) -> None:
         assert self.run_dir is not None
         keep_means(self.run_dir, cache)
@@ -167,6 +177,20 @@ class Directory(Memory):
     def write(self, analysis: Analysis[Any, Any], result: Any, ctx: RunContext) -> None:
         assert self.run_dir is not None
         analysis.write(result, self.run_dir, ctx)
+
+
+class DirCheckpoints:
+    """:class:`~circuits.analyses.Checkpoints` as files of a run directory (``name`` is the file's), each written
+    atomically with the run identity's hash inside (:mod:`circuits.store.checkpoints`): another run's is refused."""
+
+    def __init__(self, run_dir: RunDir):
+        self.run_dir = run_dir
+
+    def load(self, name: str) -> bytes | None:
+        return read_checkpoint(self.run_dir.path / name, self.run_dir.identity_sha256)
+
+    def keep(self, name: str, data: bytes) -> None:
+        write_checkpoint(self.run_dir.path / name, self.run_dir.identity_sha256, data)
 
 
 @contextlib.contextmanager

@@ -170,6 +170,7 @@ def evaluate(analysis: Analysis[Any, Any], model: Model, prompts: ReadyPrompts, 
                 if analysis.base_correct_only:  # the check of which prompts the model answers, for the next command
                     remember(prompts.prepared, ctx.keep, ctx.meta.get("model"))
             ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
+            ctx.checkpoints = dest.checkpoints()
             dest.write_prompts(analysis.prompt_records(ctx))
             result = analysis.run(model, config, ctx)
         with times.phase("report"):
