@@ -20,12 +20,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sized
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from circuits.errors import ArgumentError
 from circuits.tasks.inputs import MAX_INT, InputError, json_value, read_text, short, shown
 from circuits.tasks.package_data import find_file
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 __all__ = ["LINE", "MAX_FIELD", "MAX_PROMPTS_FILE", "NOT_SLOTS", "PROMPT_SUFFIXES", "prompts_label", "read_prompts"]
 
@@ -41,14 +45,14 @@ MAX_FIELD = 131_072
 """Longest text field of a prompts file (characters; the CSV reader's own limit)."""
 
 
-def prompts_label(source: Any) -> str:
+def prompts_label(source: object) -> str:
     """How runs name a prompt dataset: the file path, or ``dataset:<fingerprint>`` for a ``Dataset``."""
     if isinstance(source, (str, Path)):
         return str(source)
-    return f"dataset:{getattr(source, '_fingerprint', None) or len(source)}"
+    return f"dataset:{getattr(source, '_fingerprint', None) or len(cast(Sized, source))}"
 
 
-def read_prompts(source: Any) -> Any:
+def read_prompts(source: object) -> Dataset:
     """The rows of ``source`` (a ``.jsonl`` / ``.csv`` path or a ``datasets.Dataset``) as a ``Dataset``, checked
     (see the module docstring): one-line :class:`~circuits.errors.ArgumentError` naming the file, the line and the
     column otherwise."""
@@ -58,8 +62,9 @@ def read_prompts(source: Any) -> Any:
         columns = getattr(source, "column_names", None)
         if columns is None:
             raise ArgumentError(f"prompts: {type(source).__name__} is neither a .jsonl/.csv path nor a Dataset")
-        cols = checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset",
-                       [f"row {i}" for i in range(len(source))])
+        table = cast("Dataset", source)  # a Dataset, or any table with column_names, columns by name and a length
+        cols = checked({c: list(table[c]) for c in columns if c != LINE}, "prompts dataset",
+                       [f"row {i}" for i in range(len(table))])
         return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
     path = find_file(source)  # as --task finds a file: here, else the shipped examples (examples/capital.jsonl)
     if path.suffix.lower() not in PROMPT_SUFFIXES:
