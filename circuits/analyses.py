@@ -28,9 +28,10 @@ from circuits.errors import ArgumentError
 from circuits.prompts.fitset import FitSet
 from circuits.store.records import RecordSchema
 from interventions.coverage import Coverage
-from interventions.types import JsonDict, JsonMapping, Tokenizer
+from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
 
 if TYPE_CHECKING:
+    from circuits.prompts.spec import PromptSpec
     from interventions.adapter import ModelInfo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,7 +51,7 @@ class AnalysisConfig(Protocol):
     @property
     def batch_size(self) -> int: ...
 
-    def validate(self, info: Any, /) -> Any: ...
+    def validate(self, info: Any, /) -> object: ...  # a ModelInfo, None, or what the config's own check takes
 
 
 C = TypeVar("C", bound=AnalysisConfig)
@@ -146,7 +147,7 @@ class RunContext:
     coverage: Coverage | None = None
     means_identity: JsonDict | None = None
     tokenizer: Tokenizer | None = None
-    spec: Any = None
+    spec: PromptSpec | None = None
     started: float = field(default_factory=time.time)
     checkpoints: Checkpoints = field(default_factory=NoCheckpoints)
 
@@ -176,17 +177,17 @@ class RunContext:
         return [dict(p) for p, k in zip(self.prompts, self.keep.tolist()) if k]
 
 
-def validate_config(config: AnalysisConfig, info: ModelInfo | None) -> None:
+def validate_config(config: AnalysisConfig, info: ModelInfo) -> None:
     """The default :attr:`Analysis.validate`: ``config.validate(info)``."""
     config.validate(info)
 
 
-def no_means(config: Any) -> str | None:
+def no_means(config: object) -> str | None:
     """The default :attr:`Analysis.means`: none."""
     return None
 
 
-def no_schema(config: Any, info: ModelInfo, n_prompts: int) -> RecordSchema | None:
+def no_schema(config: object, info: ModelInfo, n_prompts: int) -> RecordSchema | None:
     return None
 
 
@@ -194,7 +195,7 @@ def no_prompt_records(ctx: RunContext) -> list[JsonDict] | None:
     return None
 
 
-def no_row(result: Any) -> JsonDict:
+def no_row(result: object) -> JsonDict:
     """The default :attr:`Analysis.summary_row`: nothing beyond the cell's prompts."""
     return {}
 
@@ -223,12 +224,12 @@ class Analysis(Generic[C, R]):
     name: str
     config_type: type[C]
     results_file: str | None
-    identity: Callable[[C, RunContext, Any], JsonDict]
-    run: Callable[[Any, C, RunContext], R]
+    identity: Callable[[C, RunContext, Model], JsonDict]
+    run: Callable[[Model, C, RunContext], R]
     write: Callable[[R, RunDir, RunContext], None]
-    validate: Callable[[C, Any], None] = validate_config
+    validate: Callable[[C, ModelInfo], None] = validate_config
     means: Callable[[C], str | None] = no_means
-    schema: Callable[[C, Any, int], RecordSchema | None] = no_schema
+    schema: Callable[[C, ModelInfo, int], RecordSchema | None] = no_schema
     prompt_records: Callable[[RunContext], list[JsonDict] | None] = no_prompt_records
     summary_row: Callable[[R], JsonDict] = no_row
     configure: Callable[[JsonMapping], C] | None = None
