@@ -8,9 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import CorruptRunError
+
+if TYPE_CHECKING:
+    from interventions.types import JsonMapping  # torch is imported only where a model is
 
 __all__ = ["FIX", "MISSING", "choice", "corrupt", "fraction", "integer", "mapping", "number", "text"]
 
@@ -34,7 +37,7 @@ def corrupt(path: str | Path, name: str, problem: str) -> CorruptRunError:
     return CorruptRunError(f"{path}: field {name!r} {problem}; {FIX}")
 
 
-def _present(doc: Mapping[str, Any], name: str, path: str | Path, default: Any) -> bool:
+def _present(doc: JsonMapping, name: str, path: str | Path, default: Any) -> bool:
     """Whether ``doc`` holds field ``name`` (not null); a required one absent is an error."""
     if doc.get(name) is not None:
         return True
@@ -43,12 +46,12 @@ def _present(doc: Mapping[str, Any], name: str, path: str | Path, default: Any) 
     return False
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def number(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING, *,
+def number(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING, *,
            finite: bool = False) -> float:
     """Field ``name`` of ``doc`` (read from ``path``) as a float: a JSON number (booleans and strings refused;
     NaN allowed unless ``finite``), else ``default`` when absent or null."""
@@ -66,7 +69,7 @@ def number(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = M
     return out
 
 
-def fraction(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING) -> float:
+def fraction(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) -> float:
     """Field ``name`` as a fraction in [0, 1] (a threshold, an accuracy; NaN allowed: not measured)."""
     if not _present(doc, name, path, default):
         return default
@@ -76,7 +79,7 @@ def fraction(doc: Mapping[str, Any], name: str, path: str | Path, default: Any =
     return value
 
 
-def integer(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING, *,
+def integer(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING, *,
             minimum: int | None = 0) -> int:
     """Field ``name`` as an integer ``>= minimum`` (booleans, floats and strings refused)."""
     if not _present(doc, name, path, default):
@@ -89,7 +92,7 @@ def integer(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = 
     return value
 
 
-def text(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING) -> str:
+def text(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) -> str:
     """Field ``name`` as a string."""
     if not _present(doc, name, path, default):
         return default
@@ -99,7 +102,7 @@ def text(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MIS
     return value
 
 
-def choice(doc: Mapping[str, Any], name: str, path: str | Path, choices: tuple[str, ...],
+def choice(doc: JsonMapping, name: str, path: str | Path, choices: tuple[str, ...],
            default: Any = MISSING) -> str:
     """Field ``name`` as one of ``choices`` (a tuple of :mod:`circuits.vocab`)."""
     value = text(doc, name, path, default)
@@ -108,7 +111,7 @@ def choice(doc: Mapping[str, Any], name: str, path: str | Path, choices: tuple[s
     return value
 
 
-def mapping(doc: Mapping[str, Any], name: str, path: str | Path, default: Any = MISSING) -> Mapping[str, Any]:
+def mapping(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) -> JsonMapping:
     """Field ``name`` as a JSON object."""
     if not _present(doc, name, path, default):
         return default
