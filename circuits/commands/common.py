@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, did_you_mean
 from circuits.flags import add_flags, flag_fields, values
@@ -27,6 +27,10 @@ from circuits.prompts.fitspec import FitSpec
 from circuits.prompts.spec import PromptSpec, check_prompt_count
 from circuits.tasks.formats import PromptFormat
 from circuits.validation import check_int, check_positive
+
+if TYPE_CHECKING:
+    from circuits.analyses import Analysis, AnalysisConfig, C, R
+    from circuits.tasks.catalogue import TaskLike
 
 __all__ = ["MAX_PROMPTS", "CommandSpecs", "add_common_arguments", "add_model_arguments", "add_prompt_arguments",
            "batch_size_argument", "check_config", "check_specs", "command_line", "specs_of"]
@@ -73,7 +77,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
               defaults={"batch_size": batch_size})
 
 
-def check_prompts_or_task(prompts: Any) -> None:
+def check_prompts_or_task(prompts: PromptSpec) -> None:
     """The task or the prompt dataset of a :class:`~circuits.prompts.spec.PromptSpec`, checked (exactly one of them is
     given, :meth:`~circuits.prompts.spec.PromptSpec.validate`): a task file or prompt file is read here, one line naming
     the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
@@ -137,14 +141,14 @@ def check_out(out: str) -> None:
         raise ArgumentError(f"--out {out}: {parent} is not writable; choose another --out")
 
 
-def task_size(task: Any) -> int:
+def task_size(task: TaskLike) -> int:
     """Number of distinct prompts (operand tuples with an answer in range) of ``task`` (a name, task file or spec)."""
     from circuits.tasks import catalogue as tasks
 
     return tasks.operand_space_size(task)  # estimated for a space of more than 5 M tuples
 
 
-def check_task(task: Any, n_prompts: int | None = None, source: str = "build", shots: int = 0) -> None:
+def check_task(task: TaskLike, n_prompts: int | None = None, source: str = "build", shots: int = 0) -> None:
     """``ArgumentError`` for an unknown task or a task file that does not load (one line naming the file and the
     field), a frozen source the task has no set for, or more prompts than the task (or its frozen set) has, the
     ``shots`` solved examples not counted (:func:`circuits.prompts.spec.check_prompt_count`)."""
@@ -232,7 +236,7 @@ def check_specs(specs: CommandSpecs) -> None:
     check_out(specs.out)
 
 
-def check_checked(prompts: Any) -> None:
+def check_checked(prompts: PromptSpec) -> None:
     """``--n-prompts`` at most the prompts that will be checked (``--max-checked``, default
     :data:`circuits.prompts.MAX_CHECKED`) when prompts are built (a :class:`~circuits.prompts.spec.PromptSpec`):
     more can never be found."""
@@ -246,7 +250,7 @@ def check_checked(prompts: Any) -> None:
                             f"prompts are checked, so raise --max-checked or ask for fewer prompts")
 
 
-def check_config(config: Any, *args: Any) -> Any:
+def check_config(config: AnalysisConfig, *args: object) -> object:
     """``config.validate(*args)``, its :class:`~circuits.errors.ArgumentError` naming the flag instead of the field
     (``--target 1.5 is out of range`` for ``target=1.5 is out of range``): the config's own ``validate`` is the one
     check of its values, on the command line as in the API."""
@@ -284,7 +288,7 @@ class CommandSpecs:
     def out(self) -> str:
         return str(self.options.out)
 
-    def run(self, analysis: Any) -> Any:
+    def run(self, analysis: Analysis[C, R]) -> R:
         """:func:`circuits.runner.run` of ``analysis`` with :attr:`config` on these specs (the batch size is theirs:
         ``config.batch_size`` is replaced)."""
         from circuits.runner import run
