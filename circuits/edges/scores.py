@@ -203,10 +203,11 @@ def attribute(
     return {slot: t / n for slot, t in acc.items()}, torch.cat(clean_metric)
 
 
-def one_batch(adapter: ModelAdapter, layout: Layout, toks: torch.Tensor, ans: torch.Tensor, cf: torch.Tensor,
-              n_points: int, path: str, metric: Metric) -> tuple[Scores, torch.Tensor]:
+def one_batch(adapter: ModelAdapter, layout: Layout, toks: Int[torch.Tensor, "batch pos"],
+              ans: Int[torch.Tensor, " batch *k"], cf: Float[torch.Tensor, "batch n_senders pos d_model"],
+              n_points: int, path: str, metric: Metric) -> tuple[Scores, Float[torch.Tensor, " batch"]]:
     """Summed scores of one batch of prompts (``n_points`` gradient points along ``path``; logits) and their clean
-    metric (see :func:`attribute`)."""
+    metric per prompt (see :func:`attribute`); ``cf``: every sender's counterfactual output."""
     if path == "edges" and n_points > 1:
         acc = zeros(layout)
         last = None
