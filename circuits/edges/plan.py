@@ -1,6 +1,7 @@
 """What an ``af1 edges`` run will need, said before its model loads: the edges of its graph, the graph's memory
 (:meth:`~circuits.edges.graph.Layout.memory_bytes`, the figure the run logs again once loaded) and a lower
-bound of what must fit on this machine, from the model's ``config.json`` and the task's prompt length in tokens.
+bound of what must fit on this machine, from the model's ``config.json`` and the prompts' lengths in tokens (a
+sample of the task's prompts, or every prompt of a ``--prompts`` file, tokenised with the model's tokenizer).
 
 :func:`estimate_edges` is pure (a config, prompt lengths, a batch size in, an :class:`EdgesEstimate` out);
 :func:`shortfall` says, as one line, whether a lower bound exceeds the memory there is (``None`` when it fits);
@@ -17,8 +18,9 @@ The lower bounds count only what the code certainly holds at one time (units: by
   logits and every sender's output, for the ``batch * copies`` sequences of a pass (``copies``: one per query
   position, one aggregated); on the CPU, the running score sums (float32) beside them.
 
-They use the shortest prompt of the task's sample, one answer token and the fewest upstream senders (attention
-and MLP in parallel), so a run whose layout is the sample's shortest or longer never needs less.
+They use the shortest prompt (of the task's sample, or of the prompts file's rows), one answer token and the fewest
+upstream senders (attention and MLP in parallel), so a run whose layout is that shortest prompt or longer never
+needs less.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from typing import Any
 from circuits.edges.graph import Layout
 from circuits.errors import ArgumentError
 from circuits.logs import get_logger
+from circuits.models import memory
 from circuits.models.memory import DTYPE_BYTES, GIB
+from circuits.prompts.datasets import dataset_prompt_lengths
 
 __all__ = ["FLOOR_BYTES_PER_EDGE", "EdgesEstimate", "available_memory", "estimate_edges", "layout_of_config",
-           "plan_edges", "shortfall", "size_text"]
+           "plan_edges", "sample_lengths", "shortfall", "size_text"]
 
 FLOOR_BYTES_PER_EDGE = 36
 """Host bytes per edge certainly held together once the scores are in: the mean score (float32) and its row of
@@ -185,8 +189,6 @@ def shortfall(estimate: EdgesEstimate, host: int | None, device: int | None) -> 
 def available_memory(device: str) -> tuple[int | None, int | None]:
     """``(host, cuda)``: this machine's physical memory and the free memory of CUDA ``device`` (``None`` where
     not a CUDA device or not known), in bytes."""
-    from circuits.models import memory
-
     host = memory.host_memory_bytes()
     if not str(device).startswith("cuda"):
         return host, None
@@ -197,16 +199,25 @@ def available_memory(device: str) -> tuple[int | None, int | None]:
     return host, memory.free_cuda_bytes([torch.device(device)])
 
 
+def sample_lengths(prompts: Any, tokenizer: Any) -> list[int]:
+    """Tokens of the prompts a run of the :class:`~circuits.prompts.spec.PromptSpec` ``prompts`` draws from, read
+    with ``tokenizer`` and no model: a sample of the task's (:func:`circuits.models.memory.prompt_lengths`), or
+    every row of its prompt dataset (``--prompts``, :func:`circuits.prompts.datasets.dataset_prompt_lengths`).
+    Units: tokens, BOS included."""
+    if prompts.task is not None:
+        return memory.prompt_lengths(prompts.task, prompts.n_prompts, tokenizer, prompts.format)
+    return dataset_prompt_lengths(prompts.prompts, tokenizer, prompts.format, prompts.prepend_bos)
+
+
 def plan_edges(model: Any, prompts: Any, positional: bool, batch: int | str | None) -> EdgesEstimate | None:
     """Log the :class:`EdgesEstimate` of ``af1 edges`` for a :class:`~circuits.models.spec.ModelSpec` and a
-    :class:`~circuits.prompts.spec.PromptSpec` (of a task), before the model loads, and refuse (an
-    :class:`~circuits.errors.ArgumentError`, one line) a run that cannot fit (:func:`shortfall`, with
-    :func:`available_memory`). ``None`` (nothing said) when the config or the tokenizer cannot be read here or
-    the prompts are not a task's."""
-    from circuits.models import memory
+    :class:`~circuits.prompts.spec.PromptSpec` (of a task or a prompt dataset: :func:`sample_lengths`), before the
+    model loads, and refuse (an :class:`~circuits.errors.ArgumentError`, one line) a run that cannot fit
+    (:func:`shortfall`, with :func:`available_memory`). ``None`` (nothing said) when the model is remote or its
+    config or tokenizer cannot be read here."""
     from circuits.models.loading import zoo_names
 
-    if model.remote or prompts.task is None:
+    if model.remote or (prompts.task is None and prompts.prompts is None):
         return None
     name = model.name
     if name in zoo_names():
@@ -221,7 +232,7 @@ def plan_edges(model: Any, prompts: Any, positional: bool, batch: int | str | No
         n_params: int | None = memory.count_parameters(config)
     except (OSError, ValueError, KeyError, ImportError):
         n_params = None
-    lengths = memory.prompt_lengths(prompts.task, prompts.n_prompts, tokenizer, prompts.format)
+    lengths = sample_lengths(prompts, tokenizer)
     size = None if batch == "auto" or batch is None else min(int(batch), int(prompts.n_prompts))
     device = "spread" if model.device_map is not None else model.device
     estimate = estimate_edges(config, n_pos=max(lengths), n_pos_min=min(lengths), batch=size, positional=positional,

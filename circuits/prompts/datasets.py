@@ -25,6 +25,9 @@ of one's own hold each value too seldom to back CAMA's means. The means are then
 (the same columns; its rows in the scored prompts' layout, none of them a scored prompt) or on the first
 ``--fit-size`` prompts of a task file (``.toml`` / ``.json``: the task the rows were made of, its slots named as the
 slot columns). Every row of ``--prompts`` may then be scored.
+
+**Before a model loads**, :func:`dataset_prompt_lengths` counts each row's prompt in tokens with the model's tokenizer
+alone (what ``af1 edges`` plans its memory from, :mod:`circuits.edges.plan`).
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ if TYPE_CHECKING:
     from circuits.tasks.formats import PromptFormat
     from circuits.tasks.tokens import Layout
     from datasets import Dataset
+    from interventions.types import Tokenizer
 
-__all__ = ["PROMPT_SUFFIXES", "fit_from_task", "fit_source_label", "prompts_label", "prepare_dataset_prompts",
-           "read_prompts"]
+__all__ = ["PROMPT_SUFFIXES", "chat_prompts", "dataset_prompt_lengths", "fit_from_task", "fit_source_label",
+           "prompts_label", "prepare_dataset_prompts", "read_prompts"]
 
 FIT_FLAGS = "give a fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK.toml for the task's)"
 """How to give a prompt dataset's means more fit prompts, as the refusals say it."""
@@ -315,11 +319,34 @@ def slot_layouts(layouts: list[Layout], ds: Dataset, model: Model, where: str) -
 
 def _chat(ds: Dataset, model: Model) -> Dataset:
     """``ds`` with each prompt in the tokenizer's chat template (the user's message, the assistant's turn open)."""
+    return ds.remove_columns(["prompt"]).add_column("prompt", chat_prompts(list(ds["prompt"]), model))
+
+
+def chat_prompts(prompts: list[str], model_or_tokenizer: Model | Tokenizer) -> list[str]:
+    """Each of ``prompts`` in the chat template of a model's tokenizer (or of a tokenizer itself): the user's
+    message, the assistant's turn open."""
     from circuits.tasks.tokens import tokenizer_of
 
-    tok = tokenizer_of(model)
+    tok = tokenizer_of(model_or_tokenizer)
     if getattr(tok, "chat_template", None) is None:
         raise ArgumentError("--chat: this model's tokenizer has no chat template; drop --chat")
-    wrapped = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-               for p in ds["prompt"]]
-    return ds.remove_columns(["prompt"]).add_column("prompt", wrapped)
+    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts]
+
+
+def dataset_prompt_lengths(source: str | Path | Dataset, tokenizer: Tokenizer, fmt: PromptFormat | None = None,
+                           prepend_bos: bool | None = None) -> list[int]:
+    """Tokens of the prompt of every row of the prompt dataset ``source`` (a ``.jsonl`` / ``.csv`` path or a
+    ``Dataset``, read and checked by :func:`read_prompts`) as a run tokenises it with ``tokenizer``, without a
+    model: in the chat template when ``fmt`` asks for it, BOS counted unless ``prepend_bos`` (after
+    :meth:`~circuits.tasks.formats.PromptFormat.prepend_bos`) is ``False`` (the loaders' default is BOS). The
+    first tokens of a teacher-forced answer (``--numbers multi``) are not counted. Units: tokens; one per row, in
+    the file's order."""
+    from circuits.tasks.tokens import encode_texts
+
+    prompts = list(read_prompts(source)["prompt"])
+    if fmt is not None and fmt.chat:
+        prepend_bos = fmt.prepend_bos(prepend_bos)
+        prompts = chat_prompts(prompts, tokenizer)
+    bos = 0 if prepend_bos is False else 1
+    return [bos + len(ids) for ids in encode_texts(tokenizer, prompts)["input_ids"]]

@@ -1,8 +1,10 @@
-"""``af1 edges`` before loading: the edge graph and its memory estimated from ``config.json`` and the task's prompt
-length agree with the graph of the loaded model, and a run whose lower bound exceeds the memory is refused in one
-line (exit 2) before the weights load."""
+"""``af1 edges`` before loading: the edge graph and its memory estimated from ``config.json`` and the prompts' length
+(a task's sample, or the rows of a ``--prompts`` file) agree with the graph of the loaded model, and a run whose lower
+bound exceeds the memory is refused in one line (exit 2) before the weights load."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -12,7 +14,11 @@ from circuits.edges import plan
 from circuits.edges.analysis import layout_of
 from circuits.edges.graph import Layout
 from circuits.models import loading, memory
+from circuits.models.spec import ModelSpec
+from circuits.prompts.datasets import dataset_prompt_lengths
 from circuits.prompts.sampling import prepare_prompts
+from circuits.prompts.spec import PromptSpec
+from circuits.tasks.formats import PromptFormat
 
 GIB = 2**30
 
@@ -143,3 +149,72 @@ def test_pass_floor_is_held_by_a_scoring_pass(positional):
     copies = n_pos if positional else 1
     logits = 4 * 6 * copies * n_pos * est.d_vocab
     assert sum(storages.values()) + logits + 4 * res.outputs.numel() >= est.pass_floor(6) > 0
+
+
+FILE_PROMPTS = ["35+77=", "Add: 35+77=", "What is 89 plus 25? 89+25="]
+"""Prompts of three token lengths (BOS and GPT-2's tokens)."""
+
+
+def prompts_file(tmp_path, prompts=FILE_PROMPTS, suffix=".jsonl"):
+    path = tmp_path / f"mine{suffix}"
+    if suffix == ".csv":
+        path.write_text("prompt,answer\n" + "".join(f'"{p}",{i}\n' for i, p in enumerate(prompts)))
+    else:
+        path.write_text("".join(json.dumps({"prompt": p, "answer": i}) + "\n" for i, p in enumerate(prompts)))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_prompts_file_gets_the_estimate_of_its_token_lengths(monkeypatch, tmp_path, suffix):
+    """The estimate for ``--prompts FILE`` is that of the file's longest prompt, its bound that of the shortest, as
+    the model's own tokenizer counts them (BOS included); the edges and bytes are those of the loaded model's graph
+    at that many positions, counted entry by entry."""
+    monkeypatch.setattr(plan, "available_memory", lambda device: (64 * GIB, None))
+    path = prompts_file(tmp_path, suffix=suffix)
+    est = plan.plan_edges(ModelSpec("arith-gpt2"), PromptSpec(prompts=str(path), n_prompts=2), True, 4)
+    tok = zoo.load("arith-gpt2").tokenizer
+    lengths = [1 + len(tok(p, add_special_tokens=False)["input_ids"]) for p in FILE_PROMPTS]
+    assert len(set(lengths)) == 3 and dataset_prompt_lengths(str(path), tok) == lengths
+    info = iv.adapt(zoo.load("arith-gpt2")).info
+    longest, shortest = (layout_of(info, n, 1, True) for n in (max(lengths), min(lengths)))
+    assert est is not None and est.layout == longest and est.floor.n_pos == min(lengths)
+    assert est.n_edges == sum(int(longest.valid(s).sum()) for s in longest.slots())
+    assert est.graph_bytes == longest.memory_bytes(2)  # batch: at most the prompts asked for
+    assert est.floors()[0] >= plan.FLOOR_BYTES_PER_EDGE * shortest.n_edges() > 0
+
+
+def test_prompt_file_lengths_follow_bos_and_the_chat_template(tmp_path):
+    class Chat:
+        """A tokenizer of one token per character with a chat template of ten characters around the message."""
+
+        chat_template = "x"
+
+        def __call__(self, texts, add_special_tokens=False, return_offsets_mapping=False):
+            return {"input_ids": [list(range(len(t))) for t in texts]}
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return f"<u>{messages[0]['content']}</u><a>"
+
+    path = prompts_file(tmp_path, ["ab", "abcd"])
+    assert dataset_prompt_lengths(str(path), Chat()) == [3, 5]
+    assert dataset_prompt_lengths(str(path), Chat(), prepend_bos=False) == [2, 4]
+    assert dataset_prompt_lengths(str(path), Chat(), PromptFormat(chat=True)) == [12, 14]  # the template's own start
+    assert dataset_prompt_lengths(str(path), Chat(), PromptFormat(chat=True), prepend_bos=True) == [13, 15]
+
+
+def test_a_prompts_file_that_cannot_fit_is_refused_before_loading(monkeypatch, tmp_path, capsys):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(loading, "load_model", no_loading)
+    monkeypatch.setattr(plan, "available_memory", lambda device: (2**20, None))
+    path = prompts_file(tmp_path)
+    argv = ["edges", "--model", "arith-gpt2", "--prompts", str(path), "--n-prompts", "2", "--no-progress",
+            "--out", str(tmp_path / "e")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    refusals = [line for line in err.splitlines() if "needs at least" in line]
+    assert len(refusals) == 1 and refusals[0].startswith("af1 edges: error: af1 edges needs at least")
+    n_pos = min(dataset_prompt_lengths(str(path), zoo.load("arith-gpt2").tokenizer))
+    assert f"at {n_pos} positions, batch 2" in refusals[0] and "--aggregate-positions" in refusals[0]
+    assert "Traceback" not in err and not (tmp_path / "e").exists()
