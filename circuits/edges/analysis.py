@@ -1,22 +1,27 @@
 """``af1 edges`` as an analysis of the runner: edge scores (EAP / EAP-IG) of the prompts, the faithfulness curve
 of the top-edge circuits by edge patching (pure), its run identity and its outputs (``edges.npz``,
 ``edges.json``, ``mib.json``, ``report.html``). A killed run resumes (:mod:`circuits.edges.resume`): the score
-sums are kept as a checkpoint between batches, each evaluated circuit of the curve as a line of its results
-file."""
+sums are kept as a checkpoint between batches, the fit set's mean outputs once computed, each evaluated circuit of
+the curve as a line of its results file."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.analyses import Analysis, RunContext
 from circuits.edges.config import EdgesConfig
 from circuits.edges.result import EDGES_ARRAYS, EDGES_JSON, EdgesResult
-from circuits.edges.resume import CURVE, SUMS, Keeper, Partial, curve_schema, known_circuits
+from circuits.edges.resume import CURVE, MEANS, SUMS, Keeper, Partial, curve_schema, known_circuits
 from circuits.logs import get_logger
 from circuits.store import files
 
-__all__ = ["EDGES", "edges_identity", "edges_run", "layout_of", "write_edges"]
+if TYPE_CHECKING:
+    from circuits.edges.graph import Layout
+    from circuits.edges.scores import MeanOutputs
+    from interventions.adapter import ModelAdapter
+
+__all__ = ["EDGES", "edges_identity", "edges_run", "fit_means", "layout_of", "write_edges"]
 
 MIB_FILE = files.MIB
 
@@ -39,7 +44,6 @@ def edges_run(model: Any, config: EdgesConfig, ctx: RunContext) -> EdgesResult:
     import interventions as iv
     from circuits.edges import scores as sc
     from circuits.edges.circuit import af1_allowed, faithfulness_curve
-    from circuits.errors import ArgumentError
 
     t0 = time.time()
     ad = iv.adapt(model)
@@ -49,11 +53,7 @@ def edges_run(model: Any, config: EdgesConfig, ctx: RunContext) -> EdgesResult:
     log = get_logger("edges")
     log.info("edges: %d edges, about %.1f MiB for the graph at batch %d", layout.n_edges(),
              layout.memory_bytes(config.batch_size) / 2**20, config.batch_size)
-    means = None
-    if config.counterfactual in ("cama", "mean"):
-        if ctx.fit is None:
-            raise ArgumentError(f"--counterfactual {config.counterfactual} needs a fit set (the runner draws it)")
-        means = sc.mean_outputs(ad, layout, ctx.fit.tokens, config.batch_size)
+    means = fit_means(ad, layout, config, ctx) if config.counterfactual in ("cama", "mean") else None
     min_count = 1 if ctx.fit is None else int(ctx.fit.spec.min_count)
     counter = sc.counterfactual(config.counterfactual, ad, layout, tokens, means, min_count)
     bar = _bar(ctx.progress, len(tokens), "edges: scoring")
@@ -88,6 +88,25 @@ def edges_run(model: Any, config: EdgesConfig, ctx: RunContext) -> EdgesResult:
                        config=_config_dict(config), curve=curve,
                        meta={k: v for k, v in ctx.meta.items() if isinstance(v, (str, int, float, bool))},
                        seconds=time.time() - t0)
+
+
+def fit_means(ad: ModelAdapter, layout: Layout, config: EdgesConfig, ctx: RunContext) -> MeanOutputs:
+    """The senders' mean outputs over the run's fit set (``ctx.fit``): read from the run's checkpoint
+    :data:`~circuits.edges.resume.MEANS` when a killed or finished run kept them (checked against ``layout``),
+    else computed (one pass over the fit set, :func:`~circuits.edges.scores.mean_outputs`) and kept there at once,
+    bound to the run's identity."""
+    from circuits.edges import scores as sc
+    from circuits.errors import ArgumentError
+
+    if ctx.fit is None:
+        raise ArgumentError(f"--counterfactual {config.counterfactual} needs a fit set (the runner draws it)")
+    kept = ctx.checkpoints.load(MEANS)
+    if kept is not None:
+        get_logger("edges").info("edges: the fit set's means read back (%s)", MEANS)
+        return sc.MeanOutputs.from_bytes(kept, layout, MEANS)
+    means = sc.mean_outputs(ad, layout, ctx.fit.tokens, config.batch_size)
+    ctx.checkpoints.keep(MEANS, means.to_bytes())
+    return means
 
 
 def _bar(show: bool, total: int, what: str) -> Any:

@@ -1,14 +1,17 @@
-"""What a killed ``af1 edges`` run leaves for the same command to resume: the score sums of the batches done
-(:class:`Partial`, kept as a checkpoint: :data:`SUMS`) and the metric per prompt of each circuit of the
-faithfulness curve already evaluated (one line of :data:`CURVE` per circuit).
+"""What a killed ``af1 edges`` run leaves for the same command to resume: the senders' mean outputs over the fit set
+(``--counterfactual cama``/``mean``, kept as a checkpoint once computed: :data:`MEANS`, the payload of
+:meth:`circuits.edges.scores.MeanOutputs.to_bytes`), the score sums of the batches done (:class:`Partial`, kept as a
+checkpoint: :data:`SUMS`) and the metric per prompt of each circuit of the faithfulness curve already evaluated
+(one line of :data:`CURVE` per circuit).
 
 The sums are float32, kept exactly (safetensors) and added to in the same order, so a resumed run with the same
 batch size gives the scores of an uninterrupted one, bit for bit; with another batch size (``--batch-size auto``
 halving after an out-of-memory error) it goes on from the prompts done, in batches of the new size. The metrics of
 a circuit are float32 values, exact through JSON; a circuit is named by its size and a hash of its edges
-(:func:`circuit_key`), so a line is reused only for the very circuit it measured.
+(:func:`circuit_key`), so a line is reused only for the very circuit it measured. The means are float32 too, read
+back exactly, so a resumed run's counterfactual is the uninterrupted run's, bit for bit.
 
-Both are bound to the run's identity (the checkpoint carries its hash; the curve's lines are the run's results
+All three are bound to the run's identity (the checkpoint carries its hash; the curve's lines are the run's results
 file, under its ``run.json``) and kept when the run finishes: the same command again then recomputes nothing and
 rewrites the same outputs.
 """
@@ -30,10 +33,13 @@ from circuits.errors import CorruptRunError
 from circuits.store import files
 from circuits.store.records import Field, RecordSchema
 
-__all__ = ["CURVE", "SUMS", "KEEP_RATIO", "Keeper", "Partial", "circuit_key", "curve_schema", "known_circuits"]
+__all__ = ["CURVE", "MEANS", "SUMS", "KEEP_RATIO", "Keeper", "Partial", "circuit_key", "curve_schema",
+           "known_circuits", "payload_metadata"]
 
 SUMS = files.EDGES_PARTIAL
 """The checkpoint of the score sums."""
+MEANS = files.EDGES_MEANS
+"""The checkpoint of the fit set's mean outputs."""
 CURVE = files.EDGES_CURVE
 """The curve's results file: one line per evaluated circuit."""
 KEEP_RATIO = 9.0
@@ -74,7 +80,7 @@ class Partial:
         fix = "move it away to recompute the scores, or use a new --out directory"
         try:
             tensors = load(data)
-            meta = _metadata(data)
+            meta = payload_metadata(data)
             done, batch = int(meta["done"]), int(meta["batch_size"])
         except (SafetensorError, ValueError, KeyError) as err:
             raise CorruptRunError(f"{where} is not a checkpoint of af1 edges ({type(err).__name__}): {fix}") from None
@@ -90,8 +96,9 @@ class Partial:
         return cls(done=done, sums=sums, clean=clean, batch_size=batch)
 
 
-def _metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors payload."""
+def payload_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors payload (``{}`` without). A payload whose header is not JSON raises
+    ``ValueError``."""
     import json
 
     size = int.from_bytes(data[:8], "little")

@@ -18,6 +18,7 @@ so the operands differ).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -26,12 +27,20 @@ from jaxtyping import Float, Int
 
 from circuits.edges.engine import Metric, PassResult, edge_pass, logit_diff
 from circuits.edges.graph import Layout, Scores, zeros
-from circuits.edges.resume import Partial
-from circuits.errors import ArgumentError
+from circuits.edges.resume import MEANS, Partial, payload_metadata
+from circuits.errors import ArgumentError, CorruptRunError
 from interventions.adapter import ModelAdapter
 
 Counter = Callable[[Int[torch.Tensor, " batch"]], Float[torch.Tensor, "batch n_senders pos d_model"]]
 """The counterfactual outputs of the scored prompts with these row numbers."""
+
+
+def means_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """The SHA-256 (hex) of the bytes of the four tensors of :meth:`MeanOutputs.tensors`, in a fixed order."""
+    sha = hashlib.sha256()
+    for name in ("mean", "keys", "by_token", "counts"):
+        sha.update(tensors[name].contiguous().numpy().tobytes())
+    return sha.hexdigest()
 
 
 def batches(n: int, size: int) -> Iterator[Int[torch.Tensor, " rows"]]:
@@ -42,11 +51,66 @@ def batches(n: int, size: int) -> Iterator[Int[torch.Tensor, " rows"]]:
 
 @dataclass
 class MeanOutputs:
-    """Senders' mean outputs over a fit set: per position (``mean``), and per position and token (``cama``)."""
+    """Senders' mean outputs over a fit set (float32; units: the residual stream's): per position (``mean``), and
+    per ``(position, token id)`` (``by_token``, for ``cama``) with the number of fit prompts behind each
+    (``counts``)."""
 
     mean: Float[torch.Tensor, "n_senders pos d_model"]
     by_token: dict[tuple[int, int], Float[torch.Tensor, "n_senders d_model"]]
     counts: dict[tuple[int, int], int]
+
+    def to_bytes(self) -> bytes:
+        """The payload of the means' checkpoint (:data:`~circuits.edges.resume.MEANS`), safetensors: ``mean``, the
+        ``(position, token)`` keys (``[entries, 2]``, int64), their means (``[entries, n_senders, d_model]``) and
+        counts (``[entries]``, int64), in ``by_token``'s order, and the SHA-256 of the four tensors' bytes (its
+        metadata ``sha256``), so a changed byte is refused rather than read as means."""
+        from safetensors.torch import save
+
+        tensors = self.tensors()
+        return save(tensors, metadata={"sha256": means_digest(tensors)})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The four tensors of :meth:`to_bytes`, contiguous, on the CPU."""
+        keys = list(self.by_token)
+        s, _, d = self.mean.shape
+        stacked = torch.stack([self.by_token[k].float().cpu() for k in keys]) if keys else torch.zeros(0, s, d)
+        return {"mean": self.mean.float().cpu().contiguous(),
+                "keys": torch.tensor(keys, dtype=torch.int64).reshape(len(keys), 2),
+                "by_token": stacked.contiguous(),
+                "counts": torch.tensor([self.counts[k] for k in keys], dtype=torch.int64)}
+
+    @classmethod
+    def from_bytes(cls, data: bytes, layout: Layout, where: str = MEANS) -> MeanOutputs:
+        """The :class:`MeanOutputs` of a checkpoint's payload, checked against the run's ``layout`` (senders,
+        positions, width) and its digest; :class:`~circuits.errors.CorruptRunError` naming ``where`` (one line)
+        when it does not fit."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        fix = "move it away to recompute the means, or use a new --out directory"
+        try:
+            tensors = load(data)
+            digest = payload_metadata(data)["sha256"]
+        except (SafetensorError, ValueError, KeyError, AttributeError) as err:
+            raise CorruptRunError(f"{where} is not a means checkpoint of af1 edges ({type(err).__name__}): "
+                                  f"{fix}") from None
+        s, p, d = layout.n_senders, layout.n_pos, layout.d_model
+        mean, keys = tensors.get("mean"), tensors.get("keys")
+        by, counts = tensors.get("by_token"), tensors.get("counts")
+        if (mean is None or keys is None or by is None or counts is None or tuple(mean.shape) != (s, p, d)
+                or mean.dtype != torch.float32 or by.dtype != torch.float32 or keys.dtype != torch.int64
+                or counts.dtype != torch.int64 or keys.ndim != 2 or keys.shape[1] != 2
+                or tuple(by.shape) != (len(keys), s, d) or tuple(counts.shape) != (len(keys),)):
+            raise CorruptRunError(f"{where}: the means do not fit the run's graph ({s} senders, {p} positions, "
+                                  f"width {d}); {fix}")
+        if digest != means_digest(tensors):
+            raise CorruptRunError(f"{where}: the means do not match their SHA-256 (the file was changed); {fix}")
+        if len(keys) and (bool((keys[:, 0] < 0).any()) or bool((keys[:, 0] >= p).any())
+                          or bool((counts < 1).any())):
+            raise CorruptRunError(f"{where}: a (position, token) entry does not fit the run's {p} positions; {fix}")
+        entries = [(int(a), int(b)) for a, b in keys.tolist()]
+        return cls(mean=mean, by_token={k: by[i] for i, k in enumerate(entries)},
+                   counts={k: int(n) for k, n in zip(entries, counts.tolist())})
 
     def lookup(self, tokens: Int[torch.Tensor, "batch pos"], min_count: int = 1) -> Float[torch.Tensor, "b s p d"]:
         """The conditional means of prompts ``tokens``: ``[batch, n_senders, pos, d_model]``. A ``(position,

@@ -1,6 +1,7 @@
-"""A killed ``af1 edges`` run resumes when the same command is run again into the same ``--out``: the batches
-scored before are not scored again, the circuits of the curve evaluated before are not evaluated again, and the
-outputs are those of an uninterrupted run, bit for bit. A checkpoint of another run is refused."""
+"""A killed ``af1 edges`` run resumes when the same command is run again into the same ``--out``: the fit set's means
+are not computed again, the batches scored before are not scored again, the circuits of the curve evaluated before
+are not evaluated again, and the outputs are those of an uninterrupted run, bit for bit. A checkpoint of another run,
+or one changed since it was written, is refused."""
 
 from __future__ import annotations
 
@@ -65,12 +66,67 @@ def whole(tiny_loading, tmp_path):  # noqa: F811
 def test_a_run_killed_after_the_first_batch_resumes_it(whole, tmp_path, monkeypatch):
     out = tmp_path / "killed"
     calls = Calls(monkeypatch, sc, "one_batch", stop=2)
+    means = Calls(monkeypatch, sc, "mean_outputs")
     assert cli.main([*ARGV, "--out", str(out)]) == 2  # interrupted at the second batch
-    assert (out / resume.SUMS).is_file() and not (out / "edges.npz").exists()
-    calls.n, calls.stop = 0, None
+    assert (out / resume.SUMS).is_file() and (out / resume.MEANS).is_file() and not (out / "edges.npz").exists()
+    assert means.n == 1
+    calls.n, calls.stop, means.n = 0, None, 0
     assert cli.main([*ARGV, "--out", str(out)]) == 0
     assert calls.n == 2  # batches 2 and 3: the first was not scored again
+    assert means.n == 0  # the means were read back, not computed again
     same(out, whole)
+
+
+def test_a_run_killed_before_scoring_reads_its_means_back(whole, tmp_path, monkeypatch):
+    """Killed at the first batch (no score sums kept yet): the resumed run computes no means and its ``edges.npz``
+    is the uninterrupted run's, byte for byte."""
+    out = tmp_path / "killed"
+    calls = Calls(monkeypatch, sc, "one_batch", stop=1)
+    means = Calls(monkeypatch, sc, "mean_outputs")
+    assert cli.main([*ARGV, "--out", str(out)]) == 2
+    assert (out / resume.MEANS).is_file() and not (out / resume.SUMS).exists() and means.n == 1
+    calls.n, calls.stop, means.n = 0, None, 0
+    assert cli.main([*ARGV, "--out", str(out)]) == 0
+    assert calls.n == 3 and means.n == 0
+    assert (out / "edges.npz").read_bytes() == (whole / "edges.npz").read_bytes()
+    same(out, whole)
+
+
+def killed_with_means(tmp_path, monkeypatch, argv=ARGV, name="killed"):
+    """A run directory killed at its second batch (means and the first batch's sums kept); scoring is free again."""
+    out = tmp_path / name
+    calls = Calls(monkeypatch, sc, "one_batch", stop=2)
+    assert cli.main([*argv, "--out", str(out)]) == 2
+    calls.stop = None
+    return out
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda data: data[:-1] + bytes([data[-1] ^ 1]), "do not match their SHA-256"),  # one bit of the means
+    (lambda data: data.partition(b"\n")[0] + b"\nnot safetensors", "not a means checkpoint"),  # the run's header kept
+])
+def test_a_changed_means_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, capsys, tiny_loading,  # noqa: F811
+                                                           change, says):
+    out = killed_with_means(tmp_path, monkeypatch)
+    path = out / resume.MEANS
+    path.write_bytes(change(path.read_bytes()))
+    means = Calls(monkeypatch, sc, "mean_outputs")
+    capsys.readouterr()
+    assert cli.main([*ARGV, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if resume.MEANS in line]
+    assert len(lines) == 1 and says in lines[0] and "move it away" in lines[0]
+    assert "Traceback" not in err and means.n == 0 and not (out / "edges.npz").exists()
+
+
+def test_a_means_checkpoint_of_another_run_is_refused(tmp_path, monkeypatch, capsys, tiny_loading):  # noqa: F811
+    other = killed_with_means(tmp_path, monkeypatch, [*[a if a != "3" else "2" for a in ARGV]], "other")  # --steps 2
+    out = killed_with_means(tmp_path, monkeypatch)
+    shutil.copy(other / resume.MEANS, out / resume.MEANS)
+    capsys.readouterr()
+    assert cli.main([*ARGV, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "written by another run" in err and resume.MEANS in err and "Traceback" not in err
 
 
 def test_a_run_killed_in_the_curve_keeps_its_scores_and_circuits(whole, tmp_path, monkeypatch):
@@ -89,8 +145,9 @@ def test_the_same_command_again_recomputes_nothing(whole, monkeypatch):
     before = arrays(whole)
     batches = Calls(monkeypatch, sc, "one_batch")
     metrics = Calls(monkeypatch, circuit, "circuit_metrics")
+    means = Calls(monkeypatch, sc, "mean_outputs")
     assert cli.main([*ARGV, "--out", str(whole)]) == 0
-    assert batches.n == 0 and metrics.n == 0
+    assert batches.n == 0 and metrics.n == 0 and means.n == 0
     assert all(before[k].tobytes() == v.tobytes() for k, v in arrays(whole).items())
 
 
@@ -131,6 +188,28 @@ def test_partial_round_trip_and_checks():
         resume.Partial.from_bytes(part.to_bytes(), Layout(2, 2, 2, 4, 3), 8)
     with pytest.raises(CorruptRunError, match="not a checkpoint"):
         resume.Partial.from_bytes(b"garbage", layout, 8)
+
+
+def test_means_round_trip_and_checks():
+    layout = Layout(n_layers=2, n_heads=2, n_kv_heads=1, d_model=4, n_pos=3)
+    s = layout.n_senders
+    means = sc.MeanOutputs(mean=torch.randn(s, 3, 4), by_token={(0, 7): torch.randn(s, 4), (2, 5): torch.randn(s, 4)},
+                           counts={(0, 7): 3, (2, 5): 1})
+    back = sc.MeanOutputs.from_bytes(means.to_bytes(), layout)
+    assert torch.equal(back.mean, means.mean) and back.counts == means.counts
+    assert list(back.by_token) == list(means.by_token)
+    assert all(torch.equal(back.by_token[k], v) for k, v in means.by_token.items())
+    tokens = torch.tensor([[7, 1, 5]])
+    assert torch.equal(back.lookup(tokens[:, [0]]), means.lookup(tokens[:, [0]]))
+    with pytest.raises(CorruptRunError, match="do not fit the run's graph"):
+        sc.MeanOutputs.from_bytes(means.to_bytes(), Layout(2, 2, 1, 4, 4))
+    far = sc.MeanOutputs(mean=means.mean, by_token={(3, 7): torch.randn(s, 4)}, counts={(3, 7): 1})
+    with pytest.raises(CorruptRunError, match="does not fit the run's 3 positions"):
+        sc.MeanOutputs.from_bytes(far.to_bytes(), layout)
+    with pytest.raises(CorruptRunError, match="not a means checkpoint"):
+        sc.MeanOutputs.from_bytes(b"garbage", layout)
+    with pytest.raises(CorruptRunError, match="not a means checkpoint"):  # a checkpoint of the sums
+        sc.MeanOutputs.from_bytes(resume.Partial(1, zeros(layout), torch.zeros(1), 1).to_bytes(), layout)
 
 
 def test_checkpoint_files_carry_their_run(tmp_path):
