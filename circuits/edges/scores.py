@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Int, Shaped
 
 from circuits.edges.engine import Metric, PassResult, edge_pass, logit_diff
 from circuits.edges.graph import Layout, Scores, zeros
@@ -35,7 +35,7 @@ Counter = Callable[[Int[torch.Tensor, " batch"]], Float[torch.Tensor, "batch n_s
 """The counterfactual outputs of the scored prompts with these row numbers."""
 
 
-def means_digest(tensors: dict[str, torch.Tensor]) -> str:
+def means_digest(tensors: dict[str, Shaped[torch.Tensor, "*shape"]]) -> str:
     """The SHA-256 (hex) of the bytes of the four tensors of :meth:`MeanOutputs.tensors`, in a fixed order."""
     sha = hashlib.sha256()
     for name in ("mean", "keys", "by_token", "counts"):
@@ -69,8 +69,9 @@ class MeanOutputs:
         tensors = self.tensors()
         return save(tensors, metadata={"sha256": means_digest(tensors)})
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The four tensors of :meth:`to_bytes`, contiguous, on the CPU."""
+    def tensors(self) -> dict[str, Shaped[torch.Tensor, "*shape"]]:
+        """The four tensors of :meth:`to_bytes`, contiguous, on the CPU: ``mean`` ``[n_senders, pos, d_model]``,
+        ``keys`` ``[entries, 2]``, ``by_token`` ``[entries, n_senders, d_model]``, ``counts`` ``[entries]``."""
         keys = list(self.by_token)
         s, _, d = self.mean.shape
         stacked = torch.stack([self.by_token[k].float().cpu() for k in keys]) if keys else torch.zeros(0, s, d)
