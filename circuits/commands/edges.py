@@ -38,15 +38,16 @@ def spec(args: argparse.Namespace) -> CommandSpecs:
 
 def check(spec: CommandSpecs) -> None:
     """Model-independent checks, before anything is loaded: the config (``--wait``/``--transfer`` against the
-    model's number of blocks when its ``config.json`` is here) and that the backend gives gradients."""
+    model's number of blocks when its ``config.json`` is here) and that the model runs here (gradients need its
+    weights)."""
     from circuits.errors import ArgumentError
     from circuits.models.names import n_layers_of
 
     config: EdgesConfig = spec.config
     check_config(config, None if spec.model.remote else n_layers_of(spec.model.name))
-    if spec.model.remote or spec.model.backend == "nnsight":
-        raise ArgumentError("af1 edges takes gradients through the model's split inputs, which the nnsight backend "
-                            "does not offer yet: use --backend hooked or bridge")
+    if spec.model.remote:
+        raise ArgumentError("af1 edges takes gradients through the model's split inputs, which need its weights "
+                            "here: run it without --remote")
     check_specs(spec)
 
 

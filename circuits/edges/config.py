@@ -66,9 +66,6 @@ class EdgesConfig:
                 check_int("transfer", self.transfer, 1)
             else:
                 check_config(n_layers, self.wait, self.transfer, min_transfer=1)
-        if info is not None and not isinstance(info, int) and info.backend not in ("hooked", "bridge"):
-            raise ArgumentError(f"af1 edges takes gradients through split inputs, which backend {info.backend!r} "
-                                f"does not offer: use --backend hooked or bridge")
         return self
 
     def subgraph(self) -> tuple[int, int] | None:

@@ -44,7 +44,7 @@ class NNsightAdapter(ModelAdapter):
     backend = "nnsight"
     model: NNsightModel
     capabilities = Capabilities(skips_blocks=False, positions=False, frozen_bos_kv=False, configs_per_pass=True,
-                                attention_masks=True)
+                                attention_masks=True, split_inputs=True)
 
     def check_edits(self) -> dict[str, str]:
         """The edit probe locally; none for a remote model (it would cost requests, and nnsight writes

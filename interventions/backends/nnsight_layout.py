@@ -26,6 +26,10 @@ ATTENTION_NAMES = ("self_attn", "attn", "attention")
 MID_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm")
 OUTPUT_PROJECTION_NAMES = ("o_proj", "c_proj", "dense", "out_proj")
+IN_NORM_NAMES = ("input_layernorm", "ln_1")
+QKV_NAMES = (("q_proj", "k_proj", "v_proj"), ("c_attn",))
+"""The query, key and value projections of an attention module: three modules, or GPT-2's one fused module."""
+MLP_NAMES = ("mlp",)
 ROTARY_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gpt_neox", "gptj", "phi3", "olmo")
 
 
@@ -37,7 +41,9 @@ class Layout:
     attention module, relative to the block; ``out_proj``: the attention's output projection, relative
     to the block; ``mid_norm``: the norm before the MLP, relative to the block (``None`` for parallel
     blocks, whose MLP reads the block's input); ``embed``: the token embedding; ``head``: the unembedding
-    (``lm_head``); ``final_norm``: the norm before it (``None`` if there is none)."""
+    (``lm_head``); ``final_norm``: the norm before it (``None`` if there is none). For split inputs
+    (:mod:`.nnsight_split`), relative to the block: ``in_norm``, the norm before attention; ``qkv``, the query,
+    key and value projections (one path when fused); ``mlp``, the MLP (each empty where not found)."""
 
     blocks: str
     attention: str
@@ -46,6 +52,9 @@ class Layout:
     embed: str
     head: str
     final_norm: str | None
+    in_norm: str | None = None
+    qkv: tuple[str, ...] = ()
+    mlp: str | None = None
 
 
 def child_named(module: torch.nn.Module, names: tuple[str, ...], what: str) -> str:
@@ -78,8 +87,13 @@ def layout_of(hf_model: PreTrainedModel) -> Layout:
     base = hf_model.get_submodule(blocks.rsplit(".", 1)[0]) if "." in blocks else hf_model
     final = next((n for n in FINAL_NORM_NAMES if n in dict(base.named_children())), None)
     prefix = blocks.rsplit(".", 1)[0] + "." if "." in blocks else ""
+    in_norm = next((n for n in IN_NORM_NAMES if n in children), None)
+    mlp = next((n for n in MLP_NAMES if n in children), None)
+    projections = dict(block.get_submodule(attention).named_children())
+    qkv = next((names for names in QKV_NAMES if all(n in projections for n in names)), ())
     return Layout(blocks=blocks, attention=attention, out_proj=f"{attention}.{out_proj}", mid_norm=mid, embed=embed,
-                  head=head, final_norm=None if final is None else prefix + final)
+                  head=head, final_norm=None if final is None else prefix + final, in_norm=in_norm,
+                  qkv=tuple(f"{attention}.{n}" for n in qkv), mlp=mlp)
 
 
 def text_config(config: Any) -> Any:
@@ -110,6 +124,10 @@ class NNsightConfig:
     device: Any = None
     dtype: Any = None
     original_architecture: str = ""
+    use_split_qkv_input: bool = False
+    """Whether the split query/key/value inputs are emulated (``hook_q_input`` ...), as on TransformerLens."""
+    use_hook_mlp_in: bool = False
+    """Whether ``hook_mlp_in`` is emulated, as on TransformerLens."""
 
 
 def config_of(hf_config: Any, name: str, tokenizer: Tokenizer) -> NNsightConfig:

@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from ..hooks import HookFn
 from ..types import InterventionError, Model, Tokenizer
 from .nnsight_layout import config_of, layout_of
+from .nnsight_split import SplitBlock, head_out_weights, split_blocks
 from .nnsight_trace import POINT_KINDS, Invoke, run_trace
 
 INSTALL_HINT = "pip install 'af1-circuits[nnsight]'"
@@ -115,7 +116,7 @@ class Usage:
 def point_names(n_layers: int, parallel: bool) -> list[str]:
     """Every emulated hook name of a model with ``n_layers`` blocks (0-indexed), in forward order
     (``hook_resid_mid`` only for sequential blocks, as on TransformerLens)."""
-    kinds = [k for k in POINT_KINDS if not (parallel and k == "hook_resid_mid")]
+    kinds = [k for k in POINT_KINDS if not (parallel and k in ("hook_resid_mid", "hook_mlp_in"))]
     return [f"blocks.{l}.{kind}" for l in range(n_layers) for kind in kinds]
 
 
@@ -141,6 +142,7 @@ class NNsightModel(torch.nn.Module):
         names = point_names(self.cfg.n_layers, self.layout.mid_norm is None)
         self.hook_dict: dict[str, HookPoint] = {n: HookPoint(n) for n in names}
         self.usage = Usage()
+        self.split_cache: list[SplitBlock] | None = None
 
     # --- TransformerLens surface ------------------------------------------------------------
     @property
@@ -194,6 +196,37 @@ class NNsightModel(torch.nn.Module):
         ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).flatten()
         return [str(self.tokenizer.decode([int(t)])) for t in ids]
 
+    @property
+    def W_O(self) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
+        """Every block's attention output projection per head, as TransformerLens holds it (needs local weights)."""
+        return head_out_weights(self.local_module(self.layout.blocks), self.layout, self.cfg)
+
+    # --- split inputs (TransformerLens's use_split_qkv_input and use_hook_mlp_in) -----------
+    def set_use_split_qkv_input(self, use: bool) -> None:
+        """Emulate ``hook_q_input``/``hook_k_input``/``hook_v_input`` (and ``hook_mlp_in``) from now on
+        (:mod:`.nnsight_split`); refused, in one line, for a remote model or blocks the emulation does not cover."""
+        if use and self.remote:
+            raise InterventionError("split query/key/value inputs need the weights here: run without --remote")
+        if use:
+            self.split_weights()
+        self.cfg.use_split_qkv_input = bool(use)
+
+    def set_use_hook_mlp_in(self, use: bool) -> None:
+        """Emulate ``hook_mlp_in`` (the MLP's own input) from now on (as :meth:`set_use_split_qkv_input`)."""
+        if use:
+            self.split_weights()
+        self.cfg.use_hook_mlp_in = bool(use)
+
+    def split_weights(self) -> list[SplitBlock]:
+        """Every block's :class:`~.nnsight_split.SplitBlock`, built once."""
+        if self.split_cache is None:
+            self.split_cache = split_blocks(self.local_module(self.layout.blocks), self.layout, self.cfg)
+        return self.split_cache
+
+    def split(self) -> list[SplitBlock] | None:
+        """What a trace emulates split inputs with: ``None`` unless switched on."""
+        return self.split_weights() if self.cfg.use_split_qkv_input or self.cfg.use_hook_mlp_in else None
+
     # --- running ----------------------------------------------------------------------------
     def forward(self, tokens: Int[torch.Tensor, "batch pos"], **_: Any) -> Float[torch.Tensor, "batch pos d_vocab"]:
         """Logits ``[batch, pos, d_vocab]`` of ``tokens`` with the hooks added at :attr:`hook_dict`."""
@@ -219,7 +252,7 @@ class NNsightModel(torch.nn.Module):
             ship_by_value()
             if self.remote is True:
                 use_environment_key()
-        out = run_trace(self.lm, self.layout, self.cfg.n_layers, self.cfg.n_heads, invokes, kwargs)
+        out = run_trace(self.lm, self.layout, self.cfg.n_layers, self.cfg.n_heads, invokes, kwargs, self.split())
         self.usage.requests += 1
         self.usage.invokes += len(invokes)
         self.usage.tokens += sum(int(inv.tokens.numel()) for inv in invokes)

@@ -12,10 +12,17 @@ activations to return, and whether to return logits (``"all"`` positions, the ``
   allowed, the dtype's minimum elsewhere, ``[batch, 1, q, k]``, or ``[batch, n_heads, q, k]``), which eager
   and SDPA attention honour alike. The invokes of one trace join their masks into one batch, so a trace
   whose masks are per head holds one invoke (:meth:`~.nnsight.NNsightAdapter.run_configs` splits);
+* ``blocks.{l}.hook_q_input``, ``hook_k_input``, ``hook_v_input`` (with split inputs: a
+  :class:`~.nnsight_split.SplitBlock` per block is given): one copy of the block's input per query head
+  ``[batch, pos, n_heads, d_model]`` and per key/value head ``[batch, pos, n_kv_heads, d_model]``, before the
+  norm; what the hooks return is normed and projected per head into the projections' outputs;
 * ``blocks.{l}.attn.hook_z``: the input of the attention output projection, viewed per query head
   ``[batch, pos, n_heads, d_head]``;
 * ``blocks.{l}.hook_attn_out``: the attention module's output (what is added to the residual stream);
 * ``blocks.{l}.hook_resid_mid`` (sequential blocks; read-only): the input of the norm before the MLP;
+* ``blocks.{l}.hook_mlp_in`` (with split inputs): the same stream as the MLP's own input (an edit reaches
+  the MLP alone, not the residual stream);
+* ``blocks.{l}.hook_mlp_out``: the MLP's output;
 * ``blocks.{l}.hook_resid_post``: the block's output hidden states.
 
 A hook is ``fn(activation, hook)`` returning ``None`` (observe) or the replacement, as on
@@ -33,17 +40,19 @@ from typing import TYPE_CHECKING, Any
 
 import einops
 import torch
+from jaxtyping import Float
 
 from ..errors import InterventionError
 from ..readout import answer_positions, answer_readout
 from .nnsight_layout import Layout
+from .nnsight_split import SplitBlock
 
 if TYPE_CHECKING:
     from nnsight import LanguageModel
 
 LOGITS = ("all", "last", "answer", "none")
-POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
-               "hook_resid_post")
+POINT_KINDS = ("hook_resid_pre", "attn.hook_attn_mask", "hook_q_input", "hook_k_input", "hook_v_input",
+               "attn.hook_z", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "hook_mlp_out", "hook_resid_post")
 """The emulated hook points of each block, in the order a forward pass reaches them."""
 
 
@@ -144,17 +153,21 @@ def with_first(output: Any, new: torch.Tensor) -> Any:
 
 
 def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, out: dict[str, Any],
-                visited: list[str]) -> None:
+                visited: list[str], split: SplitBlock | None = None) -> None:
     """Apply ``inv``'s hooks and reads at the hook points of block ``l`` (see the module docstring), in the
-    order the forward pass reaches them."""
-    pre, mask, z, attn, mid, post = (f"blocks.{l}.{kind}" for kind in POINT_KINDS)
-    wanted = {n for n in (pre, mask, z, attn, mid, post) if n in inv.hooks or n in inv.reads or n in inv.sums}
-    if pre in wanted:
+    order the forward pass reaches them; ``split``: the block's split inputs (``None``: not emulated)."""
+    names = {kind: f"blocks.{l}.{kind}" for kind in POINT_KINDS}
+    wanted = {k for k, n in names.items() if n in inv.hooks or n in inv.reads or n in inv.sums}
+    pre, mask, z, attn, mid, post = (names[k] for k in ("hook_resid_pre", "attn.hook_attn_mask", "attn.hook_z",
+                                                         "hook_attn_out", "hook_resid_mid", "hook_resid_post"))
+    qkv = [k for k in ("hook_q_input", "hook_k_input", "hook_v_input") if k in wanted]
+    x = None
+    if "hook_resid_pre" in wanted or (qkv and split is not None):  # read before anything later in the block
         x = block.input
-        new = at_point(pre, x, inv, out, visited)
+        new = at_point(pre, x, inv, out, visited) if "hook_resid_pre" in wanted else x
         if new is not x:
-            block.input = new
-    if mask in wanted:
+            block.input = x = new
+    if "attn.hook_attn_mask" in wanted:
         attention = envoy_at(block, layout.attention)
         args, kwargs = attention.inputs
         n = inv.tokens.shape[1]
@@ -167,42 +180,79 @@ def visit_block(block: Any, layout: Layout, l: int, n_heads: int, inv: Invoke, o
             attention.inputs = (args, {**kwargs, "attention_mask": new})
         if mask in inv.reads:
             out[mask] = allowed
-    if z in wanted:
+    if qkv and split is not None and x is not None:
+        split_qkv(block, split, l, x, inv, out, visited)
+    if "attn.hook_z" in wanted:
         proj = envoy_at(block, layout.out_proj)
         flat = proj.input
         heads = einops.rearrange(flat, "... pos (n_heads d_head) -> ... pos n_heads d_head", n_heads=n_heads)
         new = at_point(z, heads, inv, out, visited)
         if new is not heads:
             proj.input = einops.rearrange(new, "... pos n_heads d_head -> ... pos (n_heads d_head)")
-    if attn in wanted:
+    if "hook_attn_out" in wanted:
         attention = envoy_at(block, layout.attention)
         output = attention.output
         new = at_point(attn, first_of(output), inv, out, visited)
         if new is not first_of(output):
             attention.output = with_first(output, new)
-    if mid in wanted:
+    mlp_in = "hook_mlp_in" in wanted and split is not None
+    if "hook_resid_mid" in wanted or mlp_in:
         if layout.mid_norm is None:
             raise InterventionError(f"{mid} does not exist in parallel blocks (attention and MLP read the same input)")
         norm = envoy_at(block, layout.mid_norm)
         x = norm.input
-        if at_point(mid, x, inv, out, visited) is not x:
+        if "hook_resid_mid" in wanted and at_point(mid, x, inv, out, visited) is not x:
             raise InterventionError(f"{mid} is read-only on the nnsight backend (it is the input of the MLP's "
-                                    "norm, not "
-                                    f"the residual stream): edit hook_attn_out or hook_resid_post instead")
-    if post in wanted:
+                                    "norm, not the residual stream): edit hook_mlp_in (split inputs), "
+                                    "hook_attn_out or hook_resid_post instead")
+        if mlp_in:
+            new = at_point(names["hook_mlp_in"], x, inv, out, visited)
+            if new is not x:
+                norm.input = new
+    if "hook_mlp_out" in wanted:
+        if layout.mlp is None:
+            raise InterventionError(f"{names['hook_mlp_out']}: the nnsight backend found no module named "
+                                    f"'mlp' in block {l}")
+        mlp = envoy_at(block, layout.mlp)
+        output = mlp.output
+        new = at_point(names["hook_mlp_out"], first_of(output), inv, out, visited)
+        if new is not first_of(output):
+            mlp.output = with_first(output, new)
+    if "hook_resid_post" in wanted:
         output = block.output
         new = at_point(post, first_of(output), inv, out, visited)
         if new is not first_of(output):
             block.output = with_first(output, new)
 
 
-def visit(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, inv: Invoke) -> dict[str, Any]:
+def split_qkv(block: Any, split: SplitBlock, l: int, x: Float[torch.Tensor, "batch pos d_model"], inv: Invoke,
+              out: dict[str, Any], visited: list[str]) -> None:
+    """The split query, key and value inputs of block ``l``: a copy of ``x`` (the block's input
+    ``[batch, pos, d_model]``) per head through the hooks, then normed and projected per head into the
+    projections' outputs (left as they are when no hook changed a copy)."""
+    projected, changed = [], False
+    for kind, proj in (("q", split.q), ("k", split.k), ("v", split.v)):
+        copy = x[..., None, :].expand(*x.shape[:-1], proj.weight.shape[0], x.shape[-1])
+        new = at_point(f"blocks.{l}.hook_{kind}_input", copy, inv, out, visited)
+        changed = changed or new is not copy
+        projected.append(proj(split.norm(new)))
+    if not changed:
+        return
+    if split.fused:
+        envoy_at(block, split.paths[0]).output = torch.cat(projected, dim=-1)
+        return
+    for path, value in zip(split.paths, projected):
+        envoy_at(block, path).output = value
+
+
+def visit(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, inv: Invoke,
+          split: list[SplitBlock] | None = None) -> dict[str, Any]:
     """Everything one invoke does inside the trace; returns its saved results (see :func:`run_trace`)."""
     out: dict[str, Any] = {}
     visited: list[str] = []
     blocks = envoy_at(lm, layout.blocks)
     for l in range(n_layers):
-        visit_block(blocks[l], layout, l, n_heads, inv, out, visited)
+        visit_block(blocks[l], layout, l, n_heads, inv, out, visited, None if split is None else split[l])
     if inv.logits != "none":
         logits = envoy_at(lm, layout.head).output
         if inv.logits == "answer":
@@ -216,10 +266,11 @@ def visit(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, inv: I
 
 
 def run_trace(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, invokes: list[Invoke],
-              trace_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+              trace_kwargs: dict[str, Any], split: list[SplitBlock] | None = None) -> list[dict[str, Any]]:
     """Run ``invokes`` in one nnsight trace of ``lm`` (``trace_kwargs`` go to ``lm.trace``, e.g.
-    ``remote=True``). Per invoke: ``{hook name: activation}`` for its reads, ``"logits"`` unless
-    ``logits="none"`` (``[batch, pos or 1, d_vocab]``) and ``"visited"`` (the hook names whose hooks ran)."""
+    ``remote=True``; ``split``: every block's split inputs, or ``None`` where they are not emulated). Per invoke:
+    ``{hook name: activation}`` for its reads, ``"logits"`` unless ``logits="none"`` (``[batch, pos or 1,
+    d_vocab]``) and ``"visited"`` (the hook names whose hooks ran)."""
     from nnsight import save
 
     total, first = sum(int(inv.tokens.shape[0]) for inv in invokes), 0
@@ -230,5 +281,5 @@ def run_trace(lm: LanguageModel, layout: Layout, n_layers: int, n_heads: int, in
         results = save([])
         for inv in invokes:
             with tracer.invoke(inv.tokens):
-                results.append(visit(lm, layout, n_layers, n_heads, inv))
+                results.append(visit(lm, layout, n_layers, n_heads, inv, split))
     return list(results)

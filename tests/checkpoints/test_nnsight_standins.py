@@ -153,3 +153,36 @@ def test_gptj_peeks_on_nnsight_as_on_hooked_transformer(load_standin):
             torch.testing.assert_close(log_probs(a), log_probs(b), atol=1e-4, rtol=0)
         peeked = iv.run(nn, p.tokens, [iv.Peek([0, 1], "self", "all")])
         assert (log_probs(peeked) - log_probs(nn(p.tokens))).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("key, message", [("pythia", "in sequence"), ("gemma", "not a plain LayerNorm or RMSNorm")])
+def test_edges_refuse_blocks_the_split_emulation_does_not_cover(load_standin, key, message):
+    """Parallel attention and MLP (Pythia) and Gemma's ``1 + weight`` RMSNorm (caught by the copy's check on
+    random input, not by its class name) are refused in one line; the model runs on as before."""
+    nn = load_standin(key, "nnsight")
+    with pytest.raises(iv.InterventionError, match=message) as err:
+        nn.set_use_split_qkv_input(True)
+    assert "\n" not in str(err.value) and "--backend bridge" in str(err.value)
+    assert not nn.cfg.use_split_qkv_input and nn.split() is None
+
+
+@pytest.mark.parametrize("key", ["llama3", "qwen2"])
+def test_edge_pass_on_nnsight_reproduces_the_checkpoint(load_standin, key):
+    """Real Llama-3 and Qwen2 blocks (rotary, grouped-query attention, q/k/v biases on Qwen2): the edge pass with
+    split inputs gives the checkpoint's own metric, and removing every edge with the clean outputs as the
+    counterfactual changes nothing."""
+    from circuits.edges.analysis import layout_of
+    from circuits.edges.engine import edge_pass, logit_diff
+
+    nn = load_standin(key, "nnsight")
+    p = standins.self_answered(nn, "add", 8, prepend_bos=True)
+    ad = iv.adapt(nn)
+    layout = layout_of(ad.info, int(p.tokens.shape[1]), 1, True)
+    with torch.no_grad():
+        want = logit_diff(nn(p.tokens)[:, -1], p.answers)
+    clean = edge_pass(ad, layout, p.tokens, p.answers)
+    torch.testing.assert_close(clean.metric, want, atol=1e-4, rtol=1e-4)
+    same = edge_pass(ad, layout, p.tokens, p.answers, counter=clean.outputs, removal=1.0)
+    torch.testing.assert_close(same.metric, want, atol=1e-4, rtol=1e-4)
+    zero = edge_pass(ad, layout, p.tokens, p.answers, counter=torch.zeros_like(clean.outputs), removal=1.0)
+    assert (zero.metric - want).abs().max() > 1e-2

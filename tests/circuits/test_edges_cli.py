@@ -52,7 +52,7 @@ def test_edges_aggregated_positions(tiny_loading, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("extra, message", [
     (["--wait", "0"], "--wait and --transfer together"),
-    (["--backend", "nnsight"], "nnsight backend"),
+    (["--backend", "nnsight", "--remote"], "without --remote"),
     (["--wait", "0", "--transfer", "1", "--aggregate-positions"], "leave out --aggregate-positions"),
     (["--steps", "0"], "--steps"),
 ])

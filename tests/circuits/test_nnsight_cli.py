@@ -130,3 +130,23 @@ def test_remote_refuses_local_placement(extra, message, tmp_path, capsys, monkey
             "--out", str(tmp_path / "r")]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.startswith(f"af1 search: error: {message}")
+
+
+def test_edges_on_nnsight_equal_the_bridge(tmp_path):
+    """``af1 edges`` through nnsight's split-input emulation on the grouped-query ground truth: the same prompts,
+    the same edge table and scores (to float32 rounding) and the same circuit curve as the bridge."""
+    import numpy as np
+
+    from circuits import results as stored
+
+    argv = ["edges", "--model", "arith-llama-gt-w1t2", "--task", "add_sub", "--n-prompts", "12", "--method",
+            "eap-ig", "--steps", "3", "--counterfactual", "corrupted", "--no-progress"]
+    assert cli.main([*argv, "--backend", "bridge", "--out", str(tmp_path / "b")]) == 0
+    assert cli.main([*argv, "--backend", "nnsight", "--out", str(tmp_path / "n")]) == 0
+    b, n = stored.load(tmp_path / "b").to_pandas(), stored.load(tmp_path / "n").to_pandas()
+    assert len(b) == len(n) > 1000
+    assert (b[["src", "src_pos", "dst", "dst_pos", "input"]] == n[["src", "src_pos", "dst", "dst_pos", "input"]]).all().all()
+    scale = float(np.abs(b["score"]).max())
+    assert scale > 0 and np.abs(b["score"].to_numpy() - n["score"].to_numpy()).max() <= 1e-4 * scale
+    cb, cn = stored.load(tmp_path / "b").curve, stored.load(tmp_path / "n").curve
+    assert [p.faithfulness for p in cn.points] == pytest.approx([p.faithfulness for p in cb.points], abs=1e-4)
