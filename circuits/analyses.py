@@ -28,13 +28,12 @@ from circuits.errors import ArgumentError
 from circuits.prompts.fitset import FitSet
 from circuits.store.records import RecordSchema
 from interventions.coverage import Coverage
-from interventions.types import JsonDict, JsonMapping, Tokenizer
-
-if TYPE_CHECKING:
-    from interventions.adapter import ModelInfo
+from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
+    from circuits.prompts.spec import PromptSpec
     from circuits.store.runs import RunDir
+    from interventions.adapter import ModelInfo
 
 __all__ = ["REGISTRY", "Analysis", "AnalysisConfig", "DirStore", "MemoryStore", "ResultStore", "RunContext",
            "configured", "get", "names", "register", "unregister"]
@@ -50,7 +49,7 @@ class AnalysisConfig(Protocol):
     @property
     def batch_size(self) -> int: ...
 
-    def validate(self, info: Any, /) -> Any: ...
+    def validate(self, info: Any, /) -> object: ...
 
 
 C = TypeVar("C", bound=AnalysisConfig)
@@ -124,7 +123,7 @@ class RunContext:
     coverage: Coverage | None = None
     means_identity: JsonDict | None = None
     tokenizer: Tokenizer | None = None
-    spec: Any = None
+    spec: PromptSpec | None = None
     started: float = field(default_factory=time.time)
 
     def means_summary(self) -> JsonDict | None:
@@ -158,12 +157,12 @@ def validate_config(config: AnalysisConfig, info: ModelInfo | None) -> None:
     config.validate(info)
 
 
-def no_means(config: Any) -> str | None:
+def no_means(config: object) -> str | None:
     """The default :attr:`Analysis.means`: none."""
     return None
 
 
-def no_schema(config: Any, info: ModelInfo, n_prompts: int) -> RecordSchema | None:
+def no_schema(config: object, info: ModelInfo, n_prompts: int) -> RecordSchema | None:
     return None
 
 
@@ -171,7 +170,7 @@ def no_prompt_records(ctx: RunContext) -> list[JsonDict] | None:
     return None
 
 
-def no_row(result: Any) -> JsonDict:
+def no_row(result: object) -> JsonDict:
     """The default :attr:`Analysis.summary_row`: nothing beyond the cell's prompts."""
     return {}
 
@@ -200,12 +199,12 @@ class Analysis(Generic[C, R]):
     name: str
     config_type: type[C]
     results_file: str | None
-    identity: Callable[[C, RunContext, Any], JsonDict]
-    run: Callable[[Any, C, RunContext], R]
+    identity: Callable[[C, RunContext, Model], JsonDict]
+    run: Callable[[Model, C, RunContext], R]
     write: Callable[[R, RunDir, RunContext], None]
-    validate: Callable[[C, Any], None] = validate_config
+    validate: Callable[[C, ModelInfo], None] = validate_config
     means: Callable[[C], str | None] = no_means
-    schema: Callable[[C, Any, int], RecordSchema | None] = no_schema
+    schema: Callable[[C, ModelInfo, int], RecordSchema | None] = no_schema
     prompt_records: Callable[[RunContext], list[JsonDict] | None] = no_prompt_records
     summary_row: Callable[[R], JsonDict] = no_row
     configure: Callable[[JsonMapping], C] | None = None
@@ -229,7 +228,7 @@ class Analysis(Generic[C, R]):
         return self.config_type(**{k: v for k, v in settings.items() if k in names})
 
 
-def configured(config_type: type[C], config: C | None, **fields: Any) -> C:
+def configured(config_type: type[C], config: C | None, **fields: object) -> C:
     """``config`` (default: ``config_type(**fields)``) with the ``fields`` that are not ``None`` replaced: how an entry
     point such as :func:`circuits.search.search_af1` takes ``config=`` and, as before, the config's fields as
     keywords (which override those of ``config``)."""

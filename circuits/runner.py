@@ -47,7 +47,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from jaxtyping import Bool, Int
@@ -70,8 +70,16 @@ from circuits.prompts.spec import PromptSpec
 from interventions.types import JsonDict, JsonMapping, Model
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
+if TYPE_CHECKING:
+    from circuits.prompts.sampling import Prompts
+    from interventions.adapter import ModelInfo
+
 __all__ = ["LABELS", "Directory", "Memory", "ModelSource", "PromptSource", "Run", "RunOptions", "check_inputs",
            "command_of", "destination", "execute", "hold", "run", "run_analysis", "scored_context"]
+
+
+C = TypeVar("C", bound=AnalysisConfig)
+R = TypeVar("R")
 
 
 class ModelSource(Protocol):
@@ -101,8 +109,8 @@ class PromptSource(Protocol):
               batch_size: int) -> ReadyPrompts: ...
 
 
-def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource, prompts: PromptSource,
-        options: RunOptions = RunOptions()) -> Any:
+def run(analysis: Analysis[C, R], config: C, model: ModelSource, prompts: PromptSource,
+        options: RunOptions = RunOptions()) -> R:
     """Run ``analysis`` with ``config`` on ``model`` and ``prompts`` (the steps: see the module docstring); returns
     the analysis's result."""
     requested = config.batch_size if options.batch_size is None else options.batch_size
@@ -122,7 +130,7 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
                                       progress=options.progress, batch_size=first)
             meta: JsonDict = {**({"model": model.label} if model.label is not None else {}), **ready.meta,
                                     **({"command": list(options.command)} if options.command is not None else {})}
-            def attempt(size: int) -> Any:
+            def attempt(size: int) -> R:
                 sized = replace(config, batch_size=size)  # type: ignore[type-var]
                 return evaluate(analysis, loaded, ready, sized, meta, options, held, times)
 
@@ -136,9 +144,9 @@ def run(analysis: Analysis[Any, Any], config: AnalysisConfig, model: ModelSource
     return result
 
 
-def evaluate(analysis: Analysis[Any, Any], model: Model, prompts: ReadyPrompts, config: AnalysisConfig,
+def evaluate(analysis: Analysis[C, R], model: Model, prompts: ReadyPrompts, config: C,
              meta: JsonMapping, options: RunOptions, held: Run | None,
-             times: timing.Timings | None = None) -> Any:
+             times: timing.Timings | None = None) -> R:
     """Step 3 of :func:`run` with one batch size: the scored prompts, the means, the destination, the store, the
     analysis and its outputs (timed into ``times``: prompts, fit, analysis, report)."""
     times = times if times is not None else timing.Timings()
@@ -177,8 +185,8 @@ def evaluate(analysis: Analysis[Any, Any], model: Model, prompts: ReadyPrompts, 
         return result
 
 
-def check_inputs(model: Model, tokens: Any,
-                 answers: Any) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, " batch *k"]]:
+def check_inputs(model: Model, tokens: object,
+                 answers: object) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, " batch *k"]]:
     """Tokens and answers checked as the analyses need them: a ``[batch, pos]`` id tensor of one layout
     with BOS at position 0 and no padding, and one answer token id per prompt."""
     info = iv.adapt(model).info
@@ -189,11 +197,11 @@ def check_inputs(model: Model, tokens: Any,
     return tokens, answers
 
 
-def info_of(model: Model) -> Any:
+def info_of(model: Model) -> ModelInfo:
     return iv.adapt(model).info
 
 
-def known_keep(prepared: Any, tokens: Any) -> Bool[torch.Tensor, " n"] | None:
+def known_keep(prepared: Prepared | None, tokens: object) -> Bool[torch.Tensor, " n"] | None:
     """Which of ``tokens`` the unmodified model answers correctly, as the reloaded prepared prompts recorded it
     (``None``: not known, or ``tokens`` are not those prompts)."""
     if prepared is None or prepared.keep is None or not torch.is_tensor(tokens):
@@ -201,7 +209,7 @@ def known_keep(prepared: Any, tokens: Any) -> Bool[torch.Tensor, " n"] | None:
     return prepared.keep if torch.equal(tokens.cpu().long(), prepared.prompts.tokens.cpu().long()) else None
 
 
-def scored_context(analysis: Analysis[Any, Any], model: Model, tokens: Any, answers: Any, config: Any, *,
+def scored_context(analysis: Analysis[C, R], model: Model, tokens: object, answers: object, config: C, *,
                    meta: JsonMapping | None,
                    prompts: Sequence[JsonMapping] | None, progress: bool,
                    keep: Bool[torch.Tensor, " n"] | None = None) -> RunContext:
@@ -233,11 +241,11 @@ def scored_context(analysis: Analysis[Any, Any], model: Model, tokens: Any, answ
 
 # --- the earlier entry points ---------------------------------------------------------------------------------
 def execute(
-    analysis: Analysis[Any, Any],
+    analysis: Analysis[C, R],
     model: Model,
-    tokens: Any,
-    answers: Any,
-    config: Any,
+    tokens: Int[torch.Tensor, "n pos"],
+    answers: Int[torch.Tensor, " n *k"],
+    config: C,
     *,
     out_dir: str | Path | None = None,
     cache: iv.MeanCache | None = None,
@@ -249,8 +257,8 @@ def execute(
     held: Run | None = None,
     prepared: Prepared | None = None,
     on_means: Callable[[iv.MeanCache], None] | None = None,
-    spec: Any = None,
-) -> Any:
+    spec: PromptSpec | None = None,
+) -> R:
     """:func:`run` of ``analysis`` on a loaded ``model`` and the caller's ``tokens``/``answers`` (the Python API's
     entry point): ``fit`` (the :class:`~circuits.prompts.fitset.FitSet` the means are fitted on), ``prompts``
     (records aligned with ``tokens`` for ``prompts.jsonl``), ``meta`` (the caller's description, copied into the
@@ -266,11 +274,11 @@ def execute(
                           held=held))
 
 
-def run_analysis(analysis: Analysis[Any, Any], model: Model, prompts: Any, config: AnalysisConfig, *,
+def run_analysis(analysis: Analysis[C, R], model: Model, prompts: Prompts | PromptSource, config: C, *,
                  out: str | Path | None = None, batch_size: int | str | None = None, progress: bool = True,
-                 command: Sequence[str] | None = None, name: str | None = None, spec: Any = None,
+                 command: Sequence[str] | None = None, name: str | None = None, spec: PromptSpec | None = None,
                  cache: iv.MeanCache | None = None, on_means: Callable[[iv.MeanCache], None] | None = None,
-                 held: Run | None = None) -> Any:
+                 held: Run | None = None) -> R:
     """:func:`run` with the earlier signature: ``model`` a :class:`~circuits.models.spec.ModelSpec` or a loaded model
     (named ``name``), ``prompts`` a :class:`~circuits.prompts.spec.PromptSpec` or prepared
     :class:`~circuits.prompts.Prompts` (of the prompt spec ``spec``); the keywords are the :class:`RunOptions`."""
