@@ -30,14 +30,23 @@ slot columns). Every row of ``--prompts`` may then be scored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 import torch
+from jaxtyping import Int
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, prompts_label, read_prompts
+from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, PromptData, prompts_label, read_prompts
 from interventions.types import Model
+
+if TYPE_CHECKING:
+    from circuits.prompts.fitspec import FitSpec
+    from circuits.prompts.sampling import Prompts
+    from circuits.tasks.catalogue import TaskLike
+    from circuits.tasks.formats import PromptFormat
+    from circuits.tasks.tokens import Layout
+    from datasets import Dataset
 
 __all__ = ["PROMPT_SUFFIXES", "fit_from_task", "fit_source_label", "prompts_label", "prepare_dataset_prompts",
            "read_prompts"]
@@ -46,10 +55,10 @@ FIT_FLAGS = "give a fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK
 """How to give a prompt dataset's means more fit prompts, as the refusals say it."""
 
 
-def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int = 0, *, means: str | None = None,
-                            fit: Any = None, prepend_bos: bool | None = None, numbers: str = "single",
-                            fmt: Any = None, max_checked: int | None = None, batch_size: int = 128,
-                            fit_source: Any = None) -> Any:
+def prepare_dataset_prompts(model: Model, source: PromptData, n_prompts: int, seed: int = 0, *,
+                            means: str | None = None, fit: FitSpec | None = None, prepend_bos: bool | None = None,
+                            numbers: str = "single", fmt: PromptFormat | None = None, max_checked: int | None = None,
+                            batch_size: int = 128, fit_source: TaskLike | PromptData | None = None) -> Prompts:
     """``n_prompts`` rows of ``source`` that ``model`` answers correctly, in one layout, as
     :class:`~circuits.prompts.Prompts` (``source="prompts"``), with the fit set of ``means`` (``"cama"``,
     ``"mean"``, ``"head"`` or ``None``; ``fit``: a :class:`~circuits.prompts.fitset.FitSpec`) drawn from the other rows
@@ -79,7 +88,7 @@ def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int
                           + ("; answers of several tokens need --numbers multi" if numbers == "single" else ""))
     layouts = slot_layouts(tasks.to_layouts(model, kept, prepend_bos=prepend_bos), kept, model, where)
     budget = max_checked if max_checked is not None else n_rows
-    correct_by: dict[Any, torch.Tensor] = {}
+    correct_by: dict[object, torch.Tensor] = {}
     n_checked = n_correct = 0
     for lay in layouts:
         take = min(len(lay), max(0, budget - n_checked))
@@ -141,7 +150,7 @@ def prepare_dataset_prompts(model: Model, source: Any, n_prompts: int, seed: int
         numbers=numbers, layout=lay.key, fmt=fmt)
 
 
-def fit_from_task(source: Any) -> bool:
+def fit_from_task(source: TaskLike | PromptData) -> TypeGuard[TaskLike]:
     """Whether a fit source (``PromptSpec.fit_prompts``) names a task (a :class:`~circuits.tasks.TaskSpec`, a
     ``.toml`` / ``.json`` task file, a catalogue name) rather than a prompt dataset (a ``.jsonl`` / ``.csv`` file, a
     ``Dataset``)."""
@@ -154,14 +163,17 @@ def fit_from_task(source: Any) -> bool:
     return tasks.task_path(str(source)) is not None or str(source) in tasks.list_tasks()
 
 
-def fit_source_label(source: Any) -> str:
+def fit_source_label(source: TaskLike | PromptData) -> str:
     """How runs name a fit source: a task's label (:func:`circuits.tasks.task_label`), else the dataset's."""
     from circuits.tasks import catalogue as tasks
 
-    return tasks.task_label(source) if fit_from_task(source) else prompts_label(source)
+    if fit_from_task(source):
+        return tasks.task_label(source)
+    assert not isinstance(source, tasks.TaskSpec)  # a TaskSpec is a task
+    return prompts_label(source)
 
 
-def _task_dataset(source: Any, spec: Any, slots: list[str], where: str) -> Any:
+def _task_dataset(source: TaskLike, spec: FitSpec, slots: list[str], where: str) -> Dataset:
     """The first ``spec.size`` prompts of the task ``source`` in the order of ``spec.seed`` as prompt rows, with a
     column per slot in ``slots`` (the scored dataset's slot columns, each a slot of the task)."""
     from circuits.tasks import catalogue as tasks
@@ -174,7 +186,7 @@ def _task_dataset(source: Any, spec: Any, slots: list[str], where: str) -> Any:
                             f"column of {where}; name the slot columns as the task's slots "
                             f"({', '.join(task.operand_names)})")
     ds = tasks.build_task(task, n=spec.size, seed=spec.seed)
-    cols: dict[str, list[Any]] = {"prompt": list(ds["prompt"]), "answer": list(ds["answer"])}
+    cols: dict[str, list[object]] = {"prompt": list(ds["prompt"]), "answer": list(ds["answer"])}
     if "answer_text" in ds.column_names:
         cols["answer_text"] = list(ds["answer_text"])
     operands = list(ds["operands"])
@@ -184,8 +196,9 @@ def _task_dataset(source: Any, spec: Any, slots: list[str], where: str) -> Any:
     return Dataset.from_dict({**cols, LINE: [f"prompt {i}" for i in range(len(ds))]})
 
 
-def fit_rows(model: Model, source: Any, spec: Any, scored: Any, key: Any, *, numbers: str, prepend_bos: bool | None,
-             fmt: Any, batch_size: int) -> tuple[Any, int]:
+def fit_rows(model: Model, source: TaskLike | PromptData, spec: FitSpec, scored: Dataset, key: object, *, numbers: str,
+             prepend_bos: bool | None, fmt: PromptFormat | None,
+             batch_size: int) -> tuple[Int[torch.Tensor, "n pos"], int]:
     """``(tokens, rows drawn)``: the fit prompts of ``source`` (a prompt dataset, or a task: :func:`fit_from_task`)
     in the scored prompts' layout ``key`` (their token length and, with slot columns, where each slot sits; the
     slot columns of ``scored``, the scored dataset, are the ones compared), BOS per ``prepend_bos``, only those the
@@ -200,6 +213,7 @@ def fit_rows(model: Model, source: Any, spec: Any, scored: Any, key: Any, *, num
     if fit_from_task(source):
         ds = _task_dataset(source, spec, slots, "--prompts")
     else:
+        assert not isinstance(source, tasks.TaskSpec)  # a TaskSpec is a task
         ds = read_prompts(source)
         missing = [c for c in slots if c not in ds.column_names]
         if missing:
@@ -224,7 +238,8 @@ def fit_rows(model: Model, source: Any, spec: Any, scored: Any, key: Any, *, num
     return tokens, n_drawn
 
 
-def pick_backed(candidates: Any, fit: Any, n: int, min_count: int) -> tuple[list[int], int]:
+def pick_backed(candidates: Int[torch.Tensor, "m pos"], fit: Int[torch.Tensor, "f pos"], n: int,
+                min_count: int) -> tuple[list[int], int]:
     """``(picked, set aside)``: the first ``n`` rows of ``candidates`` (``[m, pos]``) whose every ``(position,
     token)`` entry (positions ``>= 1``) at least ``min_count`` rows of the separate fit set ``fit`` hold once the
     picked rows are taken out of it (a candidate may also be a fit row); ``set aside``: candidates passed over
@@ -253,7 +268,7 @@ def pick_backed(candidates: Any, fit: Any, n: int, min_count: int) -> tuple[list
     return picked, aside
 
 
-def slot_layouts(layouts: list[Any], ds: Any, model: Model, where: str) -> list[Any]:
+def slot_layouts(layouts: list[Layout], ds: Dataset, model: Model, where: str) -> list[Layout]:
     """``layouts`` (of ``ds``'s rows) split so that every slot column's value (a column besides :data:`NOT_SLOTS`)
     sits at the same token positions in all rows of one layout, largest first; ``layouts`` itself without slot
     columns. A value is found in its prompt as text (an integer as a whole number); one that does not occur is a
@@ -299,7 +314,7 @@ def slot_layouts(layouts: list[Any], ds: Any, model: Model, where: str) -> list[
     return sorted(out, key=lambda x: (-len(x), x.n_pos))
 
 
-def _chat(ds: Any, model: Model) -> Any:
+def _chat(ds: Dataset, model: Model) -> Dataset:
     """``ds`` with each prompt in the tokenizer's chat template (the user's message, the assistant's turn open)."""
     from circuits.tasks.tokens import tokenizer_of
 
