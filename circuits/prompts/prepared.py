@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool
@@ -37,6 +37,12 @@ from circuits.logs import get_logger
 from circuits.store import files
 from circuits.tasks.tokens import answer_value
 from interventions.types import JsonDict, JsonMapping, Model
+
+if TYPE_CHECKING:
+    from circuits.prompts.prompt_files import PromptData
+    from circuits.prompts.sampling import Prompts
+    from circuits.store.runs import RunDir
+    from circuits.tasks.catalogue import TaskLike
 
 __all__ = ["CHECKED", "FORMAT", "Prepared", "cached", "dataset_key", "keep_prepared", "load", "parse", "prepare",
            "prepared_of", "remember", "spec_key", "task_key", "to_bytes"]
@@ -61,12 +67,12 @@ class Prepared:
     by this run)."""
 
     key: JsonDict
-    prompts: Any
+    prompts: Prompts
     keep: torch.Tensor | None = None
     source: Path | None = None
 
 
-def prepared_of(prompts: Any) -> Prepared | None:
+def prepared_of(prompts: object) -> Prepared | None:
     """The :class:`Prepared` :func:`prepare` attached to ``prompts`` (``None`` for prompts prepared otherwise)."""
     extra = getattr(prompts, "extra", None)
     found = extra.get(EXTRA) if isinstance(extra, dict) else None
@@ -98,7 +104,7 @@ def spec_key(model: Model, spec: Any, means: str | None) -> JsonDict:
     })
 
 
-def task_key(task: Any, source: str) -> JsonDict:
+def task_key(task: TaskLike, source: str) -> JsonDict:
     """What the prompts of ``task`` (a catalogue name, a task file or a :class:`~circuits.tasks.TaskSpec`) are
     a function of: its name, its definition, the SHA-256 of its task file (a file changed under the same path
     gives another key) and, for ``source="frozen"``, of its frozen set."""
@@ -118,21 +124,25 @@ def task_key(task: Any, source: str) -> JsonDict:
     return out
 
 
-def fit_label(source: Any) -> str | None:
+def fit_label(source: TaskLike | PromptData | None) -> str | None:
     """How the fit source of a prompt dataset (``PromptSpec.fit_prompts``) is named: a task's label, a dataset's."""
     from circuits.prompts.datasets import fit_source_label
 
     return None if source is None else fit_source_label(source)
 
 
-def fit_key(source: Any) -> JsonDict:
+def fit_key(source: TaskLike | PromptData) -> JsonDict:
     """What a fit set drawn from ``source`` (a prompt dataset or a task) is a function of: as the prompts'."""
     from circuits.prompts.datasets import fit_from_task
+    from circuits.tasks.catalogue import TaskSpec
 
-    return task_key(source, "build") if fit_from_task(source) else dataset_key(source)
+    if fit_from_task(source):
+        return task_key(source, "build")
+    assert not isinstance(source, TaskSpec)  # a TaskSpec is a task
+    return dataset_key(source)
 
 
-def dataset_key(source: Any) -> JsonDict:
+def dataset_key(source: PromptData) -> JsonDict:
     """What prompts drawn from the prompt dataset ``source`` are a function of: its name and the SHA-256 of its
     content (the file's bytes; a ``datasets.Dataset``'s rows), so that a file changed under the same path
     gives another key."""
@@ -160,7 +170,7 @@ def prepare(spec: Any, model: Model, *, means: str | None, out: str | Path | Seq
     if found is None:
         found = cached(key)
     if found is None:
-        prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
+        prompts: Prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
         if not isinstance(getattr(prompts, "extra", None), dict) or not dataclasses.is_dataclass(prompts):
             return prompts  # not a Prompts (a caller's own loader): nothing to keep
         found = Prepared(key, prompts)
@@ -206,7 +216,7 @@ def parse(data: bytes, key: JsonMapping, path: Path) -> Prepared | None:
     return Prepared(key=dict(key), prompts=_prompts(path, tensors, meta), keep=tensors["keep"].bool(), source=path)
 
 
-def keep_prepared(run_dir: Any, prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> None:
+def keep_prepared(run_dir: RunDir, prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> None:
     """After the run identity is checked: a reloaded file must be bound to it
     (:meth:`~circuits.store.runs.RunDir.checked_artifact` refuses another run's); prompts prepared by this run (or
     reloaded from another folder, a sweep's cell of the same prompts) are written to ``run_dir`` with ``keep``
@@ -291,7 +301,7 @@ def to_bytes(prepared: Prepared, keep: Bool[torch.Tensor, " n"]) -> bytes:
     return save(tensors, metadata={META: json.dumps(meta, sort_keys=True)})
 
 
-def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: JsonDict) -> Any:
+def _prompts(path: Path, tensors: dict[str, torch.Tensor], meta: JsonDict) -> Prompts:
     """The :class:`~circuits.prompts.Prompts` of a file, after checking that its parts hold together."""
     from circuits.prompts.fitset import FitSet, FitSpec
     from circuits.prompts.sampling import Prompts
@@ -336,15 +346,15 @@ def _metadata(data: bytes) -> dict[str, str]:
     return header.get("__metadata__") or {}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """``value`` as JSON would hold it (tuples as lists, anything else unknown as its text)."""
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def _canonical(value: Any) -> str:
+def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _tuples(value: Any) -> Any:
+def _tuples(value: object) -> object:
     """JSON lists back as tuples (a layout key)."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -48,7 +48,7 @@ MAX_FIELD = 131_072
 
 class Columns(Protocol):
     """Rows as named columns, read as :func:`read_prompts` reads a ``datasets.Dataset`` (any object read the same
-    way will do): ``column_names``, ``len()`` and a column's values by name."""
+    way will do): ``column_names``, ``len()``, a column's values by name and ``to_dict()``."""
 
     @property
     def column_names(self) -> list[str]: ...
@@ -56,6 +56,10 @@ class Columns(Protocol):
     def __getitem__(self, column: str, /) -> Sequence[object]: ...
 
     def __len__(self) -> int: ...
+
+    def to_dict(self) -> dict[str, list[object]]:
+        """The columns as lists (what :func:`circuits.prompts.prepared.dataset_key` hashes)."""
+        ...
 
 
 PromptData: TypeAlias = "str | Path | Columns"

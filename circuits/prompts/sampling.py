@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -26,6 +26,12 @@ from circuits.tasks.tokens import answer_value, check_prepend_bos, tokenizer_of
 from circuits.validation import check_choice, check_positive
 from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.models.loading.SOURCES
 from interventions.types import JsonDict, Model
+
+if TYPE_CHECKING:
+    from circuits.tasks.catalogue import TaskLike, TaskSpec
+    from circuits.tasks.formats import PromptFormat
+    from circuits.tasks.tokens import Layout
+    from datasets import Dataset
 
 MAX_CHECKED = 20_000
 ZERO_CHECKED = 100
@@ -87,8 +93,8 @@ class Prompts:
     fit: Any = None
     n_dropped_fit: int = 0
     numbers: str = "single"
-    layout: Any = None
-    fmt: Any = None
+    layout: object = None
+    fmt: PromptFormat | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -140,7 +146,7 @@ def check_bos(model: Model, tokens: Int[torch.Tensor, "batch pos"], what: str = 
                          f"not prepend it by default: use --prepend-bos (prepare_prompts(..., prepend_bos=True))")
 
 
-def filter_numbers(ds: Any, model: Model, numbers: str = "single") -> tuple[Any, int]:
+def filter_numbers(ds: Dataset, model: Model, numbers: str = "single") -> tuple[Dataset, int]:
     """``(kept rows, dropped)``: rows whose numbers are single tokens (``numbers="single"``,
     :func:`circuits.tasks.filter_single_token`) or may span several (``"multi"``,
     :func:`circuits.tasks.digits.filter_multi_token`)."""
@@ -153,17 +159,17 @@ def filter_numbers(ds: Any, model: Model, numbers: str = "single") -> tuple[Any,
     return tasks.filter_single_token(ds, model, verbose=False)
 
 
-def _head(ds: Any, k: int) -> Any:
+def _head(ds: Dataset, k: int) -> Dataset:
     """The first ``k`` rows of a dataset (or list)."""
     return ds.select(range(k)) if hasattr(ds, "select") else ds[:k]
 
 
-def _frozen_window(ds: Any, start: int, n: int) -> Any:
+def _frozen_window(ds: Dataset, start: int, n: int) -> Dataset:
     stop = min(len(ds), start + n)
     return ds.select(range(start, stop)) if hasattr(ds, "select") else ds[start:stop]
 
 
-def _merge(pieces: list[Any]) -> JsonDict:
+def _merge(pieces: list[Layout]) -> JsonDict:
     """Concatenate layout pieces of one token length (from successive rounds)."""
     texts = [getattr(p, "answer_texts", None) for p in pieces]
     return {
@@ -177,7 +183,7 @@ def _merge(pieces: list[Any]) -> JsonDict:
 
 def prepare_prompts(
     model: Model,
-    task: str,
+    task: TaskLike,
     n_prompts: int,
     seed: int = 0,
     *,
@@ -188,7 +194,7 @@ def prepare_prompts(
     prepend_bos: bool | None = None,
     progress: bool = True,
     numbers: str = "single",
-    fmt: Any = None,
+    fmt: PromptFormat | None = None,
 ) -> Prompts:
     """``n_prompts`` prompts of ``task`` that ``model`` answers correctly, all in one layout.
 
@@ -243,7 +249,7 @@ def prepare_prompts(
         raise ArgumentError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} "
                             f"prompts): lower --n-prompts to {space} or less")
 
-    by_len: dict[int, list[Any]] = {}
+    by_len: dict[object, list[Layout]] = {}
     n_drawn = n_dropped = n_checked = n_correct = 0
     size = max(1, int(oversample)) * n_prompts
     stop = "found"
@@ -306,7 +312,7 @@ def zero_bound(n_checked: int) -> float:
     return 1.0 - 0.05 ** (1.0 / max(1, int(n_checked)))
 
 
-def _result(spec: Any, task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Any]],
+def _result(spec: TaskSpec, task: str, n_prompts: int, seed: int, source: str, by_len: dict[object, list[Layout]],
             need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
             n_checked: int, n_correct: int) -> Prompts:
     """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""

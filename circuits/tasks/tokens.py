@@ -321,7 +321,7 @@ class Layout:
     indices: list[int]
     answer_texts: list[str] | None = None
     bos: int | None = None
-    key: Any = None
+    key: object = None
 
     @property
     def n_pos(self) -> int:
