@@ -10,23 +10,27 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import torch
 from jaxtyping import Bool
 
 import interventions as iv
-from circuits.analyses import Analysis, DirStore, MemoryStore, ResultStore, RunContext
+from circuits.analyses import Analysis, AnalysisConfig, DirStore, MemoryStore, ResultStore, RunContext
 from circuits.errors import ArgumentError, CorruptRunError, RunMismatchError
 from circuits.means import check_current, keep_means
 from circuits.prompts.prepared import Prepared, keep_prepared
 from circuits.store import files
 from circuits.store.atomic import clean_temporaries, refuse_links
 from circuits.store.lock import DirLock
+from circuits.store.records import RecordSchema
 from circuits.store.runs import RunDir, read_json_object
 from interventions.types import JsonDict, JsonMapping
 
 __all__ = ["LABELS", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
+
+C = TypeVar("C", bound=AnalysisConfig)
+R = TypeVar("R")
 
 LABELS = ("model", "task", "source", "numbers", "format")
 """The caller's names of the model and the prompts (``meta``): the model's signature and fingerprint and the
@@ -88,7 +92,7 @@ class Run:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -112,10 +116,10 @@ class Memory:
 
     run_dir: RunDir | None = None
 
-    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], JsonDict]) -> None:
+    def open(self, analysis: Analysis[C, R], identity: Callable[[], JsonDict]) -> None:
         """Nothing to check (the identity is not even built)."""
 
-    def store(self, schema: Callable[[], Any]) -> ResultStore:
+    def store(self, schema: Callable[[], RecordSchema | None]) -> ResultStore:
         return MemoryStore()
 
     def keep_means(self, cache: iv.MeanCache) -> None:
@@ -127,7 +131,7 @@ class Memory:
     def write_prompts(self, records: list[JsonDict] | None) -> None:
         """Nothing to write."""
 
-    def write(self, analysis: Analysis[Any, Any], result: Any, ctx: RunContext) -> None:
+    def write(self, analysis: Analysis[C, R], result: R, ctx: RunContext) -> None:
         """Nothing to write."""
 
 
@@ -139,7 +143,7 @@ class Directory(Memory):
         self.path = path
         self.results_file: str | None = None
 
-    def open(self, analysis: Analysis[Any, Any], identity: Callable[[], JsonDict]) -> None:
+    def open(self, analysis: Analysis[C, R], identity: Callable[[], JsonDict]) -> None:
         """Refuse a directory of an earlier version's means, then check ``run.json`` against ``identity()`` (or
         write it)."""
         check_current(self.path)
@@ -147,7 +151,7 @@ class Directory(Memory):
         self.run_dir = RunDir(self.path, identity(), results_name=analysis.results_file or files.NO_RESULTS,
                               optional=LABELS + analysis.optional_identity).open()
 
-    def store(self, schema: Callable[[], Any]) -> ResultStore:
+    def store(self, schema: Callable[[], RecordSchema | None]) -> ResultStore:
         assert self.run_dir is not None
         return DirStore(self.run_dir, schema()) if self.results_file is not None else MemoryStore()
 
@@ -164,7 +168,7 @@ class Directory(Memory):
             assert self.run_dir is not None
             self.run_dir.write_jsonl(files.PROMPTS, records)
 
-    def write(self, analysis: Analysis[Any, Any], result: Any, ctx: RunContext) -> None:
+    def write(self, analysis: Analysis[C, R], result: R, ctx: RunContext) -> None:
         assert self.run_dir is not None
         analysis.write(result, self.run_dir, ctx)
 

@@ -44,7 +44,8 @@ FIT_PREFIX = "fit-"
 """The fit set's flags are its fields with this prefix (``--fit-size``)."""
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = MODEL_FIELDS, **defaults: Any) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = MODEL_FIELDS,
+                        **defaults: object) -> None:
     """The model's flags (``--model``, ``--backend``, ``--remote``, ``--dtype``, ``--device``, ``--device-map``,
     ``--max-memory``; ``defaults`` by field name) and ``--threads``."""
     fields = tuple(fields)
@@ -55,7 +56,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] =
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = PROMPT_FIELDS, *,
-                         fit: bool = True, **defaults: Any) -> None:
+                         fit: bool = True, **defaults: object) -> None:
     """The prompts' flags: the :class:`~circuits.prompts.spec.PromptSpec` ``fields`` (``defaults`` by field name),
     the format's (``--shots``, ``--chat``) and, with ``fit``, the fit set's (``--fit-size``, ...)."""
     add_flags(parser, PromptSpec, fields, defaults=defaults)
@@ -73,7 +74,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, n_prompts: int = 20
               defaults={"batch_size": batch_size})
 
 
-def check_prompts_or_task(prompts: Any) -> None:
+def check_prompts_or_task(prompts: PromptSpec) -> None:
     """The task or the prompt dataset of a :class:`~circuits.prompts.spec.PromptSpec`, checked (exactly one of them is
     given, :meth:`~circuits.prompts.spec.PromptSpec.validate`): a task file or prompt file is read here, one line naming
     the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
@@ -91,10 +92,12 @@ def check_prompts_or_task(prompts: Any) -> None:
                             f"{prompts_label(prompts.prompts)}; give at most {rows}")
     if prompts.fit_prompts is not None:
         from circuits.prompts.datasets import fit_from_task
+        from circuits.tasks.catalogue import TaskSpec
 
         if fit_from_task(prompts.fit_prompts):
             check_task(prompts.fit_prompts)
         else:
+            assert not isinstance(prompts.fit_prompts, TaskSpec)  # a TaskSpec is a task
             read_prompts(prompts.fit_prompts)
 
 
@@ -232,7 +235,7 @@ def check_specs(specs: CommandSpecs) -> None:
     check_out(specs.out)
 
 
-def check_checked(prompts: Any) -> None:
+def check_checked(prompts: PromptSpec) -> None:
     """``--n-prompts`` at most the prompts that will be checked (``--max-checked``, default
     :data:`circuits.prompts.MAX_CHECKED`) when prompts are built (a :class:`~circuits.prompts.spec.PromptSpec`):
     more can never be found."""
