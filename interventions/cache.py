@@ -39,7 +39,7 @@ from .cache_sums import Sums, accumulate, merge
 from .coverage import Coverage, row_digests, token_text
 from .entries import EntryIndexer, UncoveredEntryError
 from .registry import adapt
-from .types import CacheMismatchError, InterventionError, Model, Tokenizer, Tokens
+from .types import CacheMismatchError, InterventionError, JsonDict, Model, Tokenizer, Tokens
 from .validation import check_layout, check_positive, check_tokens, special_token_ids
 
 FORMAT_VERSION = cache_file.FORMAT_VERSION
@@ -63,7 +63,7 @@ class MeanCache:
         pos_mean: Float[torch.Tensor, "n_layers n_pos d_model"],
         z_mean: Float[torch.Tensor, "n_layers n_pos n_heads d_head"],
         n_prompts: int,
-        model_signature: dict[str, Any],
+        model_signature: JsonDict,
         source: str | None = None,
         fit_rows: Int[torch.Tensor, " n_prompts"] | None = None,
     ):
@@ -116,7 +116,7 @@ class MeanCache:
         return tokens
 
     @classmethod
-    def from_sums(cls, sums: Sums, model_signature: dict[str, Any],
+    def from_sums(cls, sums: Sums, model_signature: JsonDict,
                   fit_rows: Int[torch.Tensor, " n_prompts"] | None) -> MeanCache:
         """The cache of the float64 sums of :mod:`interventions.cache_sums` (means rounded to float32)."""
         cond_mean, pos_mean, z_mean = sums.means()
