@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.analyses import Analysis, RunContext
 from circuits.lens.config import LensConfig
 from circuits.lens.result import LensResult
 from circuits.logs import get_logger
 from interventions.types import JsonDict, Model
+
+if TYPE_CHECKING:
+    from circuits.store.runs import RunDir
 
 
 def interchange_sets(model: Model, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
@@ -106,7 +109,7 @@ def n_requested(ctx: RunContext) -> int | None:
     return ctx.meta.get("n_requested", None if ctx.spec is None else int(ctx.spec.n_prompts))
 
 
-def write_lens(result: LensResult, run_dir: Any, ctx: RunContext) -> None:
+def write_lens(result: LensResult, run_dir: RunDir, ctx: RunContext) -> None:
     """``lens.json``, ``lens.npz`` and ``report.html``."""
     from circuits.lens.report import write_lens_outputs
 

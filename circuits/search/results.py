@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -212,7 +211,7 @@ class SearchResult:
 
         return report.search_heatmap(self, title)
 
-    def plot_smallest_transfer(self) -> Any:
+    def plot_smallest_transfer(self) -> Figure:
         """The report's chart of the smallest sufficient transfer per wait (a plotly figure)."""
         from circuits import report
 
@@ -222,7 +221,7 @@ class SearchResult:
         """:meth:`plot_heatmap` (shows inline in a notebook)."""
         return self.plot_heatmap(title)
 
-    def figures(self, title: str = "AF1 search") -> list[Any]:
+    def figures(self, title: str = "AF1 search") -> list[Figure]:
         """Every figure of the report, in its order."""
         return [self.plot_heatmap(title), self.plot_smallest_transfer()]
 
