@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -124,13 +123,15 @@ class MeanCache:
                    cond_mean=cond_mean, pos_mean=pos_mean, z_mean=z_mean, n_prompts=sums.n,
                    model_signature=model_signature, fit_rows=fit_rows)
 
-    def sums(self, device: Any = None) -> Sums:
+    def sums(self, device: torch.device | str | None = None) -> Sums:
         """The float64 sums behind the means (mean times count: exact up to the float32 rounding of the
         means), on ``device`` (default the CPU)."""
-        f64 = dict(device=device, dtype=torch.float64)
-        counts = self.entry_count.to(**f64)
-        return Sums(self.entry_pos, self.entry_tok, self.entry_count, self.cond_mean.to(**f64) * counts[None, :, None],
-                    self.pos_mean.to(**f64) * self.n_prompts, self.z_mean.to(**f64) * self.n_prompts, self.n_prompts)
+        f64 = torch.float64
+        counts = self.entry_count.to(device, f64)
+        return Sums(self.entry_pos, self.entry_tok, self.entry_count,
+                    self.cond_mean.to(device, f64) * counts[None, :, None],
+                    self.pos_mean.to(device, f64) * self.n_prompts, self.z_mean.to(device, f64) * self.n_prompts,
+                    self.n_prompts)
 
     def extend(self, model: Model, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> MeanCache:
         """A new cache fitted on this cache's fit prompts plus ``tokens`` (``[batch, pos]``, the same layout,
