@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, did_you_mean
 from circuits.flags import add_flags, flag_fields, values
@@ -27,6 +27,9 @@ from circuits.prompts.fitspec import FitSpec
 from circuits.prompts.spec import PromptSpec, check_prompt_count
 from circuits.tasks.formats import PromptFormat
 from circuits.validation import check_int, check_positive
+
+if TYPE_CHECKING:
+    from circuits.tasks.catalogue import TaskLike
 
 __all__ = ["MAX_PROMPTS", "CommandSpecs", "add_common_arguments", "add_model_arguments", "add_prompt_arguments",
            "batch_size_argument", "check_config", "check_specs", "command_line", "specs_of"]
@@ -140,7 +143,7 @@ def check_out(out: str) -> None:
         raise ArgumentError(f"--out {out}: {parent} is not writable; choose another --out")
 
 
-def task_size(task: Any) -> int:
+def task_size(task: TaskLike) -> int:
     """Number of distinct prompts (operand tuples with an answer in range) of ``task`` (a name, task file or spec)."""
     from circuits.tasks import catalogue as tasks
 
