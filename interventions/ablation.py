@@ -10,8 +10,8 @@ remote backend sends the hooks with each request (code by value).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -24,12 +24,12 @@ from .types import InterventionError
 from .validation import check_int
 
 
-def _check_cache(cache: Any, who: str) -> None:
+def _check_cache(cache: object, who: str) -> None:
     if not isinstance(cache, MeanCache):
         raise InterventionError(f"{who} needs a MeanCache (from MeanCache.fit), got {type(cache).__name__}")
 
 
-def on_device(values: torch.Tensor) -> Any:
+def on_device(values: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """``copy(like)``: ``values`` on the device and in the dtype of tensor ``like`` (copies memoised)."""
     copies: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
