@@ -93,7 +93,7 @@ def page(title: str, figures: Sequence[Figure], notes: Sequence[str] = (), links
     if plotlyjs is not None and plotlyjs != "cdn":
         head = f"<script src='{html.escape(plotlyjs)}'></script>"
     for i, fig in enumerate(figures):
-        include: Any = (i == 0) if plotlyjs is None else ("cdn" if plotlyjs == "cdn" and i == 0 else False)
+        include: bool | str = (i == 0) if plotlyjs is None else ("cdn" if plotlyjs == "cdn" and i == 0 else False)
         parts.append(fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"fig{i}"))
     body = "\n".join(f"<p>{html.escape(n)}</p>" for n in notes)
     if links:
