@@ -35,8 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from circuits.store.runs import RunDir
     from interventions.adapter import ModelInfo
 
-__all__ = ["REGISTRY", "Analysis", "AnalysisConfig", "DirStore", "MemoryStore", "ResultStore", "RunContext",
-           "configured", "get", "names", "register", "unregister"]
+__all__ = ["REGISTRY", "Analysis", "AnalysisConfig", "Checkpoints", "DirStore", "MemoryStore", "NoCheckpoints",
+           "ResultStore", "RunContext", "configured", "get", "names", "register", "unregister"]
 
 
 class AnalysisConfig(Protocol):
@@ -49,7 +49,7 @@ class AnalysisConfig(Protocol):
     @property
     def batch_size(self) -> int: ...
 
-    def validate(self, info: Any, /) -> object: ...
+    def validate(self, info: Any, /) -> object: ...  # a ModelInfo, None, or what the config's own check takes
 
 
 C = TypeVar("C", bound=AnalysisConfig)
@@ -95,6 +95,27 @@ class DirStore:
         self.run_dir.append(record)
 
 
+class Checkpoints(Protocol):
+    """Where an analysis keeps the partial state of a long step (sums over the batches done so far), so that a
+    killed run resumes it: ``load(name)`` returns the bytes last kept under ``name`` (``None``: none), ``keep(name,
+    data)`` replaces them whole. The runner's are bound to the run's identity (a run directory's checkpoint files,
+    :mod:`circuits.store.checkpoints`) or keep nothing (:class:`NoCheckpoints`, without an output directory)."""
+
+    def load(self, name: str) -> bytes | None: ...
+
+    def keep(self, name: str, data: bytes) -> None: ...
+
+
+class NoCheckpoints:
+    """:class:`Checkpoints` that keep nothing (a run without an output directory)."""
+
+    def load(self, name: str) -> bytes | None:
+        return None
+
+    def keep(self, name: str, data: bytes) -> None:
+        """Nothing to keep."""
+
+
 @dataclass
 class RunContext:
     """What the runner hands an analysis besides the model and the config.
@@ -103,7 +124,8 @@ class RunContext:
     ``k`` tokens); ``n_given``: prompts before that filter; ``given_tokens``/``given_answers``: all of them;
     ``keep``: ``[n_given]`` bool, which were kept; ``prompts``: caller records aligned with the *given*
     prompts (or ``None``); ``cache``: the means cache (or ``None``); ``store``: finished records;
-    ``progress``: show bars; ``meta``: the caller's description (model, task, source, command); ``spec``:
+    ``progress``: show bars; ``checkpoints``: where partial state is kept between batches (:class:`Checkpoints`);
+    ``meta``: the caller's description (model, task, source, command); ``spec``:
     the :class:`~circuits.prompts.spec.PromptSpec` the prompts were prepared from (``None`` for the caller's own
     tensors); ``started``: when the run began (``time.time()``).
     """
@@ -125,6 +147,7 @@ class RunContext:
     tokenizer: Tokenizer | None = None
     spec: PromptSpec | None = None
     started: float = field(default_factory=time.time)
+    checkpoints: Checkpoints = field(default_factory=NoCheckpoints)
 
     def means_summary(self) -> JsonDict | None:
         """What ``summary.json`` says of the means (``None`` without): the fit set (how it was drawn, its
@@ -152,7 +175,7 @@ class RunContext:
         return [dict(p) for p, k in zip(self.prompts, self.keep.tolist()) if k]
 
 
-def validate_config(config: AnalysisConfig, info: ModelInfo | None) -> None:
+def validate_config(config: AnalysisConfig, info: ModelInfo) -> None:
     """The default :attr:`Analysis.validate`: ``config.validate(info)``."""
     config.validate(info)
 

@@ -10,27 +10,27 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool
 
 import interventions as iv
-from circuits.analyses import Analysis, AnalysisConfig, DirStore, MemoryStore, ResultStore, RunContext
+from circuits.analyses import Analysis, C, Checkpoints, DirStore, MemoryStore, NoCheckpoints, R, ResultStore, RunContext
 from circuits.errors import ArgumentError, CorruptRunError, RunMismatchError
 from circuits.means import check_current, keep_means
 from circuits.prompts.prepared import Prepared, keep_prepared
 from circuits.store import files
 from circuits.store.atomic import clean_temporaries, refuse_links
+from circuits.store.checkpoints import read_checkpoint, write_checkpoint
 from circuits.store.lock import DirLock
-from circuits.store.records import RecordSchema
 from circuits.store.runs import RunDir, read_json_object
 from interventions.types import JsonDict, JsonMapping
 
-__all__ = ["LABELS", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
+if TYPE_CHECKING:
+    from circuits.store.records import RecordSchema
 
-C = TypeVar("C", bound=AnalysisConfig)
-R = TypeVar("R")
+__all__ = ["LABELS", "DirCheckpoints", "Directory", "Memory", "Run", "command_of", "destination", "hold"]
 
 LABELS = ("model", "task", "source", "numbers", "format")
 """The caller's names of the model and the prompts (``meta``): the model's signature and fingerprint and the
@@ -122,6 +122,10 @@ class Memory:
     def store(self, schema: Callable[[], RecordSchema | None]) -> ResultStore:
         return MemoryStore()
 
+    def checkpoints(self) -> Checkpoints:
+        """Nothing kept between batches."""
+        return NoCheckpoints()
+
     def keep_means(self, cache: iv.MeanCache) -> None:
         """Nothing to keep."""
 
@@ -155,6 +159,11 @@ class Directory(Memory):
         assert self.run_dir is not None
         return DirStore(self.run_dir, schema()) if self.results_file is not None else MemoryStore()
 
+    def checkpoints(self) -> Checkpoints:
+        """The run directory's checkpoint files, bound to the run's identity."""
+        assert self.run_dir is not None
+        return DirCheckpoints(self.run_dir)
+
     def keep_means(self, cache: iv.MeanCache) -> None:
         assert self.run_dir is not None
         keep_means(self.run_dir, cache)
@@ -171,6 +180,20 @@ class Directory(Memory):
     def write(self, analysis: Analysis[C, R], result: R, ctx: RunContext) -> None:
         assert self.run_dir is not None
         analysis.write(result, self.run_dir, ctx)
+
+
+class DirCheckpoints:
+    """:class:`~circuits.analyses.Checkpoints` as files of a run directory (``name`` is the file's), each written
+    atomically with the run identity's hash inside (:mod:`circuits.store.checkpoints`): another run's is refused."""
+
+    def __init__(self, run_dir: RunDir):
+        self.run_dir = run_dir
+
+    def load(self, name: str) -> bytes | None:
+        return read_checkpoint(self.run_dir.path / name, self.run_dir.identity_sha256)
+
+    def keep(self, name: str, data: bytes) -> None:
+        write_checkpoint(self.run_dir.path / name, self.run_dir.identity_sha256, data)
 
 
 @contextlib.contextmanager

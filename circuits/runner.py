@@ -47,14 +47,14 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from jaxtyping import Bool, Int
 
 import interventions as iv
 from circuits import timing
-from circuits.analyses import Analysis, AnalysisConfig, MemoryStore, RunContext
+from circuits.analyses import Analysis, C, MemoryStore, R, RunContext
 from circuits.destinations import LABELS, Directory, Memory, Run, command_of, destination, hold
 from circuits.errors import ArgumentError, PromptError
 from circuits.faithfulness import base_correct
@@ -67,19 +67,15 @@ from circuits.prompts.fitset import FitSet
 from circuits.prompts.prepared import Prepared, remember
 from circuits.prompts.ready import ReadyPrompts
 from circuits.prompts.spec import PromptSpec
+from interventions.adapter import ModelInfo
 from interventions.types import JsonDict, JsonMapping, Model
 from interventions.validation import check_answers, check_layout, check_tokens, special_token_ids
 
 if TYPE_CHECKING:
     from circuits.prompts.sampling import Prompts
-    from interventions.adapter import ModelInfo
 
 __all__ = ["LABELS", "Directory", "Memory", "ModelSource", "PromptSource", "Run", "RunOptions", "check_inputs",
            "command_of", "destination", "execute", "hold", "run", "run_analysis", "scored_context"]
-
-
-C = TypeVar("C", bound=AnalysisConfig)
-R = TypeVar("R")
 
 
 class ModelSource(Protocol):
@@ -178,6 +174,7 @@ def evaluate(analysis: Analysis[C, R], model: Model, prompts: ReadyPrompts, conf
                 if analysis.base_correct_only:  # the check of which prompts the model answers, for the next command
                     remember(prompts.prepared, ctx.keep, ctx.meta.get("model"))
             ctx.store = dest.store(lambda: analysis.schema(config, info_of(model), int(ctx.tokens.shape[0])))
+            ctx.checkpoints = dest.checkpoints()
             dest.write_prompts(analysis.prompt_records(ctx))
             result = analysis.run(model, config, ctx)
         with times.phase("report"):
@@ -243,8 +240,8 @@ def scored_context(analysis: Analysis[C, R], model: Model, tokens: object, answe
 def execute(
     analysis: Analysis[C, R],
     model: Model,
-    tokens: Int[torch.Tensor, "n pos"],
-    answers: Int[torch.Tensor, " n *k"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    answers: Int[torch.Tensor, " batch *k"],
     config: C,
     *,
     out_dir: str | Path | None = None,
@@ -274,7 +271,7 @@ def execute(
                           held=held))
 
 
-def run_analysis(analysis: Analysis[C, R], model: Model, prompts: Prompts | PromptSource, config: C, *,
+def run_analysis(analysis: Analysis[C, R], model: Model | ModelSpec, prompts: PromptSpec | Prompts, config: C, *,
                  out: str | Path | None = None, batch_size: int | str | None = None, progress: bool = True,
                  command: Sequence[str] | None = None, name: str | None = None, spec: PromptSpec | None = None,
                  cache: iv.MeanCache | None = None, on_means: Callable[[iv.MeanCache], None] | None = None,

@@ -24,11 +24,12 @@ from circuits.flags import add_flags, flag_fields, values
 from circuits.models.spec import ModelSpec
 from circuits.options import RunOptions, batch_size_argument
 from circuits.prompts.fitspec import FitSpec
-from circuits.prompts.spec import PromptSpec, check_prompt_count
+from circuits.prompts.spec import ONE_SOURCE, PromptSpec, check_prompt_count
 from circuits.tasks.formats import PromptFormat
 from circuits.validation import check_int, check_positive
 
 if TYPE_CHECKING:
+    from circuits.analyses import Analysis, AnalysisConfig, C, R
     from circuits.tasks.catalogue import TaskLike
 
 __all__ = ["MAX_PROMPTS", "CommandSpecs", "add_common_arguments", "add_model_arguments", "add_prompt_arguments",
@@ -83,6 +84,8 @@ def check_prompts_or_task(prompts: PromptSpec) -> None:
     the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
     the task's prompts or the dataset's rows."""
     if prompts.prompts is None:
+        if prompts.task is None:
+            raise ArgumentError(ONE_SOURCE)
         check_task(prompts.task, prompts.n_prompts, prompts.source, prompts.format.shots)
         return
     from circuits.prompts.datasets import prompts_label, read_prompts
@@ -150,7 +153,7 @@ def task_size(task: TaskLike) -> int:
     return tasks.operand_space_size(task)  # estimated for a space of more than 5 M tuples
 
 
-def check_task(task: Any, n_prompts: int | None = None, source: str = "build", shots: int = 0) -> None:
+def check_task(task: TaskLike, n_prompts: int | None = None, source: str = "build", shots: int = 0) -> None:
     """``ArgumentError`` for an unknown task or a task file that does not load (one line naming the file and the
     field), a frozen source the task has no set for, or more prompts than the task (or its frozen set) has, the
     ``shots`` solved examples not counted (:func:`circuits.prompts.spec.check_prompt_count`)."""
@@ -252,7 +255,7 @@ def check_checked(prompts: PromptSpec) -> None:
                             f"prompts are checked, so raise --max-checked or ask for fewer prompts")
 
 
-def check_config(config: Any, *args: Any) -> Any:
+def check_config(config: AnalysisConfig, *args: object) -> object:
     """``config.validate(*args)``, its :class:`~circuits.errors.ArgumentError` naming the flag instead of the field
     (``--target 1.5 is out of range`` for ``target=1.5 is out of range``): the config's own ``validate`` is the one
     check of its values, on the command line as in the API."""
@@ -290,7 +293,7 @@ class CommandSpecs:
     def out(self) -> str:
         return str(self.options.out)
 
-    def run(self, analysis: Any) -> Any:
+    def run(self, analysis: Analysis[C, R]) -> R:
         """:func:`circuits.runner.run` of ``analysis`` with :attr:`config` on these specs (the batch size is theirs:
         ``config.batch_size`` is replaced)."""
         from circuits.runner import run

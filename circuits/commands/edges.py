@@ -3,9 +3,11 @@
 Loads the model, builds the task's prompts (answered correctly by the model, one layout), fits the
 counterfactual's means on a fit set without them (``--counterfactual cama``/``mean``), scores every edge
 and evaluates the circuits of MIB's sizes by edge patching. Writes ``edges.npz`` (one row per edge),
-``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html`` to ``--out``. The scores have no
-partial records: the same command again recomputes them (the same numbers, the files replaced atomically); other
-settings into a finished directory are refused, naming the settings that differ.
+``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html`` to ``--out``. Before the model loads
+it logs the graph's edges and memory and refuses a run that cannot fit (:mod:`circuits.edges.plan`). A killed run
+resumes when the same command is run again (:mod:`circuits.edges.resume`: the score sums of the batches done, the
+circuits of the curve evaluated); other settings into a used directory are refused, naming the settings that
+differ.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def check(spec: CommandSpecs) -> None:
 
 def run(spec: CommandSpecs) -> int:
     from circuits.edges.analysis import EDGES
+    from circuits.edges.plan import plan_edges
 
+    config: EdgesConfig = spec.config
+    plan_edges(spec.model, spec.prompts, not config.aggregate_positions, spec.options.batch_size)  # before loading
     result = spec.run(EDGES)
     top = result.top(5)
     print("af1 edges: top edges: " + "; ".join(

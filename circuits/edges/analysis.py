@@ -1,6 +1,8 @@
 """``af1 edges`` as an analysis of the runner: edge scores (EAP / EAP-IG) of the prompts, the faithfulness curve
 of the top-edge circuits by edge patching (pure), its run identity and its outputs (``edges.npz``,
-``edges.json``, ``mib.json``, ``report.html``)."""
+``edges.json``, ``mib.json``, ``report.html``). A killed run resumes (:mod:`circuits.edges.resume`): the score
+sums are kept as a checkpoint between batches, each evaluated circuit of the curve as a line of its results
+file."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 from circuits.analyses import Analysis, RunContext
 from circuits.edges.config import EdgesConfig
 from circuits.edges.result import EDGES_ARRAYS, EDGES_JSON, EdgesResult
+from circuits.edges.resume import CURVE, SUMS, Keeper, Partial, curve_schema, known_circuits
 from circuits.logs import get_logger
 from circuits.store import files
 
@@ -61,8 +64,14 @@ def edges_run(model: Model, config: EdgesConfig, ctx: RunContext) -> EdgesResult
     min_count = 1 if ctx.fit is None else int(ctx.fit.spec.min_count)
     counter = sc.counterfactual(config.counterfactual, ad, layout, tokens, means, min_count)
     bar = _bar(ctx.progress, len(tokens), "edges: scoring")
+    kept = ctx.checkpoints.load(SUMS)
+    start = None if kept is None else Partial.from_bytes(kept, layout, len(tokens))
+    if start is not None:
+        log.info("edges: resuming the scores after %d of %d prompts (%s)", start.done, len(tokens), SUMS)
+    keeper = Keeper(lambda data: ctx.checkpoints.keep(SUMS, data), len(tokens))
     scores, clean = sc.attribute(ad, layout, tokens, answers, counter, method=config.method, steps=config.steps,
-                                 path=config.ig_path, batch_size=config.batch_size, on_batch=bar)
+                                 path=config.ig_path, batch_size=config.batch_size, on_batch=bar, start=start,
+                                 on_partial=keeper)
     table = layout.edge_table(scores)
     subgraph = config.subgraph()
     if subgraph is None:
@@ -77,7 +86,9 @@ def edges_run(model: Model, config: EdgesConfig, ctx: RunContext) -> EdgesResult
         point_bar = _bar(ctx.progress, len(MIB_SIZES), "edges: circuits")
         curve = faithfulness_curve(ad, layout, tokens, answers, counter, table["score"], full=clean,
                                    candidates=table["candidate"].astype(bool), batch_size=config.batch_size,
-                                   n_boot=config.n_boot, seed=config.seed, on_point=point_bar)
+                                   n_boot=config.n_boot, seed=config.seed, on_point=point_bar,
+                                   known=known_circuits(ctx.store.records()),
+                                   on_circuit=lambda key, m: ctx.store.append({"circuit": key, "metric": m.tolist()}))
     receivers = layout.receiver_names()
     return EdgesResult(layout=layout, senders=layout.sender_names(), receivers=receivers, table=table,
                        clean_metric=float(clean.mean()), n_prompts=int(len(tokens)),
@@ -156,11 +167,12 @@ def edges_row(result: EdgesResult) -> JsonDict:
 EDGES: Analysis[EdgesConfig, EdgesResult] = Analysis(
     name="edges",
     config_type=EdgesConfig,
-    results_file=None,
+    results_file=CURVE,
     identity=edges_identity,
     run=edges_run,
     write=write_edges,
     means=lambda config: config.means_kind(),
     summary_row=edges_row,
+    schema=curve_schema,
 )
 """``af1 edges`` as the runner runs it."""

@@ -15,7 +15,7 @@ prompts are resampled, every mean recomputed from the resample).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,7 @@ from jaxtyping import Float, Int
 
 from circuits.edges.engine import edge_pass
 from circuits.edges.graph import Layout, Scores
+from circuits.edges.resume import circuit_key
 from circuits.edges.scores import Counter, batches
 from circuits.errors import ArgumentError
 from interventions.adapter import ModelAdapter
@@ -135,18 +136,31 @@ def faithfulness_curve(
     counter: Counter, table_scores: np.ndarray, *, full: Float[torch.Tensor, " n"],
     candidates: np.ndarray | None = None, fractions: Sequence[float] = MIB_SIZES, batch_size: int = 16,
     n_boot: int = 1000, seed: int = 0, on_point: Callable[[int], None] | None = None,
+    known: Mapping[str, np.ndarray] | None = None, on_circuit: Callable[[str, np.ndarray], None] | None = None,
 ) -> Curve:
     """Edge-patching faithfulness of the top-edge circuits at ``fractions`` of the candidate edges (``full``:
-    the model's metric per prompt)."""
+    the model's metric per prompt). ``known``: the metric per prompt of circuits evaluated before, by
+    :func:`~circuits.edges.resume.circuit_key` (a resumed run does not evaluate them again); ``on_circuit(key,
+    metric)`` after each circuit evaluated here (to keep it)."""
+    known = known or {}
+
+    def metrics(kept: np.ndarray | None) -> np.ndarray:
+        key = circuit_key(kept)
+        if key in known and len(known[key]) == len(tokens):
+            return known[key]
+        removal = 1.0 if kept is None else removal_of(layout, kept)
+        m = circuit_metrics(adapter, layout, tokens, answers, counter, removal, batch_size=batch_size).numpy()
+        if on_circuit is not None:
+            on_circuit(key, m)
+        return m
+
     n_cand = len(table_scores) if candidates is None else int(candidates.sum())
-    empty = circuit_metrics(adapter, layout, tokens, answers, counter, 1.0, batch_size=batch_size).numpy()
+    empty = metrics(None)
     f_all, per = full.numpy(), []
     sizes = []
     for i, frac in enumerate(fractions):
         n = int(frac * n_cand)
-        kept = top_edges(table_scores, n, candidates)
-        per.append(circuit_metrics(adapter, layout, tokens, answers, counter, removal_of(layout, kept),
-                                   batch_size=batch_size).numpy())
+        per.append(metrics(top_edges(table_scores, n, candidates)))
         sizes.append(n)
         if on_point is not None:
             on_point(i + 1)

@@ -108,8 +108,21 @@ class Layout:
         return mask
 
     def n_edges(self) -> int:
-        """How many edges the graph has."""
-        return sum(int(self.valid(s).sum()) for s in self.slots())
+        """How many edges the graph has (counted from the shapes: the entries :meth:`valid` marks)."""
+        return sum(self.slot_edges(s) for s in self.slots())
+
+    def slot_edges(self, slot: Slot) -> int:
+        """How many edges receiver group ``slot`` has: every entry of its tensor but, position-resolved, the key
+        and value entries with ``src_pos > dst_pos`` and the logits' entries before the answer positions."""
+        kind, layer = slot
+        n, t = self.n_up(kind, layer), self.n_pos
+        if not self.positional:
+            return int(np.prod(self.shape(slot)))
+        if kind in ("k", "v"):
+            return n * self.n_kv_heads * t * (t + 1) // 2
+        if kind == "logits":
+            return n * min(self.n_answer, t)
+        return int(np.prod(self.shape(slot)))
 
     def memory_bytes(self, batch: int = 1) -> int:
         """Bytes the scores need (float32 per edge, twice: running sums and the table) and one pass over

@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 
 from circuits.edges.engine import Metric, PassResult, edge_pass, logit_diff
 from circuits.edges.graph import Layout, Scores, zeros
+from circuits.edges.resume import Partial
 from circuits.errors import ArgumentError
 from interventions.adapter import ModelAdapter
 
@@ -154,6 +155,8 @@ def attribute(
     batch_size: int = 16,
     on_batch: Callable[[int], None] | None = None,
     metric: Metric = logit_diff,
+    start: Partial | None = None,
+    on_partial: Callable[[Partial], None] | None = None,
 ) -> tuple[Scores, Float[torch.Tensor, " n"]]:
     """Per-edge scores (mean over prompts, logits) and the clean metric per prompt. ``method`` ``eap`` or
     ``eap-ig`` (``steps`` points ``k/steps``, ``k = 1..steps``) along ``path``: ``inputs`` (the embedding's
@@ -161,28 +164,36 @@ def attribute(
     or ``edges`` (every edge of the graph is removed by the same fraction ``1 - k/steps``, so the path runs from
     the empty circuit to the model; each point's differences are its own, and the scores of all edges add up
     to ``M(model) - M(empty circuit)`` as ``steps`` grows). ``on_batch(n_done)`` after each batch; ``metric``: per
-    prompt, from the answer logits (default: the answer's logit difference)."""
+    prompt, from the answer logits (default: the answer's logit difference). ``start``: the sums of the first
+    prompts, done before (a resumed run goes on from there); ``on_partial(partial)`` after each batch with the sums
+    so far (:class:`~circuits.edges.resume.Partial`, to keep them)."""
     if method not in ("eap", "eap-ig"):
         raise ArgumentError(f"method {method!r} is not valid: choose eap or eap-ig")
     if path not in ("inputs", "edges"):
         raise ArgumentError(f"path {path!r} is not valid: choose inputs or edges")
     n_points = 1 if method == "eap" else steps
-    acc = zeros(layout)
-    clean_metric = []
+    acc = zeros(layout) if start is None else {slot: t.clone() for slot, t in start.sums.items()}
+    clean_metric = [] if start is None else [start.clean.float().cpu()]
+    done = 0 if start is None else start.done
+    if on_batch is not None and done:
+        on_batch(done)
     params = list(adapter.model.parameters())
     flags = [p.requires_grad for p in params]
     try:
         for p in params:
             p.requires_grad_(False)
-        done = 0
-        for rows in batches(len(tokens), batch_size):
+        first = done
+        for rows in batches(len(tokens) - first, batch_size):
+            rows = rows + first
             toks, ans = tokens[rows], answers[rows]
             cf = counter(rows)
-            part = _one_batch(adapter, layout, toks, ans, cf, n_points, path, metric)
+            sums, clean = one_batch(adapter, layout, toks, ans, cf, n_points, path, metric)
             for slot in acc:
-                acc[slot] += part[0][slot]
-            clean_metric.append(part[1].float().cpu())
-            done += len(rows)
+                acc[slot] += sums[slot]
+            clean_metric.append(clean.float().cpu())
+            done = int(rows[-1]) + 1
+            if on_partial is not None:
+                on_partial(Partial(done=done, sums=acc, clean=torch.cat(clean_metric), batch_size=batch_size))
             if on_batch is not None:
                 on_batch(done)
     finally:
@@ -192,9 +203,11 @@ def attribute(
     return {slot: t / n for slot, t in acc.items()}, torch.cat(clean_metric)
 
 
-def _one_batch(adapter: ModelAdapter, layout: Layout, toks: torch.Tensor, ans: torch.Tensor, cf: torch.Tensor,
-               n_points: int, path: str, metric: Metric) -> tuple[Scores, torch.Tensor]:
-    """Summed scores of one batch of prompts and their clean metric (see :func:`attribute`)."""
+def one_batch(adapter: ModelAdapter, layout: Layout, toks: Int[torch.Tensor, "batch pos"],
+              ans: Int[torch.Tensor, " batch *k"], cf: Float[torch.Tensor, "batch n_senders pos d_model"],
+              n_points: int, path: str, metric: Metric) -> tuple[Scores, Float[torch.Tensor, " batch"]]:
+    """Summed scores of one batch of prompts (``n_points`` gradient points along ``path``; logits) and their clean
+    metric per prompt (see :func:`attribute`); ``cf``: every sender's counterfactual output."""
     if path == "edges" and n_points > 1:
         acc = zeros(layout)
         last = None

@@ -212,15 +212,16 @@ def recover(model: Model, name: str, structure: Structure, prompts: Prompts, abl
     pruned = run(PRUNE, PruneConfig(at[0], at[1], ablation=ablation, method="zero", target=target), source, ready,
                  RunOptions(out=sub(prune_folder(planted, at)), progress=progress))
     heads = sorted(structure.head_set)
-    found = sorted((h[0], h[1]) for h in pruned.smallest_head_set) if pruned.smallest_head_set is not None else None
+    found = (sorted((int(h[0]), int(h[1])) for h in pruned.smallest_head_set)
+             if pruned.smallest_head_set is not None else None)
     prec, rec = precision_recall(found, heads)
     curve = curve_by_size(pruned.curve)
     cpr, cmd = cpr_cmd(curve)
     planted_res = search.result(*planted)
     return Recovery(model=name, task=task, ablation=ablation, n_prompts=int(search.n_prompts), planted=planted,
-                    selected=(selected[0], selected[1]) if selected is not None else None,
+                    selected=selected,
                     faithfulness_planted=float(planted_res.faithfulness) if planted_res else float("nan"),
-                    pruned_at=(at[0], at[1]), planted_heads=heads, found_heads=found, precision=prec, recall=rec,
+                    pruned_at=at, planted_heads=heads, found_heads=found, precision=prec, recall=rec,
                     cpr=cpr, cmd=cmd, target=target, curve=curve)
 
 

@@ -29,6 +29,8 @@ from circuits.errors import ArgumentError
 from interventions.types import Model
 
 if TYPE_CHECKING:
+    from jaxtyping import Int
+
     from circuits.prompts.fitspec import FitSpec
     from circuits.tasks.catalogue import TaskLike
     from circuits.tasks.formats import PromptFormat
@@ -176,16 +178,31 @@ def estimate_memory(shape: ModelShape, dtype: str | None, *, n_pos: int, n_promp
 def estimate_pretrained(name: str, dtype: str | None, task: TaskLike, n_prompts: int,
                         batch_size: int, fmt: PromptFormat | None = None) -> MemoryEstimate | None:
     """The estimate for pretrained model ``name`` on ``task``, from its config and tokenizer in the local
-    Hugging Face cache (or the hub) or in a local model folder, before its weights load; a GGUF name or
-    file is converted first (once, :func:`circuits.models.gguf.resolve`, whose
-    :class:`~circuits.errors.ModelLoadError` propagates) and its folder read. ``n_pos`` is the longest
-    tokenised prompt of a sample of the task in the prompt format ``fmt`` (a
-    :class:`~circuits.tasks.formats.PromptFormat`; ``None``: zero-shot) plus BOS. ``None`` when the config or tokenizer
-    cannot be read, or no model can be built from the config."""
+    Hugging Face cache (or the hub) or in a local model folder, before its weights load (:func:`read_pretrained`).
+    ``n_pos`` is the longest tokenised prompt of a sample of the task in the prompt format ``fmt`` (a
+    :class:`~circuits.tasks.formats.PromptFormat`; ``None``: zero-shot) plus BOS (:func:`prompt_lengths`). ``None``
+    when the config or tokenizer cannot be read, or no model can be built from the config."""
+    read = read_pretrained(name)
+    if read is None:
+        return None
+    config, tokenizer = read
+    try:
+        shape = shape_of_hf_config(config)
+    except (OSError, ValueError, KeyError, ImportError):  # an unknown model type, custom code: no estimate
+        return None
+    n_pos = max(prompt_lengths(task, n_prompts, tokenizer, fmt))
+    return estimate_memory(shape, dtype, n_pos=n_pos, n_prompts=n_prompts, batch_size=batch_size)
+
+
+def read_pretrained(name: str) -> tuple[PretrainedConfig, Any] | None:
+    """``(config, tokenizer)`` of model ``name`` (a Hugging Face name in the local cache or the hub, a local
+    model folder, a GGUF name or file), without its weights. A GGUF checkpoint is converted first (once,
+    :func:`circuits.models.gguf.resolve`, whose :class:`~circuits.errors.ModelLoadError` propagates); a folder
+    whose ``config.json`` does not fit its weights is refused (:func:`circuits.zoo.hf.check_size`). ``None`` when
+    the config or the tokenizer cannot be read (not cached and offline, not a Hugging Face name, custom code)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from circuits.models import gguf
-    from circuits.tasks import catalogue as tasks
 
     source = gguf.resolve(name)
     if (Path(str(source)).expanduser() / "config.json").is_file():  # a config that does not fit its weights
@@ -193,17 +210,31 @@ def estimate_pretrained(name: str, dtype: str | None, task: TaskLike, n_prompts:
 
         check_size(Path(str(source)).expanduser())
     try:
-        config = AutoConfig.from_pretrained(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        shape = shape_of_hf_config(config)
-    except (OSError, ValueError, KeyError, ImportError):  # not cached and offline, not a Hugging Face name, an
-        # unknown model type, custom code: no estimate (loading says what is wrong)
+        return AutoConfig.from_pretrained(source), AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, KeyError, ImportError):  # loading says what is wrong
         return None
+
+
+def prompt_lengths(task: TaskLike, n_prompts: int, tokenizer: Any, fmt: PromptFormat | None = None) -> list[int]:
+    """Tokens of each prompt of a sample of ``task`` (at most 50 of ``n_prompts``, seed 0) in the prompt format
+    ``fmt`` (``None``: zero-shot), BOS included: what a run's prompts are long (units: tokens)."""
+    from circuits.tasks import catalogue as tasks
+
     sample = tasks.build_task(task, n=min(50, n_prompts), seed=0)
     if fmt is not None:
         sample = fmt.apply(sample, task, tokenizer)
-    n_pos = 1 + max(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in sample)
-    return estimate_memory(shape, dtype, n_pos=n_pos, n_prompts=n_prompts, batch_size=batch_size)
+    return [1 + len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in sample]
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (``os.sysconf`` pages times page size), in bytes; ``None`` where the
+    system does not say."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
 
 
 def model_devices(model: Model) -> list[torch.device]:
@@ -331,7 +362,7 @@ def halve_on_oom(evaluate: Callable[[int], T], batch_size: int, *, enabled: bool
             log(f"out of device memory: retrying with --batch-size {batch_size} (finished results are kept)")
 
 
-def run_batched(batch_size: int | str, model: Model, tokens: torch.Tensor, dtype: str | None,
+def run_batched(batch_size: int | str, model: Model, tokens: Int[torch.Tensor, "batch pos"], dtype: str | None,
                 evaluate: Callable[[int], T]) -> T:
     """``evaluate(batch_size)``; with ``batch_size="auto"`` the largest batch of ``tokens`` (``[n_prompts,
     n_pos]``) that fits on the devices of ``model`` with weights in ``dtype`` (:func:`auto_batch_size`, with

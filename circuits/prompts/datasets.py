@@ -29,18 +29,20 @@ slot columns). Every row of ``--prompts`` may then be scored.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 import torch
-from jaxtyping import Int
 
 from circuits.errors import ArgumentError, PromptError
 from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, PromptData, prompts_label, read_prompts
 from interventions.types import Model
 
 if TYPE_CHECKING:
+    from jaxtyping import Int
+
     from circuits.prompts.fitspec import FitSpec
     from circuits.prompts.sampling import Prompts
     from circuits.tasks.catalogue import TaskLike
@@ -88,7 +90,7 @@ def prepare_dataset_prompts(model: Model, source: PromptData, n_prompts: int, se
                           + ("; answers of several tokens need --numbers multi" if numbers == "single" else ""))
     layouts = slot_layouts(tasks.to_layouts(model, kept, prepend_bos=prepend_bos), kept, model, where)
     budget = max_checked if max_checked is not None else n_rows
-    correct_by: dict[object, torch.Tensor] = {}
+    correct_by: dict[Hashable, torch.Tensor] = {}
     n_checked = n_correct = 0
     for lay in layouts:
         take = min(len(lay), max(0, budget - n_checked))
@@ -196,9 +198,9 @@ def _task_dataset(source: TaskLike, spec: FitSpec, slots: list[str], where: str)
     return Dataset.from_dict({**cols, LINE: [f"prompt {i}" for i in range(len(ds))]})
 
 
-def fit_rows(model: Model, source: TaskLike | PromptData, spec: FitSpec, scored: Dataset, key: object, *, numbers: str,
-             prepend_bos: bool | None, fmt: PromptFormat | None,
-             batch_size: int) -> tuple[Int[torch.Tensor, "n pos"], int]:
+def fit_rows(model: Model, source: TaskLike | PromptData, spec: FitSpec, scored: Dataset, key: Hashable, *,
+             numbers: str, prepend_bos: bool | None, fmt: PromptFormat | None, batch_size: int
+             ) -> tuple[Int[torch.Tensor, "n pos"], int]:
     """``(tokens, rows drawn)``: the fit prompts of ``source`` (a prompt dataset, or a task: :func:`fit_from_task`)
     in the scored prompts' layout ``key`` (their token length and, with slot columns, where each slot sits; the
     slot columns of ``scored``, the scored dataset, are the ones compared), BOS per ``prepend_bos``, only those the
@@ -238,8 +240,8 @@ def fit_rows(model: Model, source: TaskLike | PromptData, spec: FitSpec, scored:
     return tokens, n_drawn
 
 
-def pick_backed(candidates: Int[torch.Tensor, "m pos"], fit: Int[torch.Tensor, "f pos"], n: int,
-                min_count: int) -> tuple[list[int], int]:
+def pick_backed(candidates: Int[torch.Tensor, "m pos"], fit: Int[torch.Tensor, "f pos"], n: int, min_count: int
+                ) -> tuple[list[int], int]:
     """``(picked, set aside)``: the first ``n`` rows of ``candidates`` (``[m, pos]``) whose every ``(position,
     token)`` entry (positions ``>= 1``) at least ``min_count`` rows of the separate fit set ``fit`` hold once the
     picked rows are taken out of it (a candidate may also be a fit row); ``set aside``: candidates passed over

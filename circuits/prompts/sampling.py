@@ -13,6 +13,7 @@ prepended (``prepend_bos=None``: the model's own default, see ``tasks.resolve_bo
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +94,7 @@ class Prompts:
     fit: Any = None
     n_dropped_fit: int = 0
     numbers: str = "single"
-    layout: object = None
+    layout: Hashable | None = None
     fmt: PromptFormat | None = None
 
     def __len__(self) -> int:
@@ -249,7 +250,7 @@ def prepare_prompts(
         raise ArgumentError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} "
                             f"prompts): lower --n-prompts to {space} or less")
 
-    by_len: dict[object, list[Layout]] = {}
+    by_len: dict[Hashable, list[Layout]] = {}
     n_drawn = n_dropped = n_checked = n_correct = 0
     size = max(1, int(oversample)) * n_prompts
     stop = "found"
@@ -312,7 +313,7 @@ def zero_bound(n_checked: int) -> float:
     return 1.0 - 0.05 ** (1.0 / max(1, int(n_checked)))
 
 
-def _result(spec: TaskSpec, task: str, n_prompts: int, seed: int, source: str, by_len: dict[object, list[Layout]],
+def _result(spec: TaskSpec, task: str, n_prompts: int, seed: int, source: str, by_len: dict[Hashable, list[Layout]],
             need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
             n_checked: int, n_correct: int) -> Prompts:
     """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""

@@ -254,6 +254,13 @@ class SearchResult:
                 lines.append(f"{w:>5} {shown:>18} {extra:>13}")
         return "\n".join(lines)
 
+    def most_faithful(self, min_transfer: int = 0) -> ConfigResult | None:
+        """The evaluated configuration with the highest faithfulness among those with at least ``min_transfer``
+        transfer blocks; ties go to the later wait, then the shorter transfer (the selection rule's order). ``None``
+        if there is none."""
+        pool = [r for r in self.results if r.transfer >= min_transfer]
+        return max(pool, key=lambda r: (r.faithfulness, r.wait, -r.transfer), default=None)
+
     def summary_line(self) -> str:
         if self.selected is None:
             best = max(self.results, key=lambda r: (r.faithfulness, r.wait, -r.transfer), default=None)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from circuits.errors import CorruptRunError
 
 if TYPE_CHECKING:
-    from interventions.types import JsonMapping
+    from interventions.types import JsonMapping  # torch is imported only where a model is
 
 __all__ = ["FIX", "MISSING", "choice", "corrupt", "fraction", "integer", "mapping", "number", "text"]
 

@@ -23,6 +23,10 @@ EDGES = "edges.json"
 EDGES_ARRAYS = "edges.npz"
 MIB = "mib.json"
 """``af1 edges``: its summary, one row per edge, the scores in MIB's circuit-track format."""
+EDGES_PARTIAL = "edges-sums.ckpt"
+"""``af1 edges``: the score sums of the batches done so far (a checkpoint, :mod:`circuits.store.checkpoints`)."""
+EDGES_CURVE = "edges-curve.jsonl"
+"""``af1 edges``: one line per evaluated circuit of the faithfulness curve (its metric per prompt)."""
 SWEEP_CELLS = "cells.jsonl"
 """One line per finished sweep cell (:mod:`circuits.sweep.run`)."""
 CELLS_DIR = "cells"
@@ -41,6 +45,6 @@ NO_RESULTS = ".no-results.jsonl"
 
 RESULT_FILES = frozenset({
     PROMPTS, MEANS, PREPARED, SUMMARY, REPORT, SEARCH_RESULTS, NECESSITY_RESULTS, NECESSITY_SUMMARY, PRUNE_CURVE, LENS,
-    LENS_ARRAYS, EDGES, EDGES_ARRAYS, MIB,
+    LENS_ARRAYS, EDGES, EDGES_ARRAYS, MIB, EDGES_PARTIAL, EDGES_CURVE,
 })
 """Files only af1 writes: a directory holding any of them without ``run.json`` is refused."""

@@ -46,7 +46,10 @@ def main(argv: list[str]) -> int:
     assert sep == "--", "usage: PHASE SIGNAL -- ARGV..."
     from circuits import cli
 
-    arm(phase, signal.Signals[name])
+    sig = signal.Signals[name]
+    if sig == signal.SIGINT:  # as from a terminal: a process started in the background (nohup, `&`) inherits
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # SIGINT ignored, and Ctrl-C never reaches it
+    arm(phase, sig)
     return cli.main(command)
 
 

@@ -393,3 +393,62 @@ def test_candidates_share_passes_with_the_numbers_of_one_pass_each(model, method
             ref = iv.run(model, tokens, ref_ivs)[:, -1].float()
         assert torch.equal(got[h].argmax(-1), ref.argmax(-1)), h
         torch.testing.assert_close(got[h], ref, atol=1e-5, rtol=0)
+
+
+def test_prune_from_search_takes_its_configuration(tmp_path, monkeypatch, capsys, caplog):
+    """``--from-search DIR``: the search's selected configuration; where it selected none, its most faithful one with
+    a transfer block (logged); one-line refusals for a selection without transfer heads, both or neither given, a
+    folder that is no search, and a search of another ablation."""
+    import dataclasses
+    import logging
+
+    from circuits import cli
+    from circuits.models import loading
+    from circuits.search.results import SearchResult
+
+    torch.manual_seed(0)
+    model = build_default("gpt2")
+    tokens = random_tokens(32, 6, seed=4, values=5)
+    monkeypatch.setattr(loading, "load_model", lambda name, device="cpu", backend=None, dtype=None: model)
+    use_prompts(monkeypatch, tokens, disjoint_fit_tokens(tokens))
+    common = ["--model", "tiny", "--task", "add", "--n-prompts", "24", "--no-progress"]
+    search, real_load = tmp_path / "search", SearchResult.load
+    assert cli.main(["search", *common, "--grid", "full", "--threshold", "0.5", "--out", str(search)]) == 0
+    found = SearchResult.load(search)
+    assert found.selected is not None and found.selected.config == (3, 0)  # the last block alone: no transfer heads
+    argv = ["prune", *common, "--target", "0.8", "--confirm-top", "1", "--from-search", str(search)]
+    capsys.readouterr()
+    assert cli.main([*argv, "--out", str(tmp_path / "p0")]) == 2
+    assert "the search selected wait=3 with no transfer block" in capsys.readouterr().err
+
+    def run_with(result: SearchResult, out: str) -> tuple[int, int]:
+        monkeypatch.setattr(SearchResult, "load", classmethod(lambda cls, d, **k: result))
+        assert cli.main([*argv, "--out", str(tmp_path / out)]) == 0
+        identity = json.loads((tmp_path / out / "run.json").read_text())
+        return identity["wait"], identity["transfer"]
+
+    # a selection with transfer heads is taken as it is
+    assert run_with(dataclasses.replace(found, selected=found.result(0, 2)), "p1") == (0, 2)
+    # a search that selected nothing: its most faithful configuration with transfer >= 1, by an independent scan
+    unselected = found.with_threshold(0.99)
+    assert unselected.selected is None
+    pool = [(r.faithfulness, r.wait, -r.transfer) for r in found.results if r.transfer >= 1]
+    _, wait, minus_transfer = max(pool)
+    with caplog.at_level(logging.INFO):
+        assert run_with(unselected, "p2") == (wait, -minus_transfer)
+    assert "selected no configuration at threshold 0.99: pruning its most faithful one" in caplog.text
+    monkeypatch.setattr(SearchResult, "load", real_load)
+    capsys.readouterr()
+
+    refusals = [
+        ([*argv, "--wait", "0", "--out", str(tmp_path / "r1")], "give --from-search DIR or --wait/--transfer, not both"),
+        ([*argv[:-2], "--out", str(tmp_path / "r2")], "give --wait W --transfer T"),
+        ([*argv[:-1], str(tmp_path), "--out", str(tmp_path / "r3")], "no summary.json there"),
+        ([*argv, "--ablation", "zero", "--out", str(tmp_path / "r4")],
+         "that search ran with ablation cama, not zero: give --ablation cama"),
+    ]
+    for args, message in refusals:
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert not (tmp_path / args[-1]).exists()

@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from circuits.search.cost import Dims, fast_flops, naive_flops
-from tests.conftest import build_model
+from tests.conftest import BACKENDS, build_model
 
 TINY = Dims(n_layers=3, d_model=8, n_heads=2, n_kv_heads=1, d_head=4, d_mlp=16, d_vocab=11, gated=True)
 
@@ -40,13 +40,14 @@ def test_fast_flops_equal_a_count_by_enumeration():
     assert naive_flops(TINY, n, pos) == configs * (3 * by_hand_block(n * pos, pos) + 2 * n * pos * 8 * 11)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_block_flops_equal_what_torch_counts(arch):
+def test_block_flops_equal_what_torch_counts(arch, backend):
     """One block of a tiny model run through ``run_from``: torch's own FLOP counter (matmuls, attention
     included) sees what :meth:`Dims.block_flops` counts, and the unembedding likewise."""
     import interventions as iv
 
-    model = build_model(arch, "hooked")
+    model = build_model(arch, backend)
     dims = Dims.of(model.cfg)
     ad = iv.adapt(model)
     x = torch.randn(3, 5, dims.d_model)
