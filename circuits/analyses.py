@@ -30,12 +30,10 @@ from circuits.store.records import RecordSchema
 from interventions.coverage import Coverage
 from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
 
-if TYPE_CHECKING:
-    from circuits.prompts.spec import PromptSpec
-    from interventions.adapter import ModelInfo
-
 if TYPE_CHECKING:  # pragma: no cover
+    from circuits.prompts.spec import PromptSpec
     from circuits.store.runs import RunDir
+    from interventions.adapter import ModelInfo
 
 __all__ = ["REGISTRY", "Analysis", "AnalysisConfig", "Checkpoints", "DirStore", "MemoryStore", "NoCheckpoints",
            "ResultStore", "RunContext", "configured", "get", "names", "register", "unregister"]
@@ -253,7 +251,7 @@ class Analysis(Generic[C, R]):
         return self.config_type(**{k: v for k, v in settings.items() if k in names})
 
 
-def configured(config_type: type[C], config: C | None, **fields: Any) -> C:
+def configured(config_type: type[C], config: C | None, **fields: object) -> C:
     """``config`` (default: ``config_type(**fields)``) with the ``fields`` that are not ``None`` replaced: how an entry
     point such as :func:`circuits.search.search_af1` takes ``config=`` and, as before, the config's fields as
     keywords (which override those of ``config``)."""

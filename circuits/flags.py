@@ -36,13 +36,13 @@ class Flag:
 
     help: str
     name: str | None = None
-    type: Callable[[str], Any] | None = None
+    type: Callable[[str], object] | None = None
     choices: Sequence[str] | None = None
     tristate: bool = False
     metavar: str | None = None
 
 
-def flag(help: str, *, name: str | None = None, type: Callable[[str], Any] | None = None,
+def flag(help: str, *, name: str | None = None, type: Callable[[str], object] | None = None,
          choices: Sequence[str] | None = None, tristate: bool = False, metavar: str | None = None) -> dict[str, Flag]:
     """The ``metadata`` of a dataclass field that a command line sets: ``field(default=0.9, metadata=flag("..."))``.
 
@@ -53,12 +53,12 @@ def flag(help: str, *, name: str | None = None, type: Callable[[str], Any] | Non
     return {KEY: Flag(help=help, name=name, type=type, choices=choices, tristate=tristate, metavar=metavar)}
 
 
-def flag_fields(cls: type) -> dict[str, tuple[dataclasses.Field[Any], Flag]]:
+def flag_fields(cls: type) -> dict[str, tuple[dataclasses.Field[object], Flag]]:
     """The fields of dataclass ``cls`` that carry a :class:`Flag`, by field name, in declaration order."""
     return {f.name: (f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata}
 
 
-def flag_name(field: dataclasses.Field[Any], spec: Flag, prefix: str = "") -> str:
+def flag_name(field: dataclasses.Field[object], spec: Flag, prefix: str = "") -> str:
     return spec.name or "--" + prefix + field.name.replace("_", "-")
 
 
@@ -67,7 +67,7 @@ def dest_of(name: str) -> str:
     return name.lstrip("-").replace("-", "_")
 
 
-def default_of(field: dataclasses.Field[Any]) -> Any:
+def default_of(field: dataclasses.Field[object]) -> object:
     if field.default is not dataclasses.MISSING:
         return field.default
     if field.default_factory is not dataclasses.MISSING:

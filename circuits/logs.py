@@ -15,11 +15,15 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, TextIO, TypeVar
 
 if TYPE_CHECKING:
+    import torch
+
     from interventions.types import Model
 
+
+M = TypeVar("M", bound="Model")
 
 __all__ = ["LOGGER", "Transcript", "cli_handler", "get_logger", "quiet_stdout", "quiet_to"]
 
@@ -42,11 +46,11 @@ class _Console(logging.StreamHandler):
         self.stderr = stderr
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> IO[str]:
         return sys.stderr if self.stderr else sys.stdout
 
     @stream.setter
-    def stream(self, value: Any) -> None:
+    def stream(self, value: object) -> None:
         pass
 
 
@@ -85,7 +89,7 @@ def quiet_stdout(name: str = "loading") -> Iterator[None]:
                 log.debug("%s", line.strip())
 
 
-def quiet_to(model: Model, device_or_dtype: Any) -> Any:
+def quiet_to(model: M, device_or_dtype: torch.device | torch.dtype | str) -> M:
     """``model.to(device_or_dtype)`` without TransformerLens's "Moving model to device" line."""
     try:
         return model.to(device_or_dtype, print_details=False)
@@ -133,7 +137,7 @@ class Transcript:
         self.command, self.quiet, self.log_file = list(command), quiet, log_file
         self.file: IO[str] | None = None
         self.start = time.perf_counter()
-        self.saved: tuple[Any, Any] = (sys.stdout, sys.stderr)
+        self.saved: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
 
     def __enter__(self) -> Transcript:
         self.saved = (sys.stdout, sys.stderr)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
@@ -100,7 +100,7 @@ class NecessityResult:
         return report.necessity_figure([b.layer for b in self.blocks], [b.faithfulness for b in self.blocks],
                                        [(b.ci_low, b.ci_high) for b in self.blocks], title)
 
-    def figures(self, title: str = "Necessity sweep") -> list[Any]:
+    def figures(self, title: str = "Necessity sweep") -> list[Figure]:
         """Every figure of the report."""
         return [self.plot(title)]
 

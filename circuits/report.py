@@ -73,7 +73,7 @@ def shared_plotlyjs(report: Path) -> str:
     return PLOTLYJS_FILE
 
 
-def write_page(path: str | Path, title: str, figures: Sequence[Any], notes: Sequence[str] = (),
+def write_page(path: str | Path, title: str, figures: Sequence[Figure], notes: Sequence[str] = (),
                links: Sequence[tuple[str, str]] = ()) -> Path:
     """Write the report :func:`page` at ``path``, getting plotly.js as :func:`plotlyjs_mode` says."""
     path = Path(path)
@@ -82,7 +82,7 @@ def write_page(path: str | Path, title: str, figures: Sequence[Any], notes: Sequ
     return write_text(path, page(title, figures, notes, links, plotlyjs=src))
 
 
-def page(title: str, figures: Sequence[Any], notes: Sequence[str] = (), links: Sequence[tuple[str, str]] = (),
+def page(title: str, figures: Sequence[Figure], notes: Sequence[str] = (), links: Sequence[tuple[str, str]] = (),
          plotlyjs: str | None = None) -> str:
     """An HTML page holding ``figures``; ``notes`` are paragraphs of text, ``links`` ``(label, relative href)``
     pairs listed after them. ``plotlyjs``: ``None`` embeds plotly.js once (a self-contained page that opens
@@ -93,7 +93,7 @@ def page(title: str, figures: Sequence[Any], notes: Sequence[str] = (), links: S
     if plotlyjs is not None and plotlyjs != "cdn":
         head = f"<script src='{html.escape(plotlyjs)}'></script>"
     for i, fig in enumerate(figures):
-        include: Any = (i == 0) if plotlyjs is None else ("cdn" if plotlyjs == "cdn" and i == 0 else False)
+        include: bool | str = (i == 0) if plotlyjs is None else ("cdn" if plotlyjs == "cdn" and i == 0 else False)
         parts.append(fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"fig{i}"))
     body = "\n".join(f"<p>{html.escape(n)}</p>" for n in notes)
     if links:

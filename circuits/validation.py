@@ -6,7 +6,6 @@ of :mod:`interventions.validation` raising :class:`~circuits.errors.ArgumentErro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from circuits.errors import ArgumentError
 from interventions import validation as _v
@@ -19,27 +18,27 @@ THREADS_PER_CORE = 4
 oversubscribes the cores, and tens of thousands exhaust the process's memory and crash it."""
 
 
-def check_int(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
+def check_int(name: str, value: object, minimum: int = 0, maximum: int | None = None) -> int:
     """``value`` if it is an integer in ``minimum .. maximum`` (booleans refused), else :class:`ArgumentError`."""
     return _v.check_int(name, value, minimum, maximum, error=ArgumentError)
 
 
-def check_positive(name: str, value: Any, maximum: int | None = None) -> int:
+def check_positive(name: str, value: object, maximum: int | None = None) -> int:
     """``value`` if it is an integer ``>= 1`` (and ``<= maximum``), else :class:`ArgumentError`."""
     return _v.check_int(name, value, 1, maximum, error=ArgumentError)
 
 
-def check_fraction(name: str, value: Any) -> float:
+def check_fraction(name: str, value: object) -> float:
     """``value`` as a float in [0, 1] (a faithfulness fraction; NaN refused), else :class:`ArgumentError`."""
     return _v.check_fraction(name, value, error=ArgumentError)
 
 
-def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     """``value`` if it is one of ``choices`` (a tuple of :mod:`circuits.vocab`), else :class:`ArgumentError`."""
     return _v.check_choice(name, value, choices, error=ArgumentError)
 
 
-def check_config(n_layers: int, wait: Any, transfer: Any, *, min_transfer: int = 0) -> None:
+def check_config(n_layers: int, wait: object, transfer: object, *, min_transfer: int = 0) -> None:
     """:class:`ArgumentError` unless ``(wait, transfer)`` is an AF1 configuration of a model of ``n_layers``
     blocks (:func:`circuits.vocab.config_problem`, the one range rule; ``min_transfer=1`` for pruning)."""
     from circuits.vocab import config_problem
@@ -56,7 +55,7 @@ def max_threads() -> int:
     return THREADS_PER_CORE * (os.cpu_count() or 1)
 
 
-def check_threads(name: str, value: Any) -> int:
+def check_threads(name: str, value: object) -> int:
     """``value`` if it is an integer in ``1 .. max_threads()``, else :class:`ArgumentError` saying the bound and
     the machine's cores (``name`` is the flag or variable, e.g. ``"--threads"``)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

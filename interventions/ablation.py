@@ -10,8 +10,9 @@ remote backend sends the hooks with each request (code by value).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,17 +24,21 @@ from .hooks import HookPointLike
 from .types import InterventionError
 from .validation import check_int
 
+if TYPE_CHECKING:
+    from jaxtyping import Float
 
-def _check_cache(cache: Any, who: str) -> None:
+
+def _check_cache(cache: object, who: str) -> None:
     if not isinstance(cache, MeanCache):
         raise InterventionError(f"{who} needs a MeanCache (from MeanCache.fit), got {type(cache).__name__}")
 
 
-def on_device(values: torch.Tensor) -> Any:
+def on_device(values: Float[torch.Tensor, "*shape"]) -> Callable[[Float[torch.Tensor, "*like"]],
+                                                                 Float[torch.Tensor, "*shape"]]:
     """``copy(like)``: ``values`` on the device and in the dtype of tensor ``like`` (copies memoised)."""
     copies: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
-    def copy(like: torch.Tensor) -> torch.Tensor:
+    def copy(like: Float[torch.Tensor, "*like"]) -> Float[torch.Tensor, "*shape"]:
         key = (like.device, like.dtype)
         if key not in copies:
             copies[key] = values.to(device=like.device, dtype=like.dtype)

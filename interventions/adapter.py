@@ -42,7 +42,7 @@ from .hooks import (
     resid_pre,
     z,
 )
-from .types import InterventionError, Model
+from .types import InterventionError, JsonDict, Model
 from .validation import check_choice
 from .vocab import BACKENDS
 from .weights import weights_sha256
@@ -295,7 +295,7 @@ class ModelAdapter:
         digest = weights_sha256(module) if module is not None else None
         return digest if digest is not None else self.fingerprint()
 
-    def model_identity(self) -> dict[str, Any]:
+    def model_identity(self) -> JsonDict:
         """What a run identity records of the model: its shapes, :meth:`fingerprint` and
         :meth:`weights_sha256`."""
         return {**self.info.signature(), "fingerprint": self.fingerprint(), "weights_sha256": self.weights_sha256()}

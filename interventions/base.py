@@ -17,9 +17,10 @@ from jaxtyping import Int
 
 from .adapter import ModelInfo
 from .cache import MeanCache
-from .types import InterventionError
+from .hooks import HookPointLike
+from .types import InterventionError, JsonDict, JsonMapping
 
-HookBody = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
+HookBody = Callable[[torch.Tensor, HookPointLike | None], "torch.Tensor | None"]
 
 REGISTRY: dict[str, type[Intervention]] = {}
 
@@ -74,9 +75,9 @@ class Intervention:
         return [f for f in dataclasses.fields(self)
                 if not (f.metadata.get(OMIT_DEFAULT) and getattr(self, f.name) == f.default)]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """JSON-serialisable spec. A cache is referenced by its content hash and file path."""
-        out: dict[str, Any] = {"type": type(self).__name__}
+        out: JsonDict = {"type": type(self).__name__}
         for f in self.spec_fields():
             value = getattr(self, f.name)
             if isinstance(value, MeanCache):
@@ -87,7 +88,7 @@ class Intervention:
         return out
 
     @staticmethod
-    def from_dict(spec: dict[str, Any], cache: MeanCache | None = None) -> Intervention:
+    def from_dict(spec: JsonMapping, cache: MeanCache | None = None) -> Intervention:
         """Rebuild an intervention from :meth:`to_dict` output.
 
         A spec that references a cache uses ``cache`` when given (its hash must match), else loads the

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -39,7 +38,7 @@ from .cache_sums import Sums, accumulate, merge
 from .coverage import Coverage, row_digests, token_text
 from .entries import EntryIndexer, UncoveredEntryError
 from .registry import adapt
-from .types import CacheMismatchError, InterventionError, Model, Tokenizer, Tokens
+from .types import CacheMismatchError, InterventionError, JsonDict, Model, Tokenizer, Tokens
 from .validation import check_layout, check_positive, check_tokens, special_token_ids
 
 FORMAT_VERSION = cache_file.FORMAT_VERSION
@@ -63,7 +62,7 @@ class MeanCache:
         pos_mean: Float[torch.Tensor, "n_layers n_pos d_model"],
         z_mean: Float[torch.Tensor, "n_layers n_pos n_heads d_head"],
         n_prompts: int,
-        model_signature: dict[str, Any],
+        model_signature: JsonDict,
         source: str | None = None,
         fit_rows: Int[torch.Tensor, " n_prompts"] | None = None,
     ):
@@ -116,7 +115,7 @@ class MeanCache:
         return tokens
 
     @classmethod
-    def from_sums(cls, sums: Sums, model_signature: dict[str, Any],
+    def from_sums(cls, sums: Sums, model_signature: JsonDict,
                   fit_rows: Int[torch.Tensor, " n_prompts"] | None) -> MeanCache:
         """The cache of the float64 sums of :mod:`interventions.cache_sums` (means rounded to float32)."""
         cond_mean, pos_mean, z_mean = sums.means()
@@ -124,13 +123,15 @@ class MeanCache:
                    cond_mean=cond_mean, pos_mean=pos_mean, z_mean=z_mean, n_prompts=sums.n,
                    model_signature=model_signature, fit_rows=fit_rows)
 
-    def sums(self, device: Any = None) -> Sums:
+    def sums(self, device: torch.device | str | None = None) -> Sums:
         """The float64 sums behind the means (mean times count: exact up to the float32 rounding of the
         means), on ``device`` (default the CPU)."""
-        f64 = dict(device=device, dtype=torch.float64)
-        counts = self.entry_count.to(**f64)
-        return Sums(self.entry_pos, self.entry_tok, self.entry_count, self.cond_mean.to(**f64) * counts[None, :, None],
-                    self.pos_mean.to(**f64) * self.n_prompts, self.z_mean.to(**f64) * self.n_prompts, self.n_prompts)
+        f64 = torch.float64
+        counts = self.entry_count.to(device, f64)
+        return Sums(self.entry_pos, self.entry_tok, self.entry_count,
+                    self.cond_mean.to(device, f64) * counts[None, :, None],
+                    self.pos_mean.to(device, f64) * self.n_prompts, self.z_mean.to(device, f64) * self.n_prompts,
+                    self.n_prompts)
 
     def extend(self, model: Model, tokens: Tokens, *, batch_size: int = 64, progress: bool = True) -> MeanCache:
         """A new cache fitted on this cache's fit prompts plus ``tokens`` (``[batch, pos]``, the same layout,

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from .types import InterventionError
+from .types import InterventionError, JsonDict, JsonMapping
 
 __all__ = ["CACHE_TENSORS", "FORMAT_VERSION", "MAX_VOCAB", "read", "tensor_problem", "write"]
 
@@ -29,7 +28,7 @@ MAX_VOCAB = 10_000_000
 """Largest token id a cache without ``d_vocab`` in its signature may hold (the lookup table is that wide)."""
 
 
-def write(path: Path, tensors: dict[str, torch.Tensor], *, n_prompts: int, model_signature: dict[str, Any],
+def write(path: Path, tensors: dict[str, torch.Tensor], *, n_prompts: int, model_signature: JsonDict,
           sha256: str) -> None:
     """Write ``tensors`` to ``path`` (its folder is created) with the cache's metadata."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +42,7 @@ def write(path: Path, tensors: dict[str, torch.Tensor], *, n_prompts: int, model
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
 
 
-def read(path: Path) -> tuple[dict[str, torch.Tensor], int, dict[str, Any], str | None]:
+def read(path: Path) -> tuple[dict[str, torch.Tensor], int, JsonDict, str | None]:
     """``(tensors, n_prompts, model_signature, recorded sha256)`` of the cache file at ``path``, all checked;
     :class:`~interventions.types.InterventionError` naming the file and what is wrong otherwise."""
     from safetensors import SafetensorError, safe_open
@@ -84,7 +83,7 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], int, dict[str, Any], str 
     return tensors, n_prompts, signature, meta.get("sha256") or None
 
 
-def tensor_problem(tensors: dict[str, torch.Tensor], signature: dict[str, Any]) -> str | None:
+def tensor_problem(tensors: dict[str, torch.Tensor], signature: JsonMapping) -> str | None:
     """What is wrong with the tensors of a cache file (``None`` if nothing): names, ranks, shapes, types and
     the range of positions and token ids."""
     missing = [n for n in CACHE_TENSORS if n not in tensors]

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Int
 
-from .types import Tokenizer
+from .types import JsonDict, Tokenizer
 
 __all__ = ["Coverage", "EntryCount", "entry_counts", "row_digests", "token_text"]
 
@@ -105,7 +104,7 @@ class Coverage:
         the cache is extended with fit prompts that hold them (``MeanCache.extend``)."""
         return tuple(e for e in self.entries if e.count == 0)
 
-    def rows(self, tokenizer: Tokenizer | None = None) -> list[dict[str, Any]]:
+    def rows(self, tokenizer: Tokenizer | None = None) -> list[JsonDict]:
         """One dict per needed entry (``position``, ``token``, ``text`` (with ``tokenizer``, else ``None``),
         ``count``), fewest fit prompts first: ``pandas.DataFrame(coverage.rows(model.tokenizer))``."""
         return [{"position": e.position, "token": e.token, "count": e.count,
@@ -119,7 +118,7 @@ class Coverage:
     def median(self) -> float:
         return float(np.median([e.count for e in self.entries])) if self.entries else float(self.n_fit)
 
-    def summary(self, tokenizer: Tokenizer | None = None, limit: int = 20) -> dict[str, Any]:
+    def summary(self, tokenizer: Tokenizer | None = None, limit: int = 20) -> JsonDict:
         """JSON-ready counts: ``n_entries``, ``min``, ``median``, ``min_count``, ``n_under`` and up to
         ``limit`` entries under the minimum (``under``: ``{"position", "token", "text", "count"}``)."""
         return {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,7 +55,7 @@ def apply(
     *,
     tokens: Tokens | None = None,
     check_fired: bool = True,
-) -> Iterator[Any]:
+) -> Iterator[Model]:
     """Attach ``interventions`` to ``model`` for the duration of the ``with`` block.
 
     Inside, call the model as usual (``model(tokens)``); CAMA reads the token ids of each forward pass.
@@ -74,7 +74,7 @@ def apply(
     fired: list[list[int]] = []  # per intervention: [times any of its hooks fired, hooks it added]
     handles = []
 
-    def count(slot: list[int]) -> Any:
+    def count(slot: list[int]) -> Callable[[], None]:
         def fired() -> None:
             slot[0] += 1
 

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 
 from .errors import InterventionError
 from .hooks import resid_post, resid_pre, z
+
+if TYPE_CHECKING:
+    from .adapter import ModelAdapter
 
 __all__ = ["embed_out", "final_in", "head_out_weights", "input_hook", "mlp_out", "split_inputs", "z"]
 
@@ -60,7 +63,7 @@ def mlp_out(layer: int) -> str:
     return f"blocks.{layer}.hook_mlp_out"
 
 
-def head_out_weights(adapter: Any) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
+def head_out_weights(adapter: ModelAdapter) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
     """``W_O`` of every block: head ``h`` of block ``l`` writes ``z[..., h, :] @ W_O[l, h]`` into the residual."""
     if not adapter.capabilities.split_inputs:
         raise InterventionError(adapter.missing("head_out_weights", "split_inputs"))
@@ -68,7 +71,7 @@ def head_out_weights(adapter: Any) -> Float[torch.Tensor, "n_layers n_heads d_he
 
 
 @contextmanager
-def split_inputs(adapter: Any) -> Iterator[None]:
+def split_inputs(adapter: ModelAdapter) -> Iterator[None]:
     """Inside the ``with`` block the model computes one input per query head, key/value head and MLP (the hook
     points of the module docstring); the former settings come back on exit, also after an exception."""
     if not adapter.capabilities.split_inputs:

@@ -29,7 +29,7 @@ MODES = ("full", "self")
 QUERIES = ("last", "others", "all")
 
 
-def allowed_keys(n_pos: int, mode: str, queries: str, keep_bos: bool = True, device: Any = None,
+def allowed_keys(n_pos: int, mode: str, queries: str, keep_bos: bool = True, device: torch.device | str | None = None,
                  n_last: int = 1) -> Bool[torch.Tensor, "query_pos key_pos"]:
     """Boolean ``[query_pos, key_pos]`` mask of links a :class:`Peek` keeps (rows it does not select
     are fully causal). ``full``: the whole causal row. ``self``: the query itself, plus BOS (key 0)
@@ -44,7 +44,8 @@ def allowed_keys(n_pos: int, mode: str, queries: str, keep_bos: bool = True, dev
     return torch.where(rows[:, None], restricted & causal, causal)
 
 
-def selected_rows(n_pos: int, queries: str, device: Any = None, n_last: int = 1) -> Bool[torch.Tensor, " query_pos"]:
+def selected_rows(n_pos: int, queries: str, device: torch.device | str | None = None,
+                  n_last: int = 1) -> Bool[torch.Tensor, " query_pos"]:
     """Boolean ``[query_pos]``: the query rows ``queries`` selects. ``last``: the final ``n_last`` positions
     (``n_pos-n_last .. n_pos-1``; 1: the last prompt token; with an answer of ``k`` tokens read under teacher
     forcing, ``k``: the last prompt token and the first ``k-1`` answer tokens, each predicting the next answer
@@ -116,7 +117,7 @@ class Peek(Intervention):
             for head in self.heads_of(layer) or ():
                 info.check_head(layer, head)
 
-    def allowed(self, n_pos: int, device: Any = None) -> Bool[torch.Tensor, "query_pos key_pos"]:
+    def allowed(self, n_pos: int, device: torch.device | str | None = None) -> Bool[torch.Tensor, "query_pos key_pos"]:
         """Boolean ``[query_pos, key_pos]`` mask of the keys this peek lets each query attend to, for prompts
         of ``n_pos`` tokens (rows it does not select keep the whole causal row; see :func:`allowed_keys`)."""
         return allowed_keys(n_pos, self.mode, self.queries, self.keep_bos, device, self.n_last)

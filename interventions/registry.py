@@ -11,7 +11,6 @@ registrations back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from .adapter import ModelAdapter
 from .backends.bridge import BridgeAdapter, is_bridge
@@ -21,13 +20,13 @@ from .types import Model
 
 __all__ = ["adapt", "register_backend", "registered"]
 
-REGISTERED: list[tuple[Callable[[Any], bool], type[ModelAdapter]]] = [
+REGISTERED: list[tuple[Callable[[Model], bool], type[ModelAdapter]]] = [
     (is_nnsight_model, NNsightAdapter), (is_hooked_transformer, HookedAdapter), (is_bridge, BridgeAdapter),
 ]
 """``(predicate, adapter class)`` pairs in the order :func:`adapt` tries them."""
 
 
-def register_backend(predicate: Callable[[Any], bool], adapter_cls: type[ModelAdapter]) -> None:
+def register_backend(predicate: Callable[[Model], bool], adapter_cls: type[ModelAdapter]) -> None:
     """Register an adapter class for models accepted by ``predicate``, tried before every earlier one."""
     REGISTERED.insert(0, (predicate, adapter_cls))
 

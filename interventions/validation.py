@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import InterventionError
 
@@ -24,12 +24,12 @@ if TYPE_CHECKING:  # pragma: no cover
 ErrorType = type[Exception]
 
 
-def _shown(name: str, value: Any) -> str:
+def _shown(name: str, value: object) -> str:
     """``--flag value`` for a command-line flag, ``name=value`` for a keyword argument or a field."""
     return f"{name} {value}" if name.startswith("-") else f"{name}={value!r}"
 
 
-def check_int(name: str, value: Any, minimum: int = 0, maximum: int | None = None, *,
+def check_int(name: str, value: object, minimum: int = 0, maximum: int | None = None, *,
               error: ErrorType = InterventionError) -> int:
     """``value`` if it is an integer in ``minimum .. maximum`` (no upper bound when ``maximum`` is ``None``;
     booleans are refused), else ``error`` naming it and the valid range."""
@@ -42,13 +42,14 @@ def check_int(name: str, value: Any, minimum: int = 0, maximum: int | None = Non
     return value
 
 
-def check_positive(name: str, value: Any, maximum: int | None = None, *, error: ErrorType = InterventionError) -> int:
+def check_positive(name: str, value: object, maximum: int | None = None, *,
+                   error: ErrorType = InterventionError) -> int:
     """``value`` if it is an integer ``>= 1`` (``n_boot``, batch sizes, counts; at most ``maximum``), else
     ``error``."""
     return check_int(name, value, 1, maximum, error=error)
 
 
-def check_fraction(name: str, value: Any, *, error: ErrorType = InterventionError) -> float:
+def check_fraction(name: str, value: object, *, error: ErrorType = InterventionError) -> float:
     """``value`` as a float in [0, 1] (a faithfulness fraction; NaN refused), else ``error``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0.0 <= float(value) <= 1.0:
@@ -56,14 +57,14 @@ def check_fraction(name: str, value: Any, *, error: ErrorType = InterventionErro
     return float(value)
 
 
-def check_choice(name: str, value: Any, choices: Sequence[str], *, error: ErrorType = InterventionError) -> str:
+def check_choice(name: str, value: object, choices: Sequence[str], *, error: ErrorType = InterventionError) -> str:
     """``value`` if it is one of ``choices``, else ``error`` listing them."""
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise error(f"{_shown(name, value)} is not valid: choose one of {', '.join(map(repr, choices))}")
     return value
 
 
-def check_tokens(tokens: Any, d_vocab: int | None = None) -> Int[torch.Tensor, "batch pos"]:
+def check_tokens(tokens: object, d_vocab: int | None = None) -> Int[torch.Tensor, "batch pos"]:
     """Return ``tokens`` if it is a non-empty ``[batch, pos]`` integer tensor of valid ids, else raise."""
     import torch
 
@@ -91,7 +92,7 @@ def check_tokens(tokens: Any, d_vocab: int | None = None) -> Int[torch.Tensor, "
     return tokens.long()
 
 
-def check_answers(answers: Any, n_prompts: int, d_vocab: int | None = None) -> Int[torch.Tensor, " n_prompts *k"]:
+def check_answers(answers: object, n_prompts: int, d_vocab: int | None = None) -> Int[torch.Tensor, " n_prompts *k"]:
     """``answers`` as a ``[n_prompts]`` long tensor of token ids in ``0..d_vocab-1`` (one answer token per
     prompt), or ``[n_prompts, k]`` (``k`` answer tokens per prompt, read under teacher forcing from the
     prompts' last ``k`` positions), else raise."""

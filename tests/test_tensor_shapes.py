@@ -20,7 +20,6 @@ JAXTYPING = {"Float", "Int", "Bool", "Shaped", "Num", "Integer", "Real", "Inexac
 # hook point (their shape depends on the point), state dicts and cache files (one dict of many shapes), and the
 # nnsight trace's internals (proxies of tensors of several layouts).
 NOT_YET_SHAPED = {
-    "interventions.ablation:on_device": ["values"],
     "interventions.adapter:ModelAdapter.activations": ["return"],
     "interventions.backends.bridge:BridgeAdapter.run_until": ["return"],
     "interventions.backends.nnsight:NNsightAdapter.activations": ["return"],

@@ -24,7 +24,7 @@ from circuits.flags import add_flags, flag_fields, values
 from circuits.models.spec import ModelSpec
 from circuits.options import RunOptions, batch_size_argument
 from circuits.prompts.fitspec import FitSpec
-from circuits.prompts.spec import PromptSpec, check_prompt_count
+from circuits.prompts.spec import ONE_SOURCE, PromptSpec, check_prompt_count
 from circuits.tasks.formats import PromptFormat
 from circuits.validation import check_int, check_positive
 
@@ -48,7 +48,8 @@ FIT_PREFIX = "fit-"
 """The fit set's flags are its fields with this prefix (``--fit-size``)."""
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = MODEL_FIELDS, **defaults: Any) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = MODEL_FIELDS,
+                        **defaults: object) -> None:
     """The model's flags (``--model``, ``--backend``, ``--remote``, ``--dtype``, ``--device``, ``--device-map``,
     ``--max-memory``; ``defaults`` by field name) and ``--threads``."""
     fields = tuple(fields)
@@ -59,7 +60,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] =
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser, fields: Iterable[str] = PROMPT_FIELDS, *,
-                         fit: bool = True, **defaults: Any) -> None:
+                         fit: bool = True, **defaults: object) -> None:
     """The prompts' flags: the :class:`~circuits.prompts.spec.PromptSpec` ``fields`` (``defaults`` by field name),
     the format's (``--shots``, ``--chat``) and, with ``fit``, the fit set's (``--fit-size``, ...)."""
     add_flags(parser, PromptSpec, fields, defaults=defaults)
@@ -83,6 +84,8 @@ def check_prompts_or_task(prompts: PromptSpec) -> None:
     the file, the line or field, on any problem; ``--source frozen`` only with a task; ``--n-prompts`` at most
     the task's prompts or the dataset's rows."""
     if prompts.prompts is None:
+        if prompts.task is None:
+            raise ArgumentError(ONE_SOURCE)
         check_task(prompts.task, prompts.n_prompts, prompts.source, prompts.format.shots)
         return
     from circuits.prompts.datasets import prompts_label, read_prompts
@@ -95,10 +98,12 @@ def check_prompts_or_task(prompts: PromptSpec) -> None:
                             f"{prompts_label(prompts.prompts)}; give at most {rows}")
     if prompts.fit_prompts is not None:
         from circuits.prompts.datasets import fit_from_task
+        from circuits.tasks.catalogue import TaskSpec
 
         if fit_from_task(prompts.fit_prompts):
             check_task(prompts.fit_prompts)
         else:
+            assert not isinstance(prompts.fit_prompts, TaskSpec)  # a TaskSpec is a task
             read_prompts(prompts.fit_prompts)
 
 

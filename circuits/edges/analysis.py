@@ -7,7 +7,8 @@ the curve as a line of its results file."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from circuits.analyses import Analysis, RunContext
 from circuits.edges.config import EdgesConfig
@@ -19,14 +20,16 @@ from circuits.store import files
 if TYPE_CHECKING:
     from circuits.edges.graph import Layout
     from circuits.edges.scores import MeanOutputs
-    from interventions.adapter import ModelAdapter
+    from circuits.store.runs import RunDir
+    from interventions.adapter import ModelAdapter, ModelInfo
+    from interventions.types import JsonDict, Model
 
 __all__ = ["EDGES", "edges_identity", "edges_run", "fit_means", "layout_of", "write_edges"]
 
 MIB_FILE = files.MIB
 
 
-def layout_of(info: Any, n_pos: int, n_answer: int, positional: bool) -> Any:
+def layout_of(info: ModelInfo, n_pos: int, n_answer: int, positional: bool) -> Layout:
     """The :class:`~circuits.edges.graph.Layout` of a model (its :class:`~interventions.ModelInfo`) on prompts of
     ``n_pos`` tokens whose last ``n_answer`` positions predict the answer."""
     from circuits.edges.graph import Layout
@@ -35,7 +38,7 @@ def layout_of(info: Any, n_pos: int, n_answer: int, positional: bool) -> Any:
                   n_pos=n_pos, n_answer=n_answer, parallel=info.parallel_attn_mlp, positional=positional)
 
 
-def edges_run(model: Any, config: EdgesConfig, ctx: RunContext) -> EdgesResult:
+def edges_run(model: Model, config: EdgesConfig, ctx: RunContext) -> EdgesResult:
     """Score every edge of the graph on the kept prompts, then (``config.curve``) evaluate the top-edge circuits
     at MIB's sizes by edge patching (pure)."""
     import numpy as np
@@ -109,7 +112,7 @@ def fit_means(ad: ModelAdapter, layout: Layout, config: EdgesConfig, ctx: RunCon
     return means
 
 
-def _bar(show: bool, total: int, what: str) -> Any:
+def _bar(show: bool, total: int, what: str) -> Callable[[int], None] | None:
     """A callback ``(n_done) -> None`` moving a tqdm bar (``None`` when bars are off)."""
     if not show:
         return None
@@ -125,13 +128,13 @@ def _bar(show: bool, total: int, what: str) -> Any:
     return step
 
 
-def _config_dict(config: EdgesConfig) -> dict[str, Any]:
+def _config_dict(config: EdgesConfig) -> JsonDict:
     from dataclasses import asdict
 
     return asdict(config)
 
 
-def edges_identity(config: EdgesConfig, ctx: RunContext, model: Any) -> dict[str, Any]:
+def edges_identity(config: EdgesConfig, ctx: RunContext, model: Model) -> JsonDict:
     """The run identity of ``af1 edges``: the prompts, the model and every setting that changes a number."""
     import interventions as iv
     from circuits.store.runs import tokens_sha256
@@ -151,7 +154,7 @@ def edges_identity(config: EdgesConfig, ctx: RunContext, model: Any) -> dict[str
     }
 
 
-def write_edges(result: EdgesResult, run_dir: Any, ctx: RunContext) -> None:
+def write_edges(result: EdgesResult, run_dir: RunDir, ctx: RunContext) -> None:
     """``edges.npz``, ``edges.json``, ``mib.json`` (MIB's circuit-track format) and ``report.html``."""
     import io
 
@@ -169,7 +172,7 @@ def write_edges(result: EdgesResult, run_dir: Any, ctx: RunContext) -> None:
     write_edges_report(run_dir.path / REPORT, result)
 
 
-def edges_row(result: EdgesResult) -> dict[str, Any]:
+def edges_row(result: EdgesResult) -> JsonDict:
     """A sweep row: the CPR (in the faithfulness column) with its interval."""
     if result.curve is None:
         return {}

@@ -4,11 +4,14 @@ flags are declared on its fields)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
 from circuits.validation import check_choice, check_config, check_int, check_positive
+
+if TYPE_CHECKING:
+    from interventions.adapter import ModelInfo
 
 __all__ = ["COUNTERFACTUALS", "EDGE_METHODS", "IG_PATHS", "EdgesConfig"]
 
@@ -45,9 +48,9 @@ class EdgesConfig:
     n_boot: int = 1000
     seed: int = 0
 
-    def validate(self, info: Any = None) -> EdgesConfig:
+    def validate(self, info: ModelInfo | int | None = None) -> EdgesConfig:
         """:class:`~circuits.errors.ArgumentError` naming the first bad value (``info``: the model's
-        :class:`~interventions.ModelInfo`, or ``None`` before loading). Returns the config."""
+        :class:`~interventions.ModelInfo` or its block count, or ``None`` before loading). Returns the config."""
         check_choice("method", self.method, EDGE_METHODS)
         check_choice("ig_path", self.ig_path, IG_PATHS)
         check_choice("counterfactual", self.counterfactual, COUNTERFACTUALS)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -29,6 +28,7 @@ from circuits.edges.graph import Layout, Scores, Slot
 from circuits.faithfulness import last_token_metrics
 from interventions import parts
 from interventions.adapter import ModelAdapter
+from interventions.hooks import HookFn, HookPointLike
 from interventions.readout import answer_positions
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -124,10 +124,10 @@ def edge_pass(
             add = z if add is None else add + z
         return add
 
-    def receiver(slot: Slot) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    def receiver(slot: Slot) -> Callable[[torch.Tensor, HookPointLike | None], torch.Tensor]:
         kind, _ = slot
 
-        def fn(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        def fn(act: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             shape = (b, copies, *act.shape[1:]) if kind in ("k", "v") else (b, *act.shape[1:])
             like = act.new_zeros(shape)
             add = extra(slot, like)
@@ -139,14 +139,14 @@ def edge_pass(
 
         return fn
 
-    def on_embed(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+    def on_embed(act: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
         if embed is not None:
             act = spread(embed.to(act.dtype))
         outs.append(first(act)[:, None])
         return act
 
-    def on_z(layer: int) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-        def fn(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+    def on_z(layer: int) -> Callable[[torch.Tensor, HookPointLike | None], torch.Tensor]:
+        def fn(act: torch.Tensor, hook: HookPointLike | None = None) -> torch.Tensor:
             if layout.positional:
                 z = act.reshape(b, copies, *act.shape[1:])[:, diag, diag]  # row c of copy c: [b, pos, heads, d_head]
                 act = spread(z)
@@ -159,10 +159,10 @@ def edge_pass(
 
         return fn
 
-    def on_mlp_out(act: torch.Tensor, hook: Any = None) -> None:
+    def on_mlp_out(act: torch.Tensor, hook: HookPointLike | None = None) -> None:
         outs.append(first(act)[:, None])
 
-    hooks: list[tuple[str, Any]] = [(parts.embed_out(), on_embed)]
+    hooks: list[tuple[str, HookFn]] = [(parts.embed_out(), on_embed)]
     for layer in range(layout.n_layers):
         kinds = ("q", "k", "v", "mlp") if has_mlp else ("q", "k", "v")
         hooks += [(parts.input_hook(k, layer), receiver((k, layer))) for k in kinds]

@@ -4,11 +4,14 @@ faithfulness curve over circuit sizes with its bootstrap interval."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from circuits.edges.circuit import Curve
+
+if TYPE_CHECKING:
+    from interventions.types import Figure
 
 __all__ = ["curve_figure", "graph_figure"]
 
@@ -24,7 +27,7 @@ def _column(name: str, n_layers: int) -> float:
     return float(int(name[1:].split("H")[0].split("KV")[0]))
 
 
-def graph_figure(result: Any, n: int | None = None) -> Any:
+def graph_figure(result: Any, n: int | None = None) -> Figure:
     """Nodes at (block, position), the ``n`` candidate edges of largest ``|score|`` as lines."""
     import plotly.graph_objects as go
 
@@ -50,7 +53,7 @@ def graph_figure(result: Any, n: int | None = None) -> Any:
     return fig
 
 
-def curve_figure(curve: Curve) -> Any:
+def curve_figure(curve: Curve) -> Figure:
     """Faithfulness (MIB) against the fraction of candidate edges kept, with its 95% bootstrap interval."""
     import plotly.graph_objects as go
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from circuits.edges.graph import INPUT_KINDS
+
+if TYPE_CHECKING:
+    from interventions.types import JsonDict, JsonMapping
 
 __all__ = ["mib_name", "to_mib", "write_mib"]
 
@@ -36,7 +39,7 @@ def mib_name(name: str) -> str:
     return f"a{layer}.h{head}"
 
 
-def to_mib(result: Any, n_edges: int | None = None) -> dict[str, Any]:
+def to_mib(result: Any, n_edges: int | None = None) -> JsonDict:
     """The MIB document of an :class:`~circuits.edges.result.EdgesResult` (see the module docstring)."""
     lay, t = result.layout, result.table
     group = lay.n_heads // lay.n_kv_heads
@@ -79,7 +82,7 @@ def to_mib(result: Any, n_edges: int | None = None) -> dict[str, Any]:
     }
 
 
-def write_mib(path: str | Path, doc: dict[str, Any]) -> Path:
+def write_mib(path: str | Path, doc: JsonMapping) -> Path:
     """Write ``doc`` as JSON to ``path`` (atomically: a reader never sees half a file)."""
     from circuits.store.atomic import write_text
 

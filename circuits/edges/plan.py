@@ -26,7 +26,7 @@ needs less.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.edges.graph import Layout
 from circuits.errors import ArgumentError
@@ -34,6 +34,13 @@ from circuits.logs import get_logger
 from circuits.models import memory
 from circuits.models.memory import DTYPE_BYTES, GIB
 from circuits.prompts.datasets import dataset_prompt_lengths
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from circuits.models.spec import ModelSpec
+    from circuits.prompts.spec import PromptSpec
+    from interventions.types import JsonMapping, Tokenizer
 
 __all__ = ["FLOOR_BYTES_PER_EDGE", "EdgesEstimate", "available_memory", "estimate_edges", "layout_of_config",
            "plan_edges", "sample_lengths", "shortfall", "size_text"]
@@ -49,7 +56,8 @@ PARALLEL_TYPES = ("gptj", "codegen", "phi", "cohere")
 ``parallel_attn_mlp``); GPT-NeoX, StableLM and Falcon say so in their config."""
 
 
-def layout_of_config(config: Any, n_pos: int, *, n_answer: int = 1, positional: bool = True) -> Layout:
+def layout_of_config(config: PretrainedConfig | JsonMapping, n_pos: int, *, n_answer: int = 1,
+                     positional: bool = True) -> Layout:
     """The :class:`~circuits.edges.graph.Layout` of the model a Hugging Face config describes (a
     ``PretrainedConfig`` or the ``config.json`` mapping; GPT-2, GPT-NeoX, GPT-J, Llama, Qwen2, Gemma naming), on
     prompts of ``n_pos`` tokens whose last ``n_answer`` predict the answer: what
@@ -144,8 +152,8 @@ def size_text(n_bytes: int) -> str:
     return f"{n_bytes / 2**20:.1f} MiB" if n_bytes < GIB else f"{n_bytes / GIB:.2f} GiB"
 
 
-def estimate_edges(config: Any, *, n_pos: int, n_pos_min: int | None = None, batch: int | None,
-                   positional: bool = True, n_params: int | None = None, dtype: str | None = None,
+def estimate_edges(config: PretrainedConfig | JsonMapping, *, n_pos: int, n_pos_min: int | None = None,
+                   batch: int | None, positional: bool = True, n_params: int | None = None, dtype: str | None = None,
                    device: str = "cpu") -> EdgesEstimate:
     """The :class:`EdgesEstimate` of a run of the model ``config`` describes (:func:`layout_of_config`) on
     prompts of ``n_pos`` tokens at most and ``n_pos_min`` at least (default ``n_pos``), ``batch`` prompts per
@@ -199,7 +207,7 @@ def available_memory(device: str) -> tuple[int | None, int | None]:
     return host, memory.free_cuda_bytes([torch.device(device)])
 
 
-def sample_lengths(prompts: Any, tokenizer: Any) -> list[int]:
+def sample_lengths(prompts: PromptSpec, tokenizer: Tokenizer) -> list[int]:
     """Tokens of the prompts a run of the :class:`~circuits.prompts.spec.PromptSpec` ``prompts`` draws from, read
     with ``tokenizer`` and no model: a sample of the task's (:func:`circuits.models.memory.prompt_lengths`), or
     every row of its prompt dataset (``--prompts``, :func:`circuits.prompts.datasets.dataset_prompt_lengths`).
@@ -209,7 +217,8 @@ def sample_lengths(prompts: Any, tokenizer: Any) -> list[int]:
     return dataset_prompt_lengths(prompts.prompts, tokenizer, prompts.format, prompts.prepend_bos)
 
 
-def plan_edges(model: Any, prompts: Any, positional: bool, batch: int | str | None) -> EdgesEstimate | None:
+def plan_edges(model: ModelSpec, prompts: PromptSpec, positional: bool,
+               batch: int | str | None) -> EdgesEstimate | None:
     """Log the :class:`EdgesEstimate` of ``af1 edges`` for a :class:`~circuits.models.spec.ModelSpec` and a
     :class:`~circuits.prompts.spec.PromptSpec` (of a task or a prompt dataset: :func:`sample_lengths`), before the
     model loads, and refuse (an :class:`~circuits.errors.ArgumentError`, one line) a run that cannot fit

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from circuits.edges.circuit import Curve, CurvePoint
 from circuits.edges.graph import INPUT_KINDS, Layout
 from circuits.store import files
+
+if TYPE_CHECKING:
+    from interventions.types import DataFrame, Figure, JsonDict, JsonMapping
 
 __all__ = ["COLUMNS", "EdgesResult"]
 
@@ -37,13 +40,13 @@ class EdgesResult:
     table: dict[str, np.ndarray]
     clean_metric: float
     n_prompts: int
-    config: dict[str, Any]
+    config: JsonDict
     curve: Curve | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonDict = field(default_factory=dict)
     seconds: float = 0.0
 
     # --- reading ------------------------------------------------------------------------------------
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """One row per edge, largest ``|score|`` first: ``src``, ``src_pos``, ``dst``, ``dst_pos``, ``input``
         (``q``/``k``/``v``/``mlp``/``logits``), ``score``, ``candidate``."""
         import pandas as pd
@@ -58,7 +61,7 @@ class EdgesResult:
         order = np.argsort(-np.abs(t["score"]), kind="stable")
         return frame.iloc[order].reset_index(drop=True)
 
-    def top(self, n: int | None = None, candidates_only: bool = True) -> list[dict[str, Any]]:
+    def top(self, n: int | None = None, candidates_only: bool = True) -> list[JsonDict]:
         """The ``n`` edges of largest ``|score|`` (default: ``config["top"]``) as dicts."""
         n = int(self.config.get("top", 40)) if n is None else n
         t = self.table
@@ -68,7 +71,7 @@ class EdgesResult:
                  "dst": self.receivers[t["dst"][i]], "dst_pos": int(t["dst_pos"][i]),
                  "input": INPUT_KINDS[t["input"][i]], "score": float(t["score"][i])} for i in order]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonDict:
         """What ``edges.json`` holds besides nothing per edge: settings, graph, curve and top edges."""
         curve = None
         if self.curve is not None:
@@ -86,7 +89,7 @@ class EdgesResult:
         return {k: np.asarray(self.table[k]) for k in COLUMNS}
 
     @classmethod
-    def from_summary(cls, summary: dict[str, Any], arrays: dict[str, np.ndarray]) -> EdgesResult:
+    def from_summary(cls, summary: JsonMapping, arrays: dict[str, np.ndarray]) -> EdgesResult:
         c = summary.get("curve")
         curve = None if c is None else Curve(points=[CurvePoint(**p) for p in c["points"]], cpr=c["cpr"],
                                              cmd=c["cmd"], cpr_ci=tuple(c["cpr_ci"]), cmd_ci=tuple(c["cmd_ci"]),
@@ -111,7 +114,7 @@ class EdgesResult:
         return cls.from_summary(summary, arrays)
 
     # --- figures and export -------------------------------------------------------------------------
-    def figures(self, n: int | None = None) -> list[Any]:
+    def figures(self, n: int | None = None) -> list[Figure]:
         """The graph figure (nodes by block and position, the top ``n`` candidate edges) and the curve."""
         from circuits.edges.figures import curve_figure, graph_figure
 
@@ -120,11 +123,11 @@ class EdgesResult:
             figs.append(curve_figure(self.curve))
         return figs
 
-    def plot(self, n: int | None = None) -> Any:
+    def plot(self, n: int | None = None) -> Figure:
         """The graph figure (a plotly figure; shown inline in a notebook)."""
         return self.figures(n)[0]
 
-    def to_mib(self, path: str | Path | None = None, n_edges: int | None = None) -> dict[str, Any]:
+    def to_mib(self, path: str | Path | None = None, n_edges: int | None = None) -> JsonDict:
         """The scores in MIB's circuit-track format (:func:`circuits.edges.mib.to_mib`); written to ``path`` when
         given."""
         from circuits.edges.mib import to_mib, write_mib

@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,8 +33,13 @@ from circuits.errors import CorruptRunError
 from circuits.store import files
 from circuits.store.records import Field, RecordSchema
 
-__all__ = ["CURVE", "MEANS", "SUMS", "KEEP_RATIO", "Keeper", "Partial", "circuit_key", "curve_schema",
-           "known_circuits", "payload_metadata"]
+if TYPE_CHECKING:
+    from circuits.edges.config import EdgesConfig
+    from interventions.adapter import ModelInfo
+    from interventions.types import JsonMapping
+
+__all__ = ["CURVE", "MEANS", "SUMS", "KEEP_RATIO", "Keeper", "Partial", "circuit_key", "curve_schema", "known_circuits",
+           "payload_metadata"]
 
 SUMS = files.EDGES_PARTIAL
 """The checkpoint of the score sums."""
@@ -136,11 +141,11 @@ def circuit_key(kept: np.ndarray | None) -> str:
     return f"{len(rows)}:{hashlib.sha256(rows.tobytes()).hexdigest()[:16]}"
 
 
-def curve_schema(config: Any, info: Any, n_prompts: int) -> RecordSchema:
+def curve_schema(config: EdgesConfig, info: ModelInfo, n_prompts: int) -> RecordSchema:
     """The schema of a line of :data:`CURVE`: ``circuit`` (:func:`circuit_key`) and ``metric`` (one number, or
     ``null`` for a non-finite one, per prompt)."""
 
-    def check(record: Mapping[str, Any]) -> tuple[str, str] | None:
+    def check(record: JsonMapping) -> tuple[str, str] | None:
         metric = record["metric"]
         if len(metric) != n_prompts:
             return "metric", f"holds {len(metric)} values for {n_prompts} prompts"
@@ -151,7 +156,7 @@ def curve_schema(config: Any, info: Any, n_prompts: int) -> RecordSchema:
     return RecordSchema(fields=(Field("circuit", "str"), Field("metric", "list")), key=("circuit",), check=check)
 
 
-def known_circuits(records: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+def known_circuits(records: Sequence[JsonMapping]) -> dict[str, np.ndarray]:
     """The metric per prompt (float32) of each circuit of the curve's lines, by :func:`circuit_key`."""
     return {str(r["circuit"]): np.asarray([math.nan if v is None else v for v in r["metric"]], dtype=np.float32)
             for r in records}

@@ -23,15 +23,20 @@ ordinary, resumable run directory under ``<out>/<model>/<ablation>/{search,prune
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from circuits.errors import ArgumentError, ModelLoadError
 from circuits.store import files
 from circuits.vocab import ABLATIONS, Ablation
 from interventions.types import JsonDict, Model
+
+if TYPE_CHECKING:
+    from circuits.destinations import Run
+    from circuits.prompts.sampling import Prompts
+    from circuits.zoo.structure import Structure
 
 __all__ = ["Recovery", "af1_check", "model_folder", "planted_models", "planted_structure", "precision_recall",
            "curve_by_size", "cpr_cmd", "recover", "run_recovery"]
@@ -134,7 +139,17 @@ def precision_recall(found: Sequence[tuple[int, int]] | None,
     return (hit / len(f) if f else 1.0), (hit / len(p) if p else 1.0)
 
 
-def curve_by_size(points: Sequence[Any]) -> list[tuple[int, float]]:
+class SizedPoint(Protocol):
+    """A point of a pruning curve as :func:`curve_by_size` reads it."""
+
+    @property
+    def n_heads_kept(self) -> int: ...
+
+    @property
+    def faithfulness(self) -> float: ...
+
+
+def curve_by_size(points: Sequence[SizedPoint]) -> list[tuple[int, float]]:
     """``(heads kept, faithfulness)`` of pruning curve points (objects with ``n_heads_kept`` and
     ``faithfulness``, e.g. :class:`circuits.prune.CurvePoint`), sorted by heads kept, 0 first."""
     return sorted((int(p.n_heads_kept), float(p.faithfulness)) for p in points)
@@ -168,7 +183,7 @@ def cpr_cmd(curve: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return cpr, cmd
 
 
-def recover(model: Model, name: str, structure: Any, prompts: Any, ablation: Ablation, *, task: str,
+def recover(model: Model, name: str, structure: Structure, prompts: Prompts, ablation: Ablation, *, task: str,
             threshold: float = 0.9, target: float = 0.9, out_dir: str | Path | None = None,
             progress: bool = False) -> Recovery:
     """Search (grid ``"full"``) and prune (exact greedy, zero ablation of heads) ``model`` with
@@ -213,7 +228,7 @@ def recover(model: Model, name: str, structure: Any, prompts: Any, ablation: Abl
 def run_recovery(models: Sequence[str] | None = None, tasks: Sequence[str] = ("add_sub",), n_prompts: int = 200,
                  ablations: Sequence[str] = ABLATIONS, out_dir: str | Path | None = None, seed: int = 0,
                  threshold: float = 0.9, target: float = 0.9, progress: bool = False, log=None,
-                 held: Any = None) -> list[Recovery]:
+                 held: Run | None = None) -> list[Recovery]:
     """:func:`recover` for every planted model (zoo names or model folders, e.g. an ``af1 zoo train --out``
     folder; default :func:`planted_models`), task and ablation, on
     ``n_prompts`` prompts per task that the model answers correctly (generated with ``seed``).
@@ -262,7 +277,7 @@ def prune_folder(planted: tuple[int, int], at: tuple[int, int]) -> str:
 
 def _run_all(names: Sequence[str], tasks: Sequence[str], n_prompts: int, ablations: Sequence[str],
              out_dir: str | Path | None, seed: int, threshold: float, target: float, progress: bool,
-             log: Any) -> list[Recovery]:
+             log: Callable[[str], object] | None) -> list[Recovery]:
     from circuits import timing, zoo
     from circuits.prompts.spec import PromptSpec
 

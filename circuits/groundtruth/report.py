@@ -10,13 +10,18 @@ import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError, CorruptRunError
 from circuits.report import write_page, write_text
 from circuits.store import files
 from circuits.store.atomic import safe_name
 from interventions.types import DataFrame, Figure, JsonDict
+
+if TYPE_CHECKING:
+    from circuits.groundtruth.recovery import Recovery
+    from circuits.prune.result import PruneResult
+    from circuits.search.results import SearchResult
 
 __all__ = ["COLUMNS", "GroundTruthResult", "table_rows", "table_markdown", "curve_svg", "write_outputs"]
 
@@ -34,7 +39,7 @@ def _config(c: tuple[int, int] | None) -> str:
     return "none" if c is None else f"({c[0]}, {c[1]})"
 
 
-def table_rows(rows: Sequence[Any]) -> list[JsonDict]:
+def table_rows(rows: Sequence[Recovery]) -> list[JsonDict]:
     """One flat dict per :class:`circuits.groundtruth.Recovery` with the :data:`COLUMNS` (configurations
     as ``"(wait, transfer)"``, head sets as ``"L3H0 L3H1"``, fractions rounded to 4 digits)."""
     out = []
@@ -49,7 +54,7 @@ def table_rows(rows: Sequence[Any]) -> list[JsonDict]:
     return out
 
 
-def table_markdown(rows: Sequence[Any]) -> str:
+def table_markdown(rows: Sequence[Recovery]) -> str:
     """The recovery table as Markdown (one line per model, task and ablation)."""
     head = ["model", "task", "ablation", "planted (w, t)", "selected", "faith. planted", "planted heads",
             "surviving heads", "P", "R", "CPR", "CMD"]
@@ -63,7 +68,7 @@ def table_markdown(rows: Sequence[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curve_svg(rows: Sequence[Any], title: str, width: int = 480, height: int = 280) -> str:
+def curve_svg(rows: Sequence[Recovery], title: str, width: int = 480, height: int = 280) -> str:
     """An SVG line chart of the pruning curves of ``rows`` (same model and task, one line per ablation):
     x = circuit size, transfer heads kept / all transfer heads of the pruned configuration (0 .. 1, the
     axis of CPR and CMD), y = faithfulness (0 .. 1), the target as a dashed line."""
@@ -99,7 +104,7 @@ def curve_svg(rows: Sequence[Any], title: str, width: int = 480, height: int = 2
     return "\n".join(parts) + "\n"
 
 
-def _plotly_figure(rows: Sequence[Any], title: str) -> Figure:
+def _plotly_figure(rows: Sequence[Recovery], title: str) -> Figure:
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -116,7 +121,7 @@ def _plotly_figure(rows: Sequence[Any], title: str) -> Figure:
     return fig
 
 
-def recovery_from_dict(d: JsonDict) -> Any:
+def recovery_from_dict(d: JsonDict) -> Recovery:
     """A :class:`~circuits.groundtruth.Recovery` from its ``summary.json`` row (lists back to tuples)."""
     from dataclasses import fields
 
@@ -136,7 +141,7 @@ class GroundTruthResult:
     and ablation), with :meth:`to_pandas`, the report's curves (:meth:`plot`) and each row's own search and
     pruning runs (:meth:`search`, :meth:`prune`)."""
 
-    def __init__(self, rows: Sequence[Any], out_dir: str | Path | None = None, meta: JsonDict | None = None):
+    def __init__(self, rows: Sequence[Recovery], out_dir: str | Path | None = None, meta: JsonDict | None = None):
         self.rows = list(rows)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.meta = dict(meta or {})
@@ -159,8 +164,8 @@ class GroundTruthResult:
 
         return dataframe(table_rows(self.rows), COLUMNS)
 
-    def groups(self) -> dict[tuple[str, str], list[Any]]:
-        out: dict[tuple[str, str], list[Any]] = {}
+    def groups(self) -> dict[tuple[str, str], list[Recovery]]:
+        out: dict[tuple[str, str], list[Recovery]] = {}
         for r in self.rows:
             out.setdefault((r.model, r.task), []).append(r)
         return out
@@ -173,7 +178,7 @@ class GroundTruthResult:
             raise KeyError(f"no rows for model={model!r}, task={task!r}; rows: {sorted(groups)}")
         return _plotly_figure(groups[key], f"{key[0]}, {key[1]}: faithfulness over circuit size")
 
-    def figures(self) -> list[Any]:
+    def figures(self) -> list[Figure]:
         """Every figure of the report."""
         return [_plotly_figure(g, f"{m}, {t}: faithfulness over circuit size") for (m, t), g in self.groups().items()]
 
@@ -182,13 +187,13 @@ class GroundTruthResult:
             raise ArgumentError("this result was not reopened from a directory: no run directories to open")
         return self.out_dir / files.RUNS_DIR / model / task / ablation / which
 
-    def search(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:
+    def search(self, model: str, task: str = "add_sub", ablation: str = "cama") -> SearchResult:
         """The search of one row (:class:`~circuits.search.SearchResult`)."""
         from circuits.search.results import SearchResult
 
         return SearchResult.load(self._run(model, task, ablation, "search"))
 
-    def prune(self, model: str, task: str = "add_sub", ablation: str = "cama") -> Any:
+    def prune(self, model: str, task: str = "add_sub", ablation: str = "cama") -> PruneResult:
         """The pruning run of one row (:class:`~circuits.prune.PruneResult`)."""
         from circuits.groundtruth.recovery import prune_folder
         from circuits.prune.result import PruneResult
@@ -198,7 +203,7 @@ class GroundTruthResult:
         return PruneResult.load(self._run(model, task, ablation, which))
 
 
-def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: JsonDict | None = None) -> dict[str, Path]:
+def write_outputs(rows: Sequence[Recovery], out_dir: str | Path, meta: JsonDict | None = None) -> dict[str, Path]:
     """Write ``table.csv``, ``table.md``, ``summary.json``, ``figures/<model>-<task>.svg`` and
     ``report.html`` to ``out_dir``; returns their paths by name."""
     out = Path(out_dir)
@@ -211,7 +216,7 @@ def write_outputs(rows: Sequence[Any], out_dir: str | Path, meta: JsonDict | Non
              "md": write_text(out / files.TABLE_MD, table_markdown(rows)),
              "summary": write_text(out / files.SUMMARY, json.dumps(
                  {**(meta or {}), "rows": [r.to_dict() for r in rows]}, indent=1) + "\n")}
-    groups: dict[tuple[str, str], list[Any]] = {}
+    groups: dict[tuple[str, str], list[Recovery]] = {}
     for r in rows:
         groups.setdefault((r.model, r.task), []).append(r)
     figures = []

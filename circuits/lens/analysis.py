@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from circuits.analyses import Analysis, RunContext
 from circuits.lens.config import LensConfig
@@ -13,8 +13,14 @@ from circuits.lens.result import LensResult
 from circuits.logs import get_logger
 from interventions.types import JsonDict, Model
 
+if TYPE_CHECKING:
+    from circuits.lens.counterfactual import CounterfactualSet
+    from circuits.store.runs import RunDir
+    from circuits.tasks.catalogue import TaskLike
 
-def interchange_sets(model: Model, task: Any, prompts: list[str], answers: list[int], seed: int) -> list[Any]:
+
+def interchange_sets(model: Model, task: TaskLike, prompts: list[str], answers: list[int],
+                     seed: int) -> list[CounterfactualSet]:
     """Counterfactual pair sets for every operand and every operator symbol of ``task``'s template (a name, task
     file or spec). A task of string slots or answers (a lookup) has none: the checks swap integer operands."""
     from circuits.lens.counterfactual import counterfactual_rows, counterfactual_set, parse_operands
@@ -106,7 +112,7 @@ def n_requested(ctx: RunContext) -> int | None:
     return ctx.meta.get("n_requested", None if ctx.spec is None else int(ctx.spec.n_prompts))
 
 
-def write_lens(result: LensResult, run_dir: Any, ctx: RunContext) -> None:
+def write_lens(result: LensResult, run_dir: RunDir, ctx: RunContext) -> None:
     """``lens.json``, ``lens.npz`` and ``report.html``."""
     from circuits.lens.report import write_lens_outputs
 

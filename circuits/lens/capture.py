@@ -51,7 +51,7 @@ def block_list(ad: ModelAdapter, layers: Sequence[int] | None) -> list[int]:
     return blocks
 
 
-def capture_last(ad: ModelAdapter, names: Sequence[str], forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
+def capture_last(ad: ModelAdapter, names: Sequence[str], forward: Callable[[], object]) -> dict[str, torch.Tensor]:
     """Run ``forward()`` with hooks copying the last position (``act[:, -1]``) of each hook in
     ``names``; returns ``{name: [batch, ...]}`` for the hooks that fired, keyed by the names asked for
     (a bridge's hook point may carry its own, aliased name). The hooks are gone when it returns."""

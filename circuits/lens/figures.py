@@ -85,7 +85,7 @@ MAX_LABELLED_ROWS = 60
 
 
 def _line_chart(result: LensFigureData, rows: Sequence[JsonMapping], title: str, keys: Sequence[tuple[str, str]],
-                yaxis: str, *, shift: float = 0.0, log: bool = False, fraction: bool = False) -> Any:
+                yaxis: str, *, shift: float = 0.0, log: bool = False, fraction: bool = False) -> Figure:
     import plotly.graph_objects as go
 
     labels = result.labels()
@@ -201,7 +201,7 @@ def interchange_figure(interchanges: Sequence[InterchangeFigureData]) -> Figure:
 
 
 def figures(result: LensFigureData, interchanges: Sequence[InterchangeFigureData] = (), *,
-            rows: Sequence[JsonMapping] | None = None, n_boot: int = 1000, seed: int = 0) -> list[Any]:
+            rows: Sequence[JsonMapping] | None = None, n_boot: int = 1000, seed: int = 0) -> list[Figure]:
     """Every figure of the report, in its order."""
     rows = json_ready(result.rows(n_boot=n_boot, seed=seed)) if rows is None else rows
     figs = [metric_figure(result, m, rows=rows) for m in METRICS]

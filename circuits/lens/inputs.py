@@ -40,7 +40,7 @@ class PromptGroup:
     indices: list[int]
 
 
-def answer_token_id(model: Model, answer: Any) -> int:
+def answer_token_id(model: Model, answer: object) -> int:
     """The single token id of ``answer`` (text or integer) as it follows the prompt; ``ValueError``
     naming the answer and its pieces when it is several tokens."""
     toks = model.to_tokens(str(answer), prepend_bos=False)[0]
@@ -126,7 +126,7 @@ def _to_strings(model: Model, tokens: torch.Tensor) -> list[str]:
     return [model.to_string(row[1:]) for row in tokens]
 
 
-def _is_dataset(obj: Any) -> bool:
+def _is_dataset(obj: object) -> bool:
     if hasattr(obj, "column_names"):
         return True
     return isinstance(obj, (list, tuple)) and len(obj) > 0 and isinstance(obj[0], Mapping)
@@ -158,7 +158,7 @@ def _dataset_groups(model: Model, ds: Any) -> list[PromptGroup]:
     return groups
 
 
-def _as_value(x: Any) -> float:
+def _as_value(x: object) -> float:
     try:
         return float(int(str(x).strip()))
     except ValueError:

@@ -17,7 +17,7 @@ def json_number(x: float) -> int | float | None:
     return int(x) if x.is_integer() else x
 
 
-def json_ready(obj: Any) -> Any:
+def json_ready(obj: object) -> Any:
     """NaN/inf -> None, recursively, so ``json.dumps`` writes strict JSON."""
     if isinstance(obj, float):
         return None if math.isnan(obj) or math.isinf(obj) else obj

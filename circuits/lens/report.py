@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from circuits.report import write_page, write_text
 from circuits.store import files
 from circuits.tasks.formats import describe_prompts
-from interventions.types import JsonDict, JsonMapping
+from interventions.types import Figure, JsonDict, JsonMapping
 
 from .figures import MAX_HEATMAP_PROMPTS, TITLES, figures, interchange_figure, metric_figure, rank_heatmap
 from .interchange_check import InterchangeResult
@@ -50,7 +49,7 @@ def lens_json(
     return json_ready(doc)
 
 
-def _figures(doc: JsonMapping, result: LensResult, interchanges: Sequence[InterchangeResult]) -> list[Any]:
+def _figures(doc: JsonMapping, result: LensResult, interchanges: Sequence[InterchangeResult]) -> list[Figure]:
     return figures(result, interchanges, rows=doc["rows"])
 
 
@@ -93,7 +92,7 @@ def write_lens_outputs(
     return json_path, html_path
 
 
-def meta_text(key: str, value: Any) -> str:
+def meta_text(key: str, value: object) -> str:
     """A value of the run's description as the report's header shows it: accuracies as percentages (``14.7%``),
     other floats to four significant digits, anything else as it is."""
     if isinstance(value, float) and key.endswith("accuracy"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from circuits.lens import figures as lens_figures
 from circuits.lens.figures import METRICS
 from circuits.lens.jsonable import json_number, json_ready
 from interventions.types import DataFrame, Figure, JsonDict
+
+if TYPE_CHECKING:
+    from circuits.lens.interchange_check import InterchangeResult
 
 __all__ = ["ARRAYS", "METRICS", "LensResult", "json_ready"]
 
@@ -53,7 +56,7 @@ class LensResult:
     top1_token: np.ndarray
     tracked: list[str]
     visible: np.ndarray
-    interchanges: list[Any] = field(default_factory=list)
+    interchanges: list[InterchangeResult] = field(default_factory=list)
     """The interchange checks of the run (:class:`~circuits.lens.InterchangeResult`), when it made them."""
 
     # --- reopening ---------------------------------------------------------------------------------
@@ -120,7 +123,7 @@ class LensResult:
                     rows.append(row)
         return dataframe(rows)
 
-    def figures(self, *, n_boot: int = 1000, seed: int = 0) -> list[Any]:
+    def figures(self, *, n_boot: int = 1000, seed: int = 0) -> list[Figure]:
         """Every figure of the report, in its order (one line chart per metric of :data:`METRICS`, the tracked
         tokens' visibility, the rank heatmap, the interchange drops)."""
         return lens_figures.figures(self, self.interchanges, n_boot=n_boot, seed=seed)

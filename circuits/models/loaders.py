@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from circuits.errors import ArgumentError
@@ -45,9 +46,9 @@ class LoadRequest:
     name: str
     local: bool
     device: str = "cpu"
-    dtype: Any = None
+    dtype: torch.dtype | None = None
     device_map: str | None = None
-    max_memory: Any = None
+    max_memory: dict[int | str, str] | None = None
     remote: bool | str = False
 
 
@@ -58,7 +59,7 @@ class BackendLoader:
 
     name: str
     pretrained: Callable[[LoadRequest], Any]
-    from_hf: Callable[[Any, Any, Path, Any, str], Any]
+    from_hf: Callable[[PreTrainedModel, Tokenizer, Path, torch.Tensor | None, str], Model]
     label: str
     local_label: str
     remote: bool = False
@@ -124,7 +125,8 @@ def _hooked_pretrained(r: LoadRequest) -> Model:
     return HookedTransformer.from_pretrained(r.name, **kwargs)
 
 
-def _hooked_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
+def _hooked_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: torch.Tensor | None,
+                    device: str) -> Model:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from circuits.errors import ModelLoadError
@@ -160,7 +162,7 @@ def _bridge_pretrained(r: LoadRequest) -> Model:
     return model
 
 
-def _with_bias(hf_model: PreTrainedModel, b_U: Any) -> PreTrainedModel:
+def _with_bias(hf_model: PreTrainedModel, b_U: torch.Tensor | None) -> PreTrainedModel:
     """A Hugging Face model of a former-format zoo folder with its unembedding bias on ``lm_head``."""
     if b_U is not None:
         from interventions.convert import with_unembed_bias
@@ -169,7 +171,8 @@ def _with_bias(hf_model: PreTrainedModel, b_U: Any) -> PreTrainedModel:
     return hf_model
 
 
-def _bridge_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
+def _bridge_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: torch.Tensor | None,
+                    device: str) -> Model:
     from interventions.backends.bridge import boot
 
     model = boot(_with_bias(hf_model, b_U), hf_model.config.model_type, tokenizer)
@@ -185,7 +188,8 @@ def _nnsight_pretrained(r: LoadRequest) -> Model:
                            max_memory=r.max_memory)
 
 
-def _nnsight_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: Any, device: str) -> Model:
+def _nnsight_from_hf(hf_model: PreTrainedModel, tokenizer: Tokenizer, folder: Path, b_U: torch.Tensor | None,
+                     device: str) -> Model:
     from interventions.backends.nnsight import wrap
 
     model = wrap(_with_bias(hf_model, b_U), tokenizer, folder.name)
@@ -202,7 +206,7 @@ register_loader(BackendLoader("nnsight", _nnsight_pretrained, _nnsight_from_hf, 
                               local_label="nnsight.TransformersModel", remote=True))
 
 
-def match_parameter_dtype(model: Model, dtype: Any) -> int:
+def match_parameter_dtype(model: Model, dtype: torch.dtype) -> int:
     """Cast the floating-point parameters of ``model`` that are not in ``dtype`` to it; returns how many.
 
     TransformerLens's compatibility mode adds some folded parameters in float32 (e.g. the output bias

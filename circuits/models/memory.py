@@ -20,13 +20,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from transformers import PretrainedConfig
 
 from circuits.errors import ArgumentError
 from interventions.types import Model
+
+if TYPE_CHECKING:
+    from jaxtyping import Int
+
+    from circuits.prompts.fitspec import FitSpec
+    from circuits.tasks.catalogue import TaskLike
+    from circuits.tasks.formats import PromptFormat
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per parameter / activation of each ``--dtype`` (``None``: float32)."""
@@ -168,8 +175,8 @@ def estimate_memory(shape: ModelShape, dtype: str | None, *, n_pos: int, n_promp
                           n_pos=n_pos)
 
 
-def estimate_pretrained(name: str, dtype: str | None, task: str, n_prompts: int,
-                        batch_size: int, fmt: Any = None) -> MemoryEstimate | None:
+def estimate_pretrained(name: str, dtype: str | None, task: TaskLike, n_prompts: int,
+                        batch_size: int, fmt: PromptFormat | None = None) -> MemoryEstimate | None:
     """The estimate for pretrained model ``name`` on ``task``, from its config and tokenizer in the local
     Hugging Face cache (or the hub) or in a local model folder, before its weights load (:func:`read_pretrained`).
     ``n_pos`` is the longest tokenised prompt of a sample of the task in the prompt format ``fmt`` (a
@@ -208,7 +215,7 @@ def read_pretrained(name: str) -> tuple[PretrainedConfig, Any] | None:
         return None
 
 
-def prompt_lengths(task: str, n_prompts: int, tokenizer: Any, fmt: Any = None) -> list[int]:
+def prompt_lengths(task: TaskLike, n_prompts: int, tokenizer: Any, fmt: PromptFormat | None = None) -> list[int]:
     """Tokens of each prompt of a sample of ``task`` (at most 50 of ``n_prompts``, seed 0) in the prompt format
     ``fmt`` (``None``: zero-shot), BOS included: what a run's prompts are long (units: tokens)."""
     from circuits.tasks import catalogue as tasks
@@ -236,8 +243,8 @@ def model_devices(model: Model) -> list[torch.device]:
     return sorted(found, key=lambda d: (d.type != "cuda", str(d)))
 
 
-def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batch_size: int,
-                   fit: Any = None, fmt: Any = None, device: str = "cuda") -> None:
+def print_estimate(name: str, dtype: str | None, task: TaskLike, n_prompts: int, batch_size: int,
+                   fit: FitSpec | None = None, fmt: PromptFormat | None = None, device: str = "cuda") -> None:
     """Report ``NAME: memory estimate: ...`` (:func:`estimate_pretrained`) unless ``name`` is a zoo model
     or its config cannot be read; with ``fit`` (a :class:`~circuits.prompts.fitset.FitSpec`) also what fitting the
     means will cost (:func:`fit_cost`, on ``device``: ``"cpu"`` gives a CPU estimate); ``fmt``: the prompt format
@@ -256,7 +263,7 @@ def print_estimate(name: str, dtype: str | None, task: str, n_prompts: int, batc
         log.info("%s: %s", name, fit_cost(task, fit.size, batch_size, estimate, device=device))
 
 
-def fit_cost(task: str, size: int, batch_size: int, estimate: MemoryEstimate | None = None, *,
+def fit_cost(task: TaskLike, size: int, batch_size: int, estimate: MemoryEstimate | None = None, *,
              device: str = "cuda") -> str:
     """One line: the prompts the means will be fitted on (at most ``size``; the task's whole operand space
     when smaller, before top-up draws), the forward passes in batches of ``batch_size`` and, with a memory
@@ -338,7 +345,7 @@ def out_of_memory_errors() -> tuple[type[BaseException], ...]:
 
 
 def halve_on_oom(evaluate: Callable[[int], T], batch_size: int, *, enabled: bool = True,
-                 log: Callable[[str], Any] = print) -> T:
+                 log: Callable[[str], object] = print) -> T:
     """``evaluate(batch_size)``; when ``enabled`` and it runs out of device memory, empty the CUDA cache,
     halve the batch and call it again (down to 1). ``evaluate`` must resume: the analyses skip the
     configurations already appended to the run's results file. Without ``enabled`` the error propagates
@@ -355,7 +362,8 @@ def halve_on_oom(evaluate: Callable[[int], T], batch_size: int, *, enabled: bool
             log(f"out of device memory: retrying with --batch-size {batch_size} (finished results are kept)")
 
 
-def run_batched(batch_size: int | str, model: Model, tokens: Any, dtype: str | None, evaluate: Callable[[int], T]) -> T:
+def run_batched(batch_size: int | str, model: Model, tokens: Int[torch.Tensor, "batch pos"], dtype: str | None,
+                evaluate: Callable[[int], T]) -> T:
     """``evaluate(batch_size)``; with ``batch_size="auto"`` the largest batch of ``tokens`` (``[n_prompts,
     n_pos]``) that fits on the devices of ``model`` with weights in ``dtype`` (:func:`auto_batch_size`, with
     the means cache reserved), halved and retried on a device out-of-memory error (:func:`halve_on_oom`; the

@@ -34,21 +34,21 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 import torch
 
 from circuits.errors import ArgumentError, PromptError
-from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, prompts_label, read_prompts
+from circuits.prompts.prompt_files import LINE, NOT_SLOTS, PROMPT_SUFFIXES, PromptData, prompts_label, read_prompts
 from interventions.types import Model
 
 if TYPE_CHECKING:
     from jaxtyping import Int
 
-    from circuits.prompts.fitset import FitSpec
+    from circuits.prompts.fitspec import FitSpec
     from circuits.prompts.sampling import Prompts
-    from circuits.tasks.catalogue import TaskSpec
+    from circuits.tasks.catalogue import TaskLike
     from circuits.tasks.formats import PromptFormat
     from circuits.tasks.tokens import Layout
     from datasets import Dataset
@@ -61,11 +61,10 @@ FIT_FLAGS = "give a fit set (--fit-prompts FILE.jsonl|csv, or --fit-prompts TASK
 """How to give a prompt dataset's means more fit prompts, as the refusals say it."""
 
 
-def prepare_dataset_prompts(model: Model, source: str | Path | Dataset, n_prompts: int, seed: int = 0, *,
+def prepare_dataset_prompts(model: Model, source: PromptData, n_prompts: int, seed: int = 0, *,
                             means: str | None = None, fit: FitSpec | None = None, prepend_bos: bool | None = None,
                             numbers: str = "single", fmt: PromptFormat | None = None, max_checked: int | None = None,
-                            batch_size: int = 128, fit_source: str | Path | Dataset | TaskSpec | None = None
-                            ) -> Prompts:
+                            batch_size: int = 128, fit_source: TaskLike | PromptData | None = None) -> Prompts:
     """``n_prompts`` rows of ``source`` that ``model`` answers correctly, in one layout, as
     :class:`~circuits.prompts.Prompts` (``source="prompts"``), with the fit set of ``means`` (``"cama"``,
     ``"mean"``, ``"head"`` or ``None``; ``fit``: a :class:`~circuits.prompts.fitset.FitSpec`) drawn from the other rows
@@ -157,7 +156,7 @@ def prepare_dataset_prompts(model: Model, source: str | Path | Dataset, n_prompt
         numbers=numbers, layout=lay.key, fmt=fmt)
 
 
-def fit_from_task(source: object) -> bool:
+def fit_from_task(source: TaskLike | PromptData) -> TypeGuard[TaskLike]:
     """Whether a fit source (``PromptSpec.fit_prompts``) names a task (a :class:`~circuits.tasks.TaskSpec`, a
     ``.toml`` / ``.json`` task file, a catalogue name) rather than a prompt dataset (a ``.jsonl`` / ``.csv`` file, a
     ``Dataset``)."""
@@ -170,14 +169,17 @@ def fit_from_task(source: object) -> bool:
     return tasks.task_path(str(source)) is not None or str(source) in tasks.list_tasks()
 
 
-def fit_source_label(source: str | Path | Dataset | TaskSpec) -> str:
+def fit_source_label(source: TaskLike | PromptData) -> str:
     """How runs name a fit source: a task's label (:func:`circuits.tasks.task_label`), else the dataset's."""
     from circuits.tasks import catalogue as tasks
 
-    return tasks.task_label(source) if fit_from_task(source) else prompts_label(source)
+    if fit_from_task(source):
+        return tasks.task_label(source)
+    assert not isinstance(source, tasks.TaskSpec)  # a TaskSpec is a task
+    return prompts_label(source)
 
 
-def _task_dataset(source: str | Path | TaskSpec, spec: FitSpec, slots: list[str], where: str) -> Dataset:
+def _task_dataset(source: TaskLike, spec: FitSpec, slots: list[str], where: str) -> Dataset:
     """The first ``spec.size`` prompts of the task ``source`` in the order of ``spec.seed`` as prompt rows, with a
     column per slot in ``slots`` (the scored dataset's slot columns, each a slot of the task)."""
     from circuits.tasks import catalogue as tasks
@@ -200,7 +202,7 @@ def _task_dataset(source: str | Path | TaskSpec, spec: FitSpec, slots: list[str]
     return Dataset.from_dict({**cols, LINE: [f"prompt {i}" for i in range(len(ds))]})
 
 
-def fit_rows(model: Model, source: str | Path | Dataset | TaskSpec, spec: FitSpec, scored: Dataset, key: Hashable, *,
+def fit_rows(model: Model, source: TaskLike | PromptData, spec: FitSpec, scored: Dataset, key: Hashable, *,
              numbers: str, prepend_bos: bool | None, fmt: PromptFormat | None, batch_size: int
              ) -> tuple[Int[torch.Tensor, "n pos"], int]:
     """``(tokens, rows drawn)``: the fit prompts of ``source`` (a prompt dataset, or a task: :func:`fit_from_task`)
@@ -217,6 +219,7 @@ def fit_rows(model: Model, source: str | Path | Dataset | TaskSpec, spec: FitSpe
     if fit_from_task(source):
         ds = _task_dataset(source, spec, slots, "--prompts")
     else:
+        assert not isinstance(source, tasks.TaskSpec)  # a TaskSpec is a task
         ds = read_prompts(source)
         missing = [c for c in slots if c not in ds.column_names]
         if missing:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Int
@@ -33,7 +33,11 @@ from jaxtyping import Bool, Int
 from circuits.errors import ArgumentError
 from circuits.prompts.fitspec import DEFAULT_MIN_COUNT, DEFAULT_SIZE, FitSpec
 from interventions.coverage import row_digests
-from interventions.types import JsonDict, Model
+from interventions.types import JsonDict, JsonMapping, Model
+
+if TYPE_CHECKING:
+    from circuits.tasks.catalogue import TaskLike
+    from circuits.tasks.formats import PromptFormat
 
 __all__ = ["DEFAULT_MIN_COUNT", "DEFAULT_SIZE", "FitSet", "FitSpec", "draw_fit_set", "fit_passes", "fit_set_of",
            "pick_covered", "split_whole"]
@@ -91,7 +95,8 @@ class FitSet:
 
 def fit_set_of(fit: FitSet | FitSpec | None, fit_tokens: Int[torch.Tensor, "n_fit pos"] | None,
                min_count: int | None = None, *, model: Model | None = None,
-               tokens: Int[torch.Tensor, "batch pos"] | None = None, meta: Any = None) -> FitSet | None:
+               tokens: Int[torch.Tensor, "batch pos"] | None = None,
+               meta: JsonMapping | None = None) -> FitSet | None:
     """The API's spellings of a fit set as one: a :class:`FitSet` itself; a :class:`FitSpec`, drawn now for
     the task named in ``meta["task"]`` (:func:`draw_fit_set` on ``model`` with the scored ``tokens``); else
     ``fit_tokens`` wrapped with :meth:`FitSet.given` (``None`` when nothing is given). Two at once, or a
@@ -116,9 +121,9 @@ def fit_passes(n_fit: int, batch_size: int) -> int:
     return -(-int(n_fit) // max(1, int(batch_size)))
 
 
-def draw_fit_set(model: Model, task: str, scored: Int[torch.Tensor, "batch pos"], spec: FitSpec = FitSpec(), *,
+def draw_fit_set(model: Model, task: TaskLike, scored: Int[torch.Tensor, "batch pos"], spec: FitSpec = FitSpec(), *,
                  prepend_bos: bool | None = None, batch_size: int = 128, numbers: str = "single",
-                 layout: Any = None, fmt: Any = None) -> FitSet:
+                 layout: object = None, fmt: PromptFormat | None = None) -> FitSet:
     """The fit set of ``task`` for the scored prompts ``scored`` (``[batch, pos]``, one layout): see the
     module docstring. ``prepend_bos``, ``numbers``, ``layout`` (the key of the scored prompts' layout,
     :attr:`circuits.tasks.Layout.key`; ``None``: their token length) and ``fmt`` (the prompt format,

@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool
@@ -39,10 +39,10 @@ from circuits.tasks.tokens import answer_value
 from interventions.types import JsonDict, JsonMapping, Model
 
 if TYPE_CHECKING:
+    from circuits.prompts.prompt_files import PromptData
     from circuits.prompts.sampling import Prompts
     from circuits.store.runs import RunDir
-    from circuits.tasks.catalogue import TaskLike, TaskSpec
-    from datasets import Dataset
+    from circuits.tasks.catalogue import TaskLike
 
 __all__ = ["CHECKED", "FORMAT", "Prepared", "cached", "dataset_key", "keep_prepared", "load", "parse", "prepare",
            "prepared_of", "remember", "spec_key", "task_key", "to_bytes"]
@@ -124,21 +124,25 @@ def task_key(task: TaskLike, source: str) -> JsonDict:
     return out
 
 
-def fit_label(source: str | Path | Dataset | TaskSpec | None) -> str | None:
+def fit_label(source: TaskLike | PromptData | None) -> str | None:
     """How the fit source of a prompt dataset (``PromptSpec.fit_prompts``) is named: a task's label, a dataset's."""
     from circuits.prompts.datasets import fit_source_label
 
     return None if source is None else fit_source_label(source)
 
 
-def fit_key(source: str | Path | Dataset | TaskSpec) -> JsonDict:
+def fit_key(source: TaskLike | PromptData) -> JsonDict:
     """What a fit set drawn from ``source`` (a prompt dataset or a task) is a function of: as the prompts'."""
     from circuits.prompts.datasets import fit_from_task
+    from circuits.tasks.catalogue import TaskSpec
 
-    return task_key(source, "build") if fit_from_task(source) else dataset_key(source)
+    if fit_from_task(source):
+        return task_key(source, "build")
+    assert not isinstance(source, TaskSpec)  # a TaskSpec is a task
+    return dataset_key(source)
 
 
-def dataset_key(source: str | Path | Dataset) -> JsonDict:
+def dataset_key(source: PromptData) -> JsonDict:
     """What prompts drawn from the prompt dataset ``source`` are a function of: its name and the SHA-256 of its
     content (the file's bytes; a ``datasets.Dataset``'s rows), so that a file changed under the same path
     gives another key."""
@@ -166,10 +170,10 @@ def prepare(spec: Any, model: Model, *, means: str | None, out: str | Path | Seq
     if found is None:
         found = cached(key)
     if found is None:
-        prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
+        prompts: Prompts = spec.prepare(model, means=means, progress=progress, batch_size=batch_size)
         if not isinstance(getattr(prompts, "extra", None), dict) or not dataclasses.is_dataclass(prompts):
             return prompts  # not a Prompts (a caller's own loader): nothing to keep
-        found = Prepared(key, cast("Prompts", prompts))  # a Prompts, or a dataclass like it with its extra
+        found = Prepared(key, prompts)
     found.prompts = replace(found.prompts, extra={**found.prompts.extra, EXTRA: found})
     return found.prompts
 
@@ -342,7 +346,7 @@ def _metadata(data: bytes) -> dict[str, str]:
     return header.get("__metadata__") or {}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """``value`` as JSON would hold it (tuples as lists, anything else unknown as its text)."""
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 

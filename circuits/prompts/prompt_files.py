@@ -20,13 +20,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sized
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from circuits.errors import ArgumentError
 from circuits.tasks.inputs import MAX_INT, InputError, json_value, read_text, short, shown
 from circuits.tasks.package_data import find_file
+from interventions.types import JsonDict
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -45,14 +46,34 @@ MAX_FIELD = 131_072
 """Longest text field of a prompts file (characters; the CSV reader's own limit)."""
 
 
-def prompts_label(source: object) -> str:
+class Columns(Protocol):
+    """Rows as named columns, read as :func:`read_prompts` reads a ``datasets.Dataset`` (any object read the same
+    way will do): ``column_names``, ``len()``, a column's values by name and ``to_dict()``."""
+
+    @property
+    def column_names(self) -> list[str]: ...
+
+    def __getitem__(self, column: str, /) -> Sequence[object]: ...
+
+    def __len__(self) -> int: ...
+
+    def to_dict(self) -> dict[str, list[object]]:
+        """The columns as lists (what :func:`circuits.prompts.prepared.dataset_key` hashes)."""
+        ...
+
+
+PromptData: TypeAlias = "str | Path | Columns"
+"""A prompt dataset: a ``.jsonl`` / ``.csv`` path or a ``Dataset`` (:class:`Columns`)."""
+
+
+def prompts_label(source: PromptData) -> str:
     """How runs name a prompt dataset: the file path, or ``dataset:<fingerprint>`` for a ``Dataset``."""
     if isinstance(source, (str, Path)):
         return str(source)
-    return f"dataset:{getattr(source, '_fingerprint', None) or len(cast(Sized, source))}"
+    return f"dataset:{getattr(source, '_fingerprint', None) or len(source)}"
 
 
-def read_prompts(source: object) -> Dataset:
+def read_prompts(source: PromptData) -> Dataset:
     """The rows of ``source`` (a ``.jsonl`` / ``.csv`` path or a ``datasets.Dataset``) as a ``Dataset``, checked
     (see the module docstring): one-line :class:`~circuits.errors.ArgumentError` naming the file, the line and the
     column otherwise."""
@@ -62,9 +83,8 @@ def read_prompts(source: object) -> Dataset:
         columns = getattr(source, "column_names", None)
         if columns is None:
             raise ArgumentError(f"prompts: {type(source).__name__} is neither a .jsonl/.csv path nor a Dataset")
-        table = cast("Dataset", source)  # a Dataset, or any table with column_names, columns by name and a length
-        cols = checked({c: list(table[c]) for c in columns if c != LINE}, "prompts dataset",
-                       [f"row {i}" for i in range(len(table))])
+        cols = checked({c: list(source[c]) for c in columns if c != LINE}, "prompts dataset",
+                       [f"row {i}" for i in range(len(source))])
         return Dataset.from_dict({**cols, LINE: [f"row {i}" for i in range(len(cols["prompt"]))]})
     path = find_file(source)  # as --task finds a file: here, else the shipped examples (examples/capital.jsonl)
     if path.suffix.lower() not in PROMPT_SUFFIXES:
@@ -84,11 +104,11 @@ def read_prompts(source: object) -> Dataset:
     return Dataset.from_dict({**cols, LINE: [f"line {n}" for n in lines]})
 
 
-def _csv(text: str, where: str) -> tuple[list[dict[str, Any]], list[int], list[str]]:
+def _csv(text: str, where: str) -> tuple[list[JsonDict], list[int], list[str]]:
     """``(rows, first line of each, column names)`` of a CSV text, read whole by the CSV reader (quoted fields
     keep their newlines; only ``\\n`` and ``\\r`` end a record)."""
     reader = csv.reader(io.StringIO(text, newline=""))
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonDict] = []
     lines: list[int] = []
     header: list[str] | None = None
     start = 1
@@ -123,12 +143,12 @@ def _csv(text: str, where: str) -> tuple[list[dict[str, Any]], list[int], list[s
     return rows, lines, header or []
 
 
-def _jsonl(text: str, where: str) -> tuple[list[dict[str, Any]], list[int], list[str]]:
+def _jsonl(text: str, where: str) -> tuple[list[JsonDict], list[int], list[str]]:
     """``(rows, line of each, column names)`` of a JSON-lines text: lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (JSON
     holds neither raw inside a string), so U+2028, U+0085 and other Unicode line separators are text."""
     import re
 
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonDict] = []
     lines: list[int] = []
     for n, line in enumerate(re.split(r"\r\n|\r|\n", text), start=1):
         if not line.strip():
@@ -141,7 +161,7 @@ def _jsonl(text: str, where: str) -> tuple[list[dict[str, Any]], list[int], list
     return rows, lines, list(dict.fromkeys(k for r in rows for k in r))
 
 
-def checked(cols: dict[str, list[Any]], where: str, lines: list[str]) -> dict[str, list[Any]]:
+def checked(cols: dict[str, list[object]], where: str, lines: list[str]) -> dict[str, list[object]]:
     """``cols`` (columns of rows; ``lines[i]`` names row ``i``, e.g. ``"line 3"``) checked as the module docstring
     says, mixed columns made text; one-line :class:`~circuits.errors.ArgumentError` after ``where``."""
     for key in ("prompt", "answer"):
@@ -166,11 +186,11 @@ def checked(cols: dict[str, list[Any]], where: str, lines: list[str]) -> dict[st
             if key not in NOT_SLOTS and v is not None and not isinstance(v, (str, int, float, bool)):
                 raise ArgumentError(f"{where}: {lines[i]}: column {key}: {short(json.dumps(v))} is not a slot value "
                                     f"(text, a number or a boolean)")
-    first: dict[str, int] = {}
+    first: dict[object, int] = {}
     for i, p in enumerate(cols["prompt"]):
         if p in first:
-            raise ArgumentError(f"{where}: {lines[i]}: column prompt: {short(p)} repeats {lines[first[p]]} (give each "
-                                f"prompt once: a repeated prompt would count twice)")
+            raise ArgumentError(f"{where}: {lines[i]}: column prompt: {short(str(p))} repeats {lines[first[p]]} "
+                                f"(give each prompt once: a repeated prompt would count twice)")
         first[p] = i
     for key, column in cols.items():  # one type a column: mixed integers and text become text
         if len({type(v) for v in column}) > 1:

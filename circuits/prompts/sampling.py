@@ -29,7 +29,7 @@ from circuits.vocab import NUMBERS, SOURCES  # SOURCES re-exported: circuits.mod
 from interventions.types import JsonDict, Model
 
 if TYPE_CHECKING:
-    from circuits.tasks.catalogue import TaskSpec
+    from circuits.tasks.catalogue import TaskLike, TaskSpec
     from circuits.tasks.formats import PromptFormat
     from circuits.tasks.tokens import Layout
     from datasets import Dataset
@@ -160,12 +160,12 @@ def filter_numbers(ds: Dataset, model: Model, numbers: str = "single") -> tuple[
     return tasks.filter_single_token(ds, model, verbose=False)
 
 
-def _head(ds: Any, k: int) -> Any:
+def _head(ds: Dataset, k: int) -> Dataset:
     """The first ``k`` rows of a dataset (or list)."""
     return ds.select(range(k)) if hasattr(ds, "select") else ds[:k]
 
 
-def _frozen_window(ds: Any, start: int, n: int) -> Any:
+def _frozen_window(ds: Dataset, start: int, n: int) -> Dataset:
     stop = min(len(ds), start + n)
     return ds.select(range(start, stop)) if hasattr(ds, "select") else ds[start:stop]
 
@@ -184,7 +184,7 @@ def _merge(pieces: list[Layout]) -> JsonDict:
 
 def prepare_prompts(
     model: Model,
-    task: str,
+    task: TaskLike,
     n_prompts: int,
     seed: int = 0,
     *,
@@ -250,7 +250,7 @@ def prepare_prompts(
         raise ArgumentError(f"n_prompts={n_prompts} is more than task {label!r} can give ({what} {space} "
                             f"prompts): lower --n-prompts to {space} or less")
 
-    by_len: dict[int, list[Layout]] = {}
+    by_len: dict[Hashable, list[Layout]] = {}
     n_drawn = n_dropped = n_checked = n_correct = 0
     size = max(1, int(oversample)) * n_prompts
     stop = "found"
@@ -313,7 +313,7 @@ def zero_bound(n_checked: int) -> float:
     return 1.0 - 0.05 ** (1.0 / max(1, int(n_checked)))
 
 
-def _result(spec: TaskSpec, task: str, n_prompts: int, seed: int, source: str, by_len: dict[int, list[Layout]],
+def _result(spec: TaskSpec, task: str, n_prompts: int, seed: int, source: str, by_len: dict[Hashable, list[Layout]],
             need: int, stop: str, max_checked: int, prepend_bos: bool | None, *, n_drawn: int, n_dropped: int,
             n_checked: int, n_correct: int) -> Prompts:
     """The :class:`Prompts` of the largest layout, or the one-line error saying what is missing."""

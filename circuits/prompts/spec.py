@@ -30,7 +30,10 @@ from circuits.vocab import NUMBERS, SOURCES
 
 if TYPE_CHECKING:
     from circuits.prompts.fitset import FitSet
+    from circuits.prompts.prompt_files import PromptData
     from circuits.prompts.ready import ReadyPrompts
+    from circuits.prompts.sampling import Prompts
+    from circuits.tasks.catalogue import TaskLike
     from interventions.types import JsonDict, Model
 
 __all__ = ["MAX_REDRAWS", "PromptSpec", "check_prompt_count", "dropped_line", "fit_covered"]
@@ -54,7 +57,7 @@ class PromptSpec:
     ``"single"`` or ``"multi"``, :mod:`circuits.tasks.digits`) and the prompt ``format`` (solved examples, the chat
     template; :mod:`circuits.tasks.formats`)."""
 
-    task: Any = field(default=None, metadata=flag(
+    task: TaskLike | None = field(default=None, metadata=flag(
         "task name (see circuits.tasks.list_tasks()) or the path of a task file (.toml / .json; see docs/tasks.md)"))
     n_prompts: int = field(default=200, metadata=flag(
         "evaluation prompts the model answers correctly, one layout"))
@@ -72,10 +75,10 @@ class PromptSpec:
         "single: every operand and answer one token, as the AF1 papers; multi: several tokens (digit-level "
         "tokenizers such as SmolLM2, Qwen2, Gemma), answers read under teacher forcing", choices=NUMBERS))
     format: PromptFormat = field(default_factory=PromptFormat)
-    prompts: Any = field(default=None, metadata=flag(
+    prompts: PromptData | None = field(default=None, metadata=flag(
         "instead of --task: a prompt dataset, .jsonl or .csv with columns prompt and answer (see docs/tasks.md); "
         "means are fitted on its other rows"))
-    fit_prompts: Any = field(default=None, metadata=flag(
+    fit_prompts: TaskLike | PromptData | None = field(default=None, metadata=flag(
         "with --prompts: the means' own fit set, a prompts file (.jsonl or .csv, the columns of --prompts) or a task "
         "(a task file or catalogue name) whose prompts the fit set is drawn from; default: the other rows of "
         "--prompts"))
@@ -113,7 +116,7 @@ class PromptSpec:
         return self
 
     def prepare(self, model: Model, *, means: str | None = None, progress: bool = True,
-                batch_size: int = 128) -> Any:
+                batch_size: int = 128) -> Prompts:
         """The :class:`~circuits.prompts.Prompts`, and for ``means`` (the ablation: ``"cama"`` needs conditional
         means, ``"mean"`` or ``"head"`` plain ones; ``None``: none) the fit set drawn without them. With CAMA,
         prompts reading an entry that the task's fit set cannot give ``fit.min_count`` prompts are set aside (counted in
@@ -145,6 +148,8 @@ class PromptSpec:
             options["max_checked"] = self.max_checked
         from circuits.tasks import catalogue as tasks
 
+        if self.task is None:
+            raise ArgumentError(ONE_SOURCE)
         want, space = self.n_prompts, None
         for _ in range(MAX_REDRAWS + 1):
             drawn = sampling.prepare_prompts(model, self.task, want, self.seed, min_prompts=self.n_prompts, **options)

@@ -14,11 +14,14 @@ Pure: the runs' contents come in (:class:`RunRows`, built from a reopened result
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from interventions.types import DataFrame, Figure, JsonDict, JsonMapping
 
 __all__ = ["COLUMNS", "METRICS", "Comparison", "RunRows", "compare_runs", "rows_of"]
 
@@ -48,10 +51,10 @@ class RunRows:
     command: str
     tasks: tuple[str, ...]
     metric: str
-    rows: tuple[Mapping[str, Any], ...]
+    rows: tuple[JsonMapping, ...]
 
 
-def rows_of(label: str, command: str, identity: Mapping[str, Any], result: Any) -> RunRows:
+def rows_of(label: str, command: str, identity: JsonMapping, result: Any) -> RunRows:
     """The :class:`RunRows` of a reopened run: ``command`` as :func:`circuits.results.kind_of` names it (``fixed``
     runs open as searches), ``identity`` its ``run.json``, ``result`` what :func:`circuits.results.load` returned.
     :class:`~circuits.errors.ArgumentError` for a kind of run that holds none of :data:`METRICS`."""
@@ -123,20 +126,20 @@ class Comparison:
 
     runs: list[str]
     metric: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[JsonDict] = field(default_factory=list)
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> DataFrame:
         """A ``pandas.DataFrame`` of :data:`COLUMNS`: one row per run and item (configuration or block)."""
         from circuits.store.frames import dataframe
 
         return dataframe(self.rows, COLUMNS)
 
     @property
-    def table(self) -> Any:
+    def table(self) -> DataFrame:
         """The same as :meth:`to_pandas`."""
         return self.to_pandas()
 
-    def side_by_side(self) -> Any:
+    def side_by_side(self) -> DataFrame:
         """Necessity runs: a ``pandas.DataFrame`` of faithfulness with a row per block and a column per run; AF1
         runs: :meth:`to_pandas` (a row per run or sweep cell already)."""
         frame = self.to_pandas()
@@ -144,7 +147,7 @@ class Comparison:
             return frame
         return frame.pivot(index="block", columns="run", values="faithfulness")[self.runs]
 
-    def plot(self) -> Any:
+    def plot(self) -> Figure:
         """The figure (plotly): AF1 runs, each run's (or sweep cell's) faithfulness with its 95% interval, coloured
         by ablation; necessity runs, faithfulness per block with its 95% interval, a line per run."""
         import plotly.graph_objects as go
@@ -170,7 +173,7 @@ class Comparison:
                           yaxis=dict(range=[-0.02, 1.02]), height=480)
         return fig
 
-    def figures(self) -> list[Any]:
+    def figures(self) -> list[Figure]:
         """Every figure of ``af1 compare``'s report."""
         return [self.plot()]
 
@@ -195,12 +198,12 @@ class Comparison:
         return "\n".join("  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip() for x in lines)
 
 
-def row_label(row: Mapping[str, Any]) -> str:
+def row_label(row: JsonMapping) -> str:
     """A row's run, with its sweep cell when it has one (``runs/s: arith-gpt2/add/cama/seed 0``)."""
     return f"{row['run']}: {row['cell']}" if row["cell"] else str(row["run"])
 
 
-def interval(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def interval(rows: Sequence[JsonMapping]) -> JsonDict:
     """Plotly ``error_y`` of the rows' 95% intervals (asymmetric, around their faithfulness)."""
     return {"type": "data", "symmetric": False, "array": [r["ci_high"] - r["faithfulness"] for r in rows],
             "arrayminus": [r["faithfulness"] - r["ci_low"] for r in rows]}

@@ -31,8 +31,8 @@ PerPrompt = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # correct, answer p
 class Evaluator:
     """Per-prompt metrics of configurations, one wait at a time with increasing transfers."""
 
-    def __init__(self, model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, ablation: str,
-                 batch_size: int):
+    def __init__(self, model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"],
+                 cache: iv.MeanCache | None, ablation: str, batch_size: int):
         self.model = model
         self.tokens = tokens
         self.answers = answers
@@ -121,8 +121,8 @@ class BatchedEvaluator(NaiveEvaluator):
         raise NotImplementedError("BatchedEvaluator reads only the answer readout: use evaluate(wait, transfer)")
 
 
-def make_evaluator(model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: Any, *, ablation: str,
-                   batch_size: int, method: str, configs_per_pass: int) -> Evaluator:
+def make_evaluator(model: Model, tokens: Tokens, answers: Int[torch.Tensor, " batch *k"], cache: iv.MeanCache | None, *,
+                   ablation: str, batch_size: int, method: str, configs_per_pass: int) -> Evaluator:
     """The evaluator for ``method`` on this model, chosen by the adapter's capabilities: ``"fast"`` is
     :class:`FastEvaluator` where the adapter skips blocks (``skips_blocks``), otherwise, like
     ``"naive"``, :class:`BatchedEvaluator` where it runs several configurations per pass
@@ -241,10 +241,11 @@ class FastEvaluator(Evaluator):
         resid = torch.empty(b, self.n_pos, self.bos.shape[-1], device=self.device, dtype=self.dtype)
         resid[:, 0] = self.bos[wait]
         if self.ablation == "cama":
-            assert self.entry_idx is not None  # set in __init__ for CAMA
+            assert self.entry_idx is not None and self.cache is not None  # set in __init__ for CAMA
             table = self.cache.on("cond_mean", self.device, self.dtype)[wait]
             resid[:, 1:] = table[self.entry_idx[sl, 1:].to(self.device)]
         elif self.ablation == "mean":
+            assert self.cache is not None  # a means ablation has its cache
             resid[:, 1:] = self.cache.on("pos_mean", self.device, self.dtype)[wait, 1:]
         else:
             resid[:, 1:] = 0.0

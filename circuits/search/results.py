@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -150,14 +149,14 @@ class SearchResult:
         stored = jf.fraction(identity, "threshold", ident, 0.9) if stored is None else stored
         base = cls(
             n_layers=n_layers, threshold=stored,
-            ablation=jf.text(summary, "ablation", summ, None) or jf.text(identity, "ablation", ident, "cama"),
+            ablation=jf.text(summary, "ablation", summ, "") or jf.text(identity, "ablation", ident, "cama"),
             grid=jf.text(summary, "grid", summ, "auto"), method=jf.text(summary, "method", summ, "fast"),
             results=sorted(results, key=lambda r: (-r.wait, r.transfer)), selected=None, smallest_transfer={},
             n_evaluated=jf.integer(summary, "n_evaluated_this_run", summ, 0),
             n_resumed=jf.integer(summary, "n_resumed", summ, 0), passes=jf.integer(summary, "passes", summ, 0),
             seconds=jf.number(summary, "seconds", summ, 0.0),
             base_accuracy=jf.fraction(summary, "base_accuracy", summ, float("nan")),
-            n_prompts=jf.integer(identity, "n_prompts", ident, None) or jf.integer(summary, "n_prompts", summ, 0),
+            n_prompts=jf.integer(identity, "n_prompts", ident, 0) or jf.integer(summary, "n_prompts", summ, 0),
             out_dir=path, interventions=list(summary.get("interventions") or []), prompts=prompts,
         )
         reselected = base.with_threshold(stored)
@@ -212,7 +211,7 @@ class SearchResult:
 
         return report.search_heatmap(self, title)
 
-    def plot_smallest_transfer(self) -> Any:
+    def plot_smallest_transfer(self) -> Figure:
         """The report's chart of the smallest sufficient transfer per wait (a plotly figure)."""
         from circuits import report
 
@@ -222,7 +221,7 @@ class SearchResult:
         """:meth:`plot_heatmap` (shows inline in a notebook)."""
         return self.plot_heatmap(title)
 
-    def figures(self, title: str = "AF1 search") -> list[Any]:
+    def figures(self, title: str = "AF1 search") -> list[Figure]:
         """Every figure of the report, in its order."""
         return [self.plot_heatmap(title), self.plot_smallest_transfer()]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from circuits.errors import CorruptRunError
 
@@ -28,8 +28,11 @@ class _Missing:
         return "MISSING"
 
 
-MISSING: Any = _Missing()
+MISSING: Final = _Missing()
 """``default=MISSING``: the field is required."""
+
+D = TypeVar("D")
+"""The type of a field's default (``None``, or a value of the field's own type)."""
 
 
 def corrupt(path: str | Path, name: str, problem: str) -> CorruptRunError:
@@ -37,13 +40,11 @@ def corrupt(path: str | Path, name: str, problem: str) -> CorruptRunError:
     return CorruptRunError(f"{path}: field {name!r} {problem}; {FIX}")
 
 
-def _present(doc: JsonMapping, name: str, path: str | Path, default: Any) -> bool:
-    """Whether ``doc`` holds field ``name`` (not null); a required one absent is an error."""
-    if doc.get(name) is not None:
-        return True
-    if default is MISSING:
+def _default(name: str, path: str | Path, default: D | _Missing) -> D:
+    """The value of field ``name`` absent (or null) from its document: ``default``; a required one is an error."""
+    if isinstance(default, _Missing):
         raise corrupt(path, name, "is missing")
-    return False
+    return default
 
 
 def _shown(value: object) -> str:
@@ -51,12 +52,12 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def number(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING, *,
-           finite: bool = False) -> float:
+def number(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING, *,
+           finite: bool = False) -> float | D:
     """Field ``name`` of ``doc`` (read from ``path``) as a float: a JSON number (booleans and strings refused;
     NaN allowed unless ``finite``), else ``default`` when absent or null."""
-    if not _present(doc, name, path, default):
-        return default
+    if doc.get(name) is None:
+        return _default(name, path, default)
     value = doc[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise corrupt(path, name, f"= {_shown(value)} is not a number")
@@ -69,21 +70,21 @@ def number(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING
     return out
 
 
-def fraction(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) -> float:
+def fraction(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING) -> float | D:
     """Field ``name`` as a fraction in [0, 1] (a threshold, an accuracy; NaN allowed: not measured)."""
-    if not _present(doc, name, path, default):
-        return default
+    if doc.get(name) is None:
+        return _default(name, path, default)
     value = number(doc, name, path)
     if not math.isnan(value) and not 0.0 <= value <= 1.0:
         raise corrupt(path, name, f"= {value:g} is not a fraction in [0, 1]")
     return value
 
 
-def integer(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING, *,
-            minimum: int | None = 0) -> int:
+def integer(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING, *,
+            minimum: int | None = 0) -> int | D:
     """Field ``name`` as an integer ``>= minimum`` (booleans, floats and strings refused)."""
-    if not _present(doc, name, path, default):
-        return default
+    if doc.get(name) is None:
+        return _default(name, path, default)
     value = doc[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise corrupt(path, name, f"= {_shown(value)} is not an integer")
@@ -92,10 +93,10 @@ def integer(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSIN
     return value
 
 
-def text(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) -> str:
+def text(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING) -> str | D:
     """Field ``name`` as a string."""
-    if not _present(doc, name, path, default):
-        return default
+    if doc.get(name) is None:
+        return _default(name, path, default)
     value = doc[name]
     if not isinstance(value, str):
         raise corrupt(path, name, f"= {_shown(value)} is not a string")
@@ -103,7 +104,7 @@ def text(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) 
 
 
 def choice(doc: JsonMapping, name: str, path: str | Path, choices: tuple[str, ...],
-           default: Any = MISSING) -> str:
+           default: D | _Missing = MISSING) -> str | D:
     """Field ``name`` as one of ``choices`` (a tuple of :mod:`circuits.vocab`)."""
     value = text(doc, name, path, default)
     if value is not default and value not in choices:
@@ -111,10 +112,10 @@ def choice(doc: JsonMapping, name: str, path: str | Path, choices: tuple[str, ..
     return value
 
 
-def mapping(doc: JsonMapping, name: str, path: str | Path, default: Any = MISSING) -> JsonMapping:
+def mapping(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING) -> JsonMapping | D:
     """Field ``name`` as a JSON object."""
-    if not _present(doc, name, path, default):
-        return default
+    if doc.get(name) is None:
+        return _default(name, path, default)
     value = doc[name]
     if not isinstance(value, Mapping):
         raise corrupt(path, name, f"= {_shown(value)} is not an object")

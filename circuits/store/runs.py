@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> Any:
     """``value`` with tuples as lists and non-finite floats as ``None`` (strict JSON)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -62,7 +62,7 @@ def dumps_line(record: JsonMapping) -> str:
     return json.dumps(_jsonable(record), sort_keys=True, allow_nan=False) + "\n"
 
 
-def write_json(path: str | Path, obj: Any) -> Path:
+def write_json(path: str | Path, obj: object) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically (:func:`circuits.store.atomic.write_bytes`: an
     exclusively created temporary file beside it, then ``os.replace``; a link at ``path`` is refused)."""
     from circuits.store.atomic import write_text
@@ -303,7 +303,7 @@ class RunDir:
     def append(self, record: JsonMapping) -> None:
         append_line(self.results_path, record)
 
-    def write_json(self, name: str, obj: Any) -> Path:
+    def write_json(self, name: str, obj: object) -> Path:
         return write_json(self.path / name, obj)
 
     def write_jsonl(self, name: str, records: Iterable[JsonMapping]) -> Path:
@@ -351,7 +351,7 @@ def identity_diff(old: JsonMapping, new: JsonMapping, prefix: str = "") -> str:
     return ", ".join(parts)
 
 
-def _short(value: Any) -> Any:
+def _short(value: object) -> object:
     """A 64-digit hex hash as its first 12 digits and an ellipsis; anything else as it is."""
     if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
         return value[:12] + "..."

@@ -24,13 +24,15 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError
 from circuits.logs import get_logger
+
+if TYPE_CHECKING:
+    from interventions.types import JsonMapping
 
 __all__ = ["CACHE_ENV", "DEFAULT_LIMIT_MB", "KINDS", "LIMIT_ENV", "Entry", "cache_root", "clear", "discard", "entries",
            "evict", "get", "key_sha256", "limit_bytes", "put", "results_root"]
@@ -87,13 +89,13 @@ def limit_bytes() -> int:
     return int(mb * 2**20)
 
 
-def key_sha256(key: Mapping[str, Any]) -> str:
+def key_sha256(key: JsonMapping) -> str:
     """The SHA-256 (hex) naming ``key`` (a JSON object; keys sorted, so equal objects name one entry)."""
     text = json.dumps({"format": FORMAT, **key}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _paths(kind: str, key: Mapping[str, Any]) -> tuple[Path, Path, str]:
+def _paths(kind: str, key: JsonMapping) -> tuple[Path, Path, str]:
     if kind not in KINDS:
         raise ValueError(f"unknown cache kind {kind!r}")
     name = key_sha256(key)
@@ -101,11 +103,11 @@ def _paths(kind: str, key: Mapping[str, Any]) -> tuple[Path, Path, str]:
     return folder / (name + DATA), folder / (name + DESCRIPTION), name
 
 
-def _canonical(value: Any) -> str:
+def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def get(kind: str, key: Mapping[str, Any]) -> bytes | None:
+def get(kind: str, key: JsonMapping) -> bytes | None:
     """The bytes cached under ``key``, verified: ``None`` when the cache is off or holds no such entry; an entry whose
     bytes do not hash to the recorded SHA-256 (or whose description names another key) is removed, with a line,
     and ``None`` returned (the caller computes the result again)."""
@@ -133,7 +135,7 @@ def get(kind: str, key: Mapping[str, Any]) -> bytes | None:
     return data
 
 
-def put(kind: str, key: Mapping[str, Any], data: bytes, about: str) -> Path | None:
+def put(kind: str, key: JsonMapping, data: bytes, about: str) -> Path | None:
     """Keep ``data`` under ``key`` (atomically: the bytes, then the description), then evict the least recently used
     entries beyond the size bound; ``about`` says what it is. Returns the data file (``None``: the cache is off, or
     the entry alone exceeds the bound). A failed write (a full disk, a read-only folder) is a line, never an
@@ -156,7 +158,7 @@ def put(kind: str, key: Mapping[str, Any], data: bytes, about: str) -> Path | No
     return data_path
 
 
-def discard(kind: str, key: Mapping[str, Any]) -> None:
+def discard(kind: str, key: JsonMapping) -> None:
     """Remove the entry of ``key`` (one whose content proved wrong)."""
     data_path, desc_path, _ = _paths(kind, key)
     _remove(desc_path, data_path)

@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuits.errors import ArgumentError, did_you_mean
 from circuits.models import placement
@@ -42,6 +42,10 @@ from circuits.sweep.types import check_types
 from circuits.validation import check_choice
 from circuits.vocab import ABLATIONS, GRIDS
 from interventions.types import JsonDict, JsonMapping
+
+if TYPE_CHECKING:
+    from circuits.models.spec import ModelSpec
+    from circuits.prompts.spec import PromptSpec
 
 MODES = ("search", "fixed")
 GROUPS = ("original", "style", "early_decoding", "digits")
@@ -230,7 +234,7 @@ class SweepConfig:
             check_prompt_count(task, self.n_prompts, self.source, self.shots, flag="sweep key n_prompts")
         return self
 
-    def model_spec(self, name: str) -> Any:
+    def model_spec(self, name: str) -> ModelSpec:
         """The :class:`~circuits.models.spec.ModelSpec` of model ``name`` with the sweep's backend and placement."""
         from circuits.models.spec import ModelSpec
 
@@ -253,7 +257,7 @@ class SweepConfig:
             out["ablation"] = cell.ablation
         return {k: v for k, v in out.items() if v is not None}
 
-    def prompt_spec(self, task: str, seed: int) -> Any:
+    def prompt_spec(self, task: str, seed: int) -> PromptSpec:
         """The :class:`~circuits.prompts.spec.PromptSpec` of the cells of ``task`` and ``seed``."""
         from circuits.prompts.spec import PromptSpec
         from circuits.tasks.formats import PromptFormat

@@ -4,9 +4,9 @@ once per (model, task, seed), a failing cell recorded and the others run on."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -15,40 +15,14 @@ from circuits.errors import ArgumentError
 from circuits.logs import get_logger
 from circuits.store import files
 from circuits.sweep.config import Cell, SweepConfig
+from circuits.sweep.rows import CellResult
 from interventions.types import DataFrame, Figure, JsonDict, Model
 
-
-@dataclass
-class CellResult:
-    """One row of the sweep's table.
-
-    ``status``: ``"ok"`` or ``"error"`` (then ``error`` says why). ``faithfulness``/``ci_low``/``ci_high``:
-    of the selected configuration (search; ``selected`` is ``False`` when none reaches the threshold and
-    the row shows the most faithful one), of the fixed configuration (fixed), the smallest per-block
-    faithfulness (necessity, ``wait`` = that block) or the final answer probability (lens); ``faith_by_wait``: per
-    wait, the best faithfulness evaluated (search);
-    ``path``: the cell's run directory relative to the sweep's ``--out``.
-    """
-
-    model: str
-    task: str
-    ablation: str
-    seed: int
-    status: str = "ok"
-    error: str | None = None
-    base_accuracy: float | None = None
-    n_prompts: int | None = None
-    wait: int | None = None
-    transfer: int | None = None
-    faithfulness: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    faith_by_wait: dict[str, float] = field(default_factory=dict)
-    path: str = ""
-    selected: bool = False
-
-    def to_dict(self) -> JsonDict:
-        return asdict(self)
+if TYPE_CHECKING:
+    from circuits.analyses import AnalysisConfig
+    from circuits.prompts.sampling import Prompts
+    from circuits.prompts.spec import PromptSpec
+    from interventions.cache import MeanCache
 
 
 @dataclass
@@ -110,7 +84,7 @@ class SweepResult:
             ablation = self.config.ablations[0]
         return heatmap(self.config, model, self.cells, ablation)
 
-    def figures(self) -> list[Any]:
+    def figures(self) -> list[Figure]:
         """Every heatmap of the report."""
         from circuits.sweep.table import figures
 
@@ -185,8 +159,8 @@ class _State:
         self.model: Model | None = None
         self.model_error: str | None = None
         self.key: tuple | None = None
-        self.prompts: Any = None
-        self.means: Any = None
+        self.prompts: Prompts | None = None
+        self.means: MeanCache | None = None
         self.prompt_error: str | None = None
         self.progress = True
 
@@ -209,7 +183,7 @@ class _State:
             except Exception as err:  # noqa: BLE001 - see message()
                 self.prompt_error = message(err)
 
-    def prepare(self, spec: Any, key: tuple) -> Any:
+    def prepare(self, spec: PromptSpec, key: tuple) -> Prompts:
         """The prompts of ``spec``: reloaded from a cell of the same (model, task, seed) that prepared them
         under the same key (:mod:`circuits.prompts.prepared`), else prepared. One prompt set serves every cell of the
         (model, task, seed), so the cells of a row score the same prompts: drawn as CAMA needs them (its fit
@@ -223,13 +197,13 @@ class _State:
         return prepared.prepare(spec, self.model, means="cama" if needs else None, out=[self.folders[c] for c in group],
                                 progress=self.progress, batch_size=self.config.batch_size)
 
-    def cell_config(self, cell: Cell) -> Any:
+    def cell_config(self, cell: Cell) -> AnalysisConfig:
         """The config of ``cell``'s analysis (:meth:`circuits.analyses.Analysis.config_for`)."""
         from circuits import analyses
 
         return analyses.get(cell.analysis).config_for(self.config.settings(cell))
 
-    def keep_means(self, cache: Any) -> None:
+    def keep_means(self, cache: MeanCache) -> None:
         """Keep the means cache a cell used (fitted, or reloaded from its run directory) for the other cells of
         the current (model, task, seed)."""
         self.means = cache
@@ -258,7 +232,7 @@ class _State:
         from circuits.prompts.ready import ReadyPrompts
         from circuits.runner import RunOptions, run
 
-        assert self.model is not None, "a cell runs after a successful load()"
+        assert self.model is not None and self.prompts is not None, "a cell runs after a successful load()"
         analysis = analyses.get(cell.analysis)
         ready = ReadyPrompts.of(self.prompts, self.config.prompt_spec(cell.task, cell.seed))
         result = run(analysis, self.cell_config(cell), LoadedModel(self.model, name=cell.model), ready,
@@ -271,7 +245,7 @@ ROW_FIELDS = ("wait", "transfer", "faithfulness", "ci_low", "ci_high", "selected
 """The :class:`CellResult` fields an analysis's ``summary_row`` may set."""
 
 
-def fill(row: CellResult, values: JsonDict, prompts: Any, analysis: str = "") -> None:
+def fill(row: CellResult, values: JsonDict, prompts: Prompts, analysis: str = "") -> None:
     """Copy a cell's ``summary_row`` (``values``) and its prompts' base accuracy and count into ``row``."""
     unknown = sorted(set(values) - set(ROW_FIELDS))
     if unknown:

@@ -7,12 +7,12 @@ import csv
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from circuits.store import files
 from circuits.sweep.config import SweepConfig
+from circuits.sweep.rows import CellResult
 from interventions.types import Figure
 
 COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_prompts", "selected", "wait",
@@ -21,13 +21,13 @@ COLUMNS = ("model", "task", "ablation", "seed", "status", "base_accuracy", "n_pr
 row's task file's prefix and answer format: :func:`circuits.tasks.formats.describe_prompts`)."""
 
 
-def fmt(x: Any, digits: int = 3) -> str:
+def fmt(x: object, digits: int = 3) -> str:
     if x is None:
         return ""
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def prompt_format(config: SweepConfig, task: Any = None) -> str:
+def prompt_format(config: SweepConfig, task: str | None = None) -> str:
     """How the sweep's prompts of ``task`` are presented (:func:`circuits.tasks.formats.describe_prompts`; without a
     task: the sweep's ``numbers``, ``shots`` and ``chat`` alone)."""
     from circuits.tasks.formats import describe_prompts
@@ -44,7 +44,7 @@ def prompt_formats(config: SweepConfig) -> str:
     return "; ".join(f"{t}: {d}" for t, d in shown.items())
 
 
-def csv_text(rows: Sequence[Any], config: SweepConfig | None = None) -> str:
+def csv_text(rows: Sequence[CellResult], config: SweepConfig | None = None) -> str:
     """One line per cell, the columns :data:`COLUMNS` (empty where a value does not apply; ``prompt_format``
     needs ``config``)."""
     buf = io.StringIO()
@@ -56,15 +56,15 @@ def csv_text(rows: Sequence[Any], config: SweepConfig | None = None) -> str:
     return buf.getvalue()
 
 
-def groups(rows: Sequence[Any]) -> dict[tuple[str, str, str], list[Any]]:
+def groups(rows: Sequence[CellResult]) -> dict[tuple[str, str, str], list[CellResult]]:
     """Rows grouped by (model, task, ablation), seeds together, in the order of the sweep."""
-    out: dict[tuple[str, str, str], list[Any]] = {}
+    out: dict[tuple[str, str, str], list[CellResult]] = {}
     for r in rows:
         out.setdefault((r.model, r.task, r.ablation), []).append(r)
     return out
 
 
-def label(config: SweepConfig, rows: Sequence[Any]) -> str:
+def label(config: SweepConfig, rows: Sequence[CellResult]) -> str:
     """What the rows' ``wait``/``transfer`` mean, over the seeds: the selections (search), the fixed
     configuration, or the most necessary block (necessity). Seeds where nothing reaches the threshold
     show ``none`` and, after ``most faithful``, the configuration whose faithfulness the row shows."""
@@ -83,7 +83,7 @@ def label(config: SweepConfig, rows: Sequence[Any]) -> str:
     return "; ".join(parts)
 
 
-def markdown(config: SweepConfig, rows: Sequence[Any]) -> str:
+def markdown(config: SweepConfig, rows: Sequence[CellResult]) -> str:
     """The aggregated table: per (model, task, ablation), faithfulness min / avg / max over the seeds, the
     95% interval of each seed's value averaged, base accuracy and the (wait, transfer) per seed."""
     what = (f"faithfulness at wait={config.wait}, transfer={config.transfer}" if config.mode == "fixed"
@@ -120,7 +120,7 @@ def heatmap_height(n_tasks: int) -> int:
     return int(min(MAX_HEIGHT, max(320, 200 + row * n_tasks)))
 
 
-def tile_text(value: float | None, rows: Sequence[Any]) -> str:
+def tile_text(value: float | None, rows: Sequence[CellResult]) -> str:
     """A heatmap tile's text: the faithfulness to two decimals and, where ``rows`` (the tile's seeds) carry a 95%
     bootstrap interval, the interval's bounds averaged over them (as ``table.md``) on a second line."""
     if value is None:
@@ -130,7 +130,7 @@ def tile_text(value: float | None, rows: Sequence[Any]) -> str:
     return f"{value:.2f}<br>[{np.mean(lo):.2f}, {np.mean(hi):.2f}]" if lo and hi else f"{value:.2f}"
 
 
-def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str | None = None) -> Figure:
+def heatmap(config: SweepConfig, model: str, rows: Sequence[CellResult], ablation: str | None = None) -> Figure:
     """Per model: tasks x waits (search: best faithfulness at each wait, averaged over seeds, of one
     ``ablation``: never averaged across ablations) or tasks x ablations (fixed: the configuration's
     faithfulness averaged over seeds, each tile with its 95% interval, so a one-cell sweep shows one). Its height
@@ -169,7 +169,7 @@ def heatmap(config: SweepConfig, model: str, rows: Sequence[Any], ablation: str 
     return fig
 
 
-def figures(config: SweepConfig, rows: Sequence[Any]) -> list[Any]:
+def figures(config: SweepConfig, rows: Sequence[CellResult]) -> list[Figure]:
     """The report's heatmaps: per model, one per ablation (search) or one over the ablations (fixed)."""
     out = []
     for m in config.models:
@@ -181,7 +181,7 @@ def figures(config: SweepConfig, rows: Sequence[Any]) -> list[Any]:
     return out
 
 
-def write_outputs(config: SweepConfig, rows: Sequence[Any], out: Path, *, seconds: float) -> None:
+def write_outputs(config: SweepConfig, rows: Sequence[CellResult], out: Path, *, seconds: float) -> None:
     """``table.csv``, ``table.md``, ``summary.json`` and ``report.html`` of the sweep in ``out``."""
     from circuits import report
     from circuits.store.runs import write_json

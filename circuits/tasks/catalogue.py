@@ -221,8 +221,9 @@ def known_task(task: Any) -> bool:
     return isinstance(task, TaskSpec) or task_path(str(task)) is not None or task in list_tasks()
 
 
-def task_label(task: TaskLike) -> str:
-    """How a task is named in run files and messages: its catalogue name, its file path, or its name."""
+def task_label(task: TaskLike | None) -> str:
+    """How a task is named in run files and messages: its catalogue name, its file path, or its name (``"None"``
+    for no task)."""
     if isinstance(task, TaskSpec):
         return task.label
     return str(task)

@@ -17,10 +17,13 @@ unknown token, e.g. ``1999`` for a zoo model whose vocabulary holds 0..520): suc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError
 from interventions.types import Model, Tokenizer
+
+if TYPE_CHECKING:
+    from circuits.tasks.catalogue import TaskSpec
 
 __all__ = ["MAX_CHECKED_VALUES", "check_number_tokens", "check_slot_tokens", "slot_token_counts", "spans",
            "unknown_numbers"]
@@ -30,7 +33,7 @@ MAX_CHECKED_VALUES = 20_000
 spaced ones (both ends included)."""
 
 
-def _sample(spec: Any, slot: int, index: int) -> tuple[str, tuple[int, int]]:
+def _sample(spec: TaskSpec, slot: int, index: int) -> tuple[str, tuple[int, int]]:
     """The prompt with value ``index`` in slot ``slot`` (every other slot at its first value) and the character
     span of that value (its first occurrence in the template)."""
     values = [lo for lo, _ in spec.operand_ranges]
@@ -42,7 +45,7 @@ def _sample(spec: Any, slot: int, index: int) -> tuple[str, tuple[int, int]]:
     return text, (len(head), len(head) + len(str(spec.value(slot, index))))
 
 
-def slot_token_counts(spec: Any, tokenizer: Model | Tokenizer) -> dict[str, dict[str, int]]:
+def slot_token_counts(spec: TaskSpec, tokenizer: Model | Tokenizer) -> dict[str, dict[str, int]]:
     """Per string slot, the number of tokens each value takes in the prompt (every other slot at its first
     value); :class:`~circuits.errors.ArgumentError` for a value sharing a token with the template's text."""
     from circuits.tasks.tokens import encode_texts, tokenizer_of
@@ -70,7 +73,7 @@ def slot_token_counts(spec: Any, tokenizer: Model | Tokenizer) -> dict[str, dict
     return out
 
 
-def check_slot_tokens(spec: Any, tokenizer: Model | Tokenizer) -> None:
+def check_slot_tokens(spec: TaskSpec, tokenizer: Model | Tokenizer) -> None:
     """Raise :class:`~circuits.errors.ArgumentError` (naming the task file and the slot) when the string slots of
     ``spec`` cannot line up across a layout (see the module docstring); nothing for integer-only tasks."""
     if not spec.slot_values:
@@ -87,7 +90,7 @@ def check_slot_tokens(spec: Any, tokenizer: Model | Tokenizer) -> None:
                             f"not line up slot by slot; give each slot but one values of one token count")
 
 
-def unknown_numbers(tokenizer: Any, lo: int, hi: int) -> list[int]:
+def unknown_numbers(tokenizer: Model | Tokenizer, lo: int, hi: int) -> list[int]:
     """The integers of ``lo..hi`` that ``tokenizer`` reads as (or with) its unknown token, in increasing order: all
     of them, or of :data:`MAX_CHECKED_VALUES` evenly spaced ones for a longer range; none for a tokenizer without an
     unknown token (byte-level BPE reads every number, in pieces if need be)."""
@@ -118,7 +121,7 @@ def spans(values: list[int], limit: int = 3) -> str:
     return text + (", ..." if len(runs) > limit else "")
 
 
-def check_number_tokens(spec: Any, tokenizer: Any) -> None:
+def check_number_tokens(spec: TaskSpec, tokenizer: Model | Tokenizer) -> None:
     """:class:`~circuits.errors.ArgumentError` when an integer slot of ``spec`` ranges over numbers ``tokenizer``
     cannot read (:func:`unknown_numbers`), naming the task, the slot, those numbers and a range it can read; before
     any prompt is drawn or scored."""

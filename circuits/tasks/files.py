@@ -40,6 +40,7 @@ import re
 import string
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from circuits.errors import ArgumentError
@@ -108,7 +109,7 @@ def read_mapping(path: str | Path) -> JsonDict:
     return raw
 
 
-def read_frozen(path: str | Path, n_operands: int) -> list[dict[str, Any]]:
+def read_frozen(path: str | Path, n_operands: int) -> list[JsonDict]:
     """The rows of a frozen set (JSON lines with ``prompt``, ``answer``, ``operands`` and ``task``), read as a prompts
     file is (UTF-8, lines end at ``\\n`` only, no key twice, integers within +-10^18): one-line
     :class:`TaskFileError` naming the file, the line and the field otherwise."""
@@ -138,7 +139,7 @@ def read_frozen(path: str | Path, n_operands: int) -> list[dict[str, Any]]:
     return rows
 
 
-def toml_module() -> Any:
+def toml_module() -> ModuleType:
     """The TOML reader: :mod:`tomllib` (Python 3.11+), else the ``tomli`` backport (a dependency on 3.10)."""
     try:
         import tomllib
@@ -233,7 +234,7 @@ def spec_fields(raw: JsonMapping, where: str, *, base: Path | None = None) -> Js
     return fields
 
 
-def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]
+def _slots(raw: object, fail: Callable[[str, str], TaskFileError]
            ) -> tuple[list[str], list[tuple[str, ...] | None], list[tuple[int, int]]]:
     """``(names, values, ranges)``: per slot its string values (``None`` for an integer range) and its range
     (the index range ``(0, len - 1)`` for string values)."""
@@ -275,7 +276,7 @@ def _slots(raw: Any, fail: Callable[[str, str], TaskFileError]
     return names, values, ranges
 
 
-def _answer(raw: Any, names: list[str], values: list[Any], fail: Callable[[str, str], TaskFileError]) -> JsonDict:
+def _answer(raw: object, names: list[str], values: list[Any], fail: Callable[[str, str], TaskFileError]) -> JsonDict:
     """``{"expression": ...}`` or ``{"expression": "", "lookup": (slot, table)}``."""
     if isinstance(raw, str):
         try:

@@ -19,12 +19,13 @@ whose states depend on nothing that varies, and CAMA leaves them unchanged. ``ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from circuits.errors import ArgumentError
 from circuits.flags import flag
 
 if TYPE_CHECKING:
+    from circuits.tasks.catalogue import TaskLike
     from interventions.types import JsonDict, JsonMapping, Model, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,7 +71,7 @@ class PromptFormat:
         """``"zero-shot"``, ``"2-shot"``, ``"2-shot, chat template"``."""
         return ("zero-shot" if self.shots == 0 else f"{self.shots}-shot") + (", chat template" if self.chat else "")
 
-    def examples(self, task: Any) -> list[JsonDict]:
+    def examples(self, task: TaskLike) -> list[JsonDict]:
         """The solved examples: ``{"prompt", "answer", "answer_text", "operands"}`` rows of ``task`` (a name, task
         file or spec); ``prompt`` without the task's own ``prefix``, ``answer_text`` as written after it."""
         from circuits.tasks import catalogue as tasks
@@ -84,7 +85,7 @@ class PromptFormat:
                  "operands": list(o)}
                 for p, a, t, o in zip(ds["prompt"], ds["answer"], answer_texts_of(ds), ds["operands"])]
 
-    def prefix(self, task: Any) -> str:
+    def prefix(self, task: TaskLike) -> str:
         """The text before every query (``""`` without shots): the task's own prefix, then the solved examples."""
         from circuits.tasks import catalogue as tasks
 
@@ -95,7 +96,7 @@ class PromptFormat:
         """BOS for prompts of this format: none with the chat template (it brings its own start token)."""
         return False if self.chat and prepend_bos is None else prepend_bos
 
-    def apply(self, ds: Dataset, task: str, model_or_tokenizer: Model | Tokenizer) -> Dataset:
+    def apply(self, ds: Dataset, task: TaskLike, model_or_tokenizer: Model | Tokenizer) -> Dataset:
         """``ds`` (rows of :func:`circuits.tasks.build_task`) in this format, without the rows whose operands
         are those of a solved example; the zero-shot format returns ``ds`` itself."""
         if self.zero_shot:
@@ -120,7 +121,7 @@ class PromptFormat:
         return Dataset.from_dict(cols)
 
 
-def describe_prompts(meta: JsonMapping, task: Any = None) -> str:
+def describe_prompts(meta: JsonMapping, task: TaskLike | None = None) -> str:
     """How a run's prompts were presented, for its report and tables, from its description (``run.json``,
     ``summary.json`` or a command's meta: the ``format`` and ``numbers`` keys of
     :meth:`circuits.prompts.spec.PromptSpec.meta`, absent at the papers' defaults) and its task (``task``, else
@@ -140,7 +141,7 @@ def describe_prompts(meta: JsonMapping, task: Any = None) -> str:
     return text + ", single-token numbers" + (" (the AF1 papers' format)" if papers else "")
 
 
-def own_format(task: Any) -> tuple[str, str]:
+def own_format(task: TaskLike | None) -> tuple[str, str]:
     """``(prefix, answer_format)`` of a task (name, file path or spec): what its file says about the prompt's
     text besides the template; ``("", "{}")`` for ``None``, a caller's own prompts or a task that no longer
     resolves (a moved task file: a report still renders)."""

@@ -35,7 +35,7 @@ def short(text: str, limit: int = ECHO) -> str:
     return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def shown(value: Any, limit: int = ECHO) -> str:
+def shown(value: object, limit: int = ECHO) -> str:
     """``repr(value)``, cut to about ``limit`` characters (a string as :func:`short` shows it)."""
     if isinstance(value, str):
         return short(value, limit)
@@ -138,7 +138,7 @@ def json_value(text: str, where: str, line: int | None = None) -> Any:
     return value
 
 
-def nesting(value: Any) -> int:
+def nesting(value: object) -> int:
     """How deep lists and dicts nest in ``value`` (0 for a scalar), without recursion."""
     deepest, stack = 0, [(value, 0)]
     while stack:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -33,6 +33,38 @@ ENUM_LIMIT = 5_000_000
 CHUNK = 65_536
 """Tuples drawn at a time in a space too large to enumerate (part of the stream's definition: changing it
 changes which prompts a seed gives)."""
+
+
+class SpaceSpec(Protocol):
+    """What the operand space reads of a task (a :class:`~circuits.tasks.TaskSpec`): its slots' inclusive ranges,
+    the bounds of an integer answer and the answers of an ``[n, n_operands]`` operand array (frozen: hashable)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str | None: ...
+
+    @property
+    def operand_ranges(self) -> tuple[tuple[int, int], ...]: ...
+
+    @property
+    def answer_min(self) -> int: ...
+
+    @property
+    def answer_max(self) -> int: ...
+
+    @property
+    def n_operands(self) -> int: ...
+
+    @property
+    def numeric(self) -> bool: ...
+
+    def answers(self, operands: np.ndarray) -> np.ndarray: ...
+
+    def __hash__(self) -> int:
+        """A spec is hashable: the size of its space is cached by it."""
+        ...
 ESTIMATE_DRAWS = 1 << 20
 """Uniform draws (seed 0) the size of a space too large to enumerate is estimated from."""
 MAX_DRY_CHUNKS = 16
@@ -53,7 +85,7 @@ class SpaceSize:
         return str(self.n) if self.exact else f"about {self.n:.3g}"
 
 
-def operand_ranges(spec: Any, ranges: Sequence[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+def operand_ranges(spec: SpaceSpec, ranges: Sequence[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
     """The inclusive ``(lo, hi)`` range of each slot of ``spec``: ``ranges`` when given (one per operand,
     else :class:`~circuits.errors.ArgumentError`), the spec's own otherwise."""
     out = [(int(lo), int(hi)) for lo, hi in (ranges or spec.operand_ranges)]
@@ -67,7 +99,7 @@ def n_tuples(ranges: Sequence[tuple[int, int]]) -> int:
     return math.prod(max(0, hi - lo + 1) for lo, hi in ranges)
 
 
-def _valid(spec: Any, ops: np.ndarray) -> np.ndarray:
+def _valid(spec: SpaceSpec, ops: np.ndarray) -> np.ndarray:
     """Which rows of ``ops`` (``[n, n_operands]``) give an answer within the task's bounds."""
     if not spec.numeric or len(ops) == 0:
         return np.ones(len(ops), dtype=bool)
@@ -75,7 +107,7 @@ def _valid(spec: Any, ops: np.ndarray) -> np.ndarray:
     return (ans >= spec.answer_min) & (ans <= spec.answer_max)
 
 
-def enumerate_operands(spec: Any, ranges: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+def enumerate_operands(spec: SpaceSpec, ranges: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
     """Every valid operand tuple of ``spec`` as an ``[n, n_operands]`` int64 array in lexicographic order;
     :class:`~circuits.errors.ArgumentError` for a space of more than :data:`ENUM_LIMIT` tuples."""
     rs = operand_ranges(spec, ranges)
@@ -97,7 +129,7 @@ class _Stream:
     them, cost the draws of the longest window instead of the sum of every window's prefix. Whole chunks
     give the same order as stopping inside one: a prefix of the stream does not depend on where it ends."""
 
-    def __init__(self, spec: Any, ranges: tuple[tuple[int, int], ...], seed: int, exclude: frozenset | None):
+    def __init__(self, spec: SpaceSpec, ranges: tuple[tuple[int, int], ...], seed: int, exclude: frozenset | None):
         self.spec, self.ranges, self.exclude = spec, ranges, exclude
         self.rng = np.random.default_rng(seed)
         self.seen: set[tuple[int, ...]] = set()
@@ -126,7 +158,7 @@ STREAMS_KEPT = 4
 _streams: dict[tuple, _Stream] = {}
 
 
-def _stream(spec: Any, ranges: list[tuple[int, int]], seed: int, exclude: set | None, need: int) -> np.ndarray:
+def _stream(spec: SpaceSpec, ranges: list[tuple[int, int]], seed: int, exclude: set | None, need: int) -> np.ndarray:
     """The first ``need`` tuples of the seeded stream of a space too large to enumerate (:class:`_Stream`)."""
     key = (spec, tuple(ranges), seed, frozenset(exclude) if exclude else None)
     stream = _streams.pop(key, None) or _Stream(spec, key[1], seed, key[3])
@@ -136,7 +168,7 @@ def _stream(spec: Any, ranges: list[tuple[int, int]], seed: int, exclude: set | 
     return stream.first(need)
 
 
-def ordered_operands(spec: Any, n: int, seed: int = 0, ranges: Sequence[tuple[int, int]] | None = None,
+def ordered_operands(spec: SpaceSpec, n: int, seed: int = 0, ranges: Sequence[tuple[int, int]] | None = None,
                      exclude: set[tuple[int, ...]] | None = None, start: int = 0) -> np.ndarray:
     """Rows ``start .. start + n - 1`` of the seeded order of ``spec``'s valid operand tuples (``exclude``
     left out first), as an ``[m, n_operands]`` int64 array, ``m <= n`` when the space ends first: see the module
@@ -159,7 +191,7 @@ def ordered_operands(spec: Any, n: int, seed: int = 0, ranges: Sequence[tuple[in
     return ops
 
 
-def space_size(spec: Any, ranges: Sequence[tuple[int, int]] | None = None) -> SpaceSize:
+def space_size(spec: SpaceSpec, ranges: Sequence[tuple[int, int]] | None = None) -> SpaceSize:
     """How many valid operand tuples ``spec`` has: counted when the space can be enumerated (or every tuple is
     valid), else estimated from :data:`ESTIMATE_DRAWS` uniform draws of seed 0. Kept per (spec, ranges): the
     checks before loading, the prompt sampler and the fit set all ask."""
@@ -167,7 +199,7 @@ def space_size(spec: Any, ranges: Sequence[tuple[int, int]] | None = None) -> Sp
 
 
 @lru_cache(maxsize=64)
-def _space_size(spec: Any, rs: tuple[tuple[int, int], ...]) -> SpaceSize:
+def _space_size(spec: SpaceSpec, rs: tuple[tuple[int, int], ...]) -> SpaceSize:
     total = n_tuples(rs)
     if total <= ENUM_LIMIT:
         return SpaceSize(len(enumerate_operands(spec, rs)), True)

@@ -9,8 +9,6 @@ early refusal. Torch-free; imports nothing of the task layer (the tokenizer is p
 
 from __future__ import annotations
 
-from typing import Any
-
 from circuits.errors import PromptError
 
 __all__ = ["FIX", "check_positions", "check_text_fits", "fewest_tokens", "longest_token", "positions_of"]
@@ -19,27 +17,27 @@ FIX = "shorten the task's prefix, lower --shots, or use fewer or shorter slots"
 """How to make prompts shorter, said by every refusal of this module."""
 
 
-def positions_of(model: Any) -> int | None:
+def positions_of(model: object) -> int | None:
     """The model's positions (``cfg.n_ctx``: the length of its position table or rotary cache), ``None`` when it
     does not say."""
     n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
     return int(n_ctx) if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
 
 
-def longest_token(tokenizer: Any) -> int:
+def longest_token(tokenizer: object) -> int:
     """Characters of the tokenizer's longest vocabulary entry (at least 1; 64 when it lists no vocabulary)."""
     vocab = getattr(tokenizer, "get_vocab", None)
     entries = vocab() if callable(vocab) else {}
     return max((len(t) for t in entries), default=64) or 1
 
 
-def fewest_tokens(text: str, tokenizer: Any) -> int:
+def fewest_tokens(text: str, tokenizer: object) -> int:
     """A lower bound of the tokens ``text`` takes: its characters over :func:`longest_token`, rounded up."""
     longest = longest_token(tokenizer)
     return -(-len(text) // longest)
 
 
-def check_text_fits(text: str, model: Any, tokenizer: Any, what: str) -> None:
+def check_text_fits(text: str, model: object, tokenizer: object, what: str) -> None:
     """:class:`~circuits.errors.PromptError` when ``text`` (``what`` names it, e.g. ``"the prefix of task 'add'"``)
     cannot fit the model's positions whatever it tokenises to (:func:`fewest_tokens`); nothing is tokenised."""
     n_ctx = positions_of(model)
@@ -51,7 +49,7 @@ def check_text_fits(text: str, model: Any, tokenizer: Any, what: str) -> None:
                           f"positions of this model; {FIX}")
 
 
-def check_positions(model: Any, n_tokens: int, example: str | None = None) -> None:
+def check_positions(model: object, n_tokens: int, example: str | None = None) -> None:
     """:class:`~circuits.errors.PromptError` when prompts of ``n_tokens`` tokens (BOS and teacher-forced answer
     tokens included; ``example``: one of them) exceed the model's positions."""
     n_ctx = positions_of(model)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsInt
 
 from circuits.errors import ArgumentError, PromptError
 from interventions.types import Model, Tokenizer
@@ -103,12 +103,12 @@ def single_token_ranges(
     return out
 
 
-def answer_string(answer: Any) -> str:
+def answer_string(answer: str | SupportsInt) -> str:
     """An answer as text: a string as it is, a number as ``str(int(answer))``."""
     return answer if isinstance(answer, str) else str(int(answer))
 
 
-def answer_value(answer: Any) -> int | str:
+def answer_value(answer: str | SupportsInt) -> int | str:
     """An answer as JSON keeps it: an integer, or the string of a task whose answers are text."""
     return answer if isinstance(answer, str) else int(answer)
 
@@ -246,7 +246,7 @@ def filter_single_token(
     return Dataset.from_dict(cols), dropped
 
 
-def answer_token_ids(model: Model, answers: Sequence[Any]) -> Int[torch.Tensor, " n"]:
+def answer_token_ids(model: Model, answers: Sequence[str | SupportsInt]) -> Int[torch.Tensor, " n"]:
     """Token id of each answer as the *next* token after the prompt, shape ``[len(answers)]`` (long).
 
     An integer answer is looked up as ``str(answer)``, falling back to the space-prefixed form
@@ -321,7 +321,7 @@ class Layout:
     indices: list[int]
     answer_texts: list[str] | None = None
     bos: int | None = None
-    key: Any = None
+    key: object = None
 
     @property
     def n_pos(self) -> int:
@@ -359,7 +359,7 @@ def to_layouts(model: Model, ds: Dataset, prepend_bos: bool | None = None) -> li
     # tokens add their first k-1 (teacher forcing).
     enc = encode_texts(tok, prompts)["input_ids"]
     rows: list[torch.Tensor] = []
-    groups: dict[Any, list[int]] = {}
+    groups: dict[object, list[int]] = {}
     for i, ids in enumerate(enc):
         forced = [] if multi is None else list(multi[i][:-1])
         t = torch.tensor(([bos] if bos is not None else []) + list(ids) + forced, dtype=torch.long)

@@ -296,7 +296,8 @@ def wrap(hf_model: Any, tokenizer: Tokenizer, name: str, remote: bool | str = Fa
 
 
 def from_pretrained(name: str, device: str = "cpu", dtype: torch.dtype | None = None,
-                    remote: bool | str = False, device_map: Any = None, max_memory: Any = None) -> NNsightModel:
+                    remote: bool | str = False, device_map: str | None = None,
+                    max_memory: dict[int | str, str] | None = None) -> NNsightModel:
     """The pretrained causal LM ``name`` (a Hugging Face repository, or a local folder) as an
     :class:`NNsightModel`. ``remote=True``: only the config and tokenizer are read (the weights stay on
     NDIF, the local model is a meta-device skeleton); otherwise the weights are loaded on ``device``
