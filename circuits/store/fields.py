@@ -47,6 +47,19 @@ def _default(name: str, path: str | Path, default: D | _Missing) -> D:
     return default
 
 
+T = TypeVar("T")
+
+
+def _of_type(doc: JsonMapping, name: str, path: str | Path, kind: type[T], what: str, default: D | _Missing) -> T | D:
+    """Field ``name`` as an instance of ``kind`` (``what`` names it in the error), or ``default`` when absent."""
+    if doc.get(name) is None:
+        return _default(name, path, default)
+    value = doc[name]
+    if not isinstance(value, kind):
+        raise corrupt(path, name, f"= {_shown(value)} is not {what}")
+    return value
+
+
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -95,12 +108,7 @@ def integer(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing
 
 def text(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING) -> str | D:
     """Field ``name`` as a string."""
-    if doc.get(name) is None:
-        return _default(name, path, default)
-    value = doc[name]
-    if not isinstance(value, str):
-        raise corrupt(path, name, f"= {_shown(value)} is not a string")
-    return value
+    return _of_type(doc, name, path, str, "a string", default)
 
 
 def choice(doc: JsonMapping, name: str, path: str | Path, choices: tuple[str, ...],
@@ -114,9 +122,4 @@ def choice(doc: JsonMapping, name: str, path: str | Path, choices: tuple[str, ..
 
 def mapping(doc: JsonMapping, name: str, path: str | Path, default: D | _Missing = MISSING) -> JsonMapping | D:
     """Field ``name`` as a JSON object."""
-    if doc.get(name) is None:
-        return _default(name, path, default)
-    value = doc[name]
-    if not isinstance(value, Mapping):
-        raise corrupt(path, name, f"= {_shown(value)} is not an object")
-    return value
+    return _of_type(doc, name, path, Mapping, "an object", default)  # type: ignore[type-abstract]  # isinstance takes it
