@@ -230,14 +230,16 @@ def split_qkv(block: Any, split: SplitBlock, l: int, x: Float[torch.Tensor, "bat
     """The split query, key and value inputs of block ``l``: a copy of ``x`` (the block's input
     ``[batch, pos, d_model]``) per head through the hooks, then normed and projected per head into the
     projections' outputs (left as they are when no hook changed a copy)."""
-    projected, changed = [], False
-    for kind, proj in (("q", split.q), ("k", split.k), ("v", split.v)):
+    projections = (split.q, split.k, split.v)
+    inputs, changed = [], False
+    for kind, proj in zip("qkv", projections):
         copy = x[..., None, :].expand(*x.shape[:-1], proj.weight.shape[0], x.shape[-1])
         new = at_point(f"blocks.{l}.hook_{kind}_input", copy, inv, out, visited)
         changed = changed or new is not copy
-        projected.append(proj(split.norm(new)))
-    if not changed:
+        inputs.append(new)
+    if not changed:  # hooks that only read: the model's own projections stand, nothing is recomputed
         return
+    projected = [proj(split.norm(new)) for proj, new in zip(projections, inputs)]
     if split.fused:
         envoy_at(block, split.paths[0]).output = torch.cat(projected, dim=-1)
         return
