@@ -205,27 +205,27 @@ class NNsightModel(torch.nn.Module):
     def set_use_split_qkv_input(self, use: bool) -> None:
         """Emulate ``hook_q_input``/``hook_k_input``/``hook_v_input`` (and ``hook_mlp_in``) from now on
         (:mod:`.nnsight_split`); refused, in one line, for a remote model or blocks the emulation does not cover."""
-        if use and self.remote:
-            raise InterventionError("split query/key/value inputs need the weights here: run without --remote")
-        if use:
-            self.split_weights()
-        self.cfg.use_split_qkv_input = bool(use)
+        self.cfg.use_split_qkv_input = self.switch_split(use, self.cfg.use_hook_mlp_in)
 
     def set_use_hook_mlp_in(self, use: bool) -> None:
         """Emulate ``hook_mlp_in`` (the MLP's own input) from now on (as :meth:`set_use_split_qkv_input`)."""
-        if use:
-            self.split_weights()
-        self.cfg.use_hook_mlp_in = bool(use)
+        self.cfg.use_hook_mlp_in = self.switch_split(use, self.cfg.use_split_qkv_input)
 
-    def split_weights(self) -> list[SplitBlock]:
-        """Every block's :class:`~.nnsight_split.SplitBlock`, built once."""
-        if self.split_cache is None:
+    def switch_split(self, use: bool, other: bool) -> bool:
+        """Build every block's :class:`~.nnsight_split.SplitBlock` when split inputs are switched on (views of the
+        weights as they are now, refusals included); drop them when this switch goes off and the ``other`` is off
+        too. Returns ``use``."""
+        if use and self.remote:
+            raise InterventionError("split query/key/value inputs need the weights here: run without --remote")
+        if use and self.split_cache is None:
             self.split_cache = split_blocks(self.local_module(self.layout.blocks), self.layout, self.cfg)
-        return self.split_cache
+        if not use and not other:
+            self.split_cache = None
+        return bool(use)
 
     def split(self) -> list[SplitBlock] | None:
         """What a trace emulates split inputs with: ``None`` unless switched on."""
-        return self.split_weights() if self.cfg.use_split_qkv_input or self.cfg.use_hook_mlp_in else None
+        return self.split_cache if self.cfg.use_split_qkv_input or self.cfg.use_hook_mlp_in else None
 
     # --- running ----------------------------------------------------------------------------
     def forward(self, tokens: Int[torch.Tensor, "batch pos"], **_: Any) -> Float[torch.Tensor, "batch pos d_vocab"]:
